@@ -1,0 +1,52 @@
+# gshard_mt: `make train` and `make test` set everything up on a fresh machine.
+# JAX 0.11+ needs Python >= 3.12: take the first python3.13/python3.12/python3 on PATH that is new enough,
+# else a pyenv-installed 3.12+/3.13+ (the bare pyenv shims refuse to run without a selected version).
+SHELL := /bin/bash
+VENV ?= .venv
+CONFIG ?= configs/tiny.py
+WORKDIR ?= runs/tiny
+SPLIT ?= test
+SWEEP ?= configs/sweeps/experts.py
+ARGS ?=
+
+PYTHON_FOR_VENV := $(shell \
+  for p in python3.13 python3.12 python3; do \
+    if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then \
+      command -v $$p; exit 0; fi; done; \
+  if command -v pyenv >/dev/null 2>&1; then \
+    for p in $$(ls -d "$$(pyenv root)"/versions/3.1[2-9]* 2>/dev/null | sort -V -r); do \
+      if [ -x "$$p/bin/python3" ]; then echo "$$p/bin/python3"; exit 0; fi; done; fi)
+PY := $(VENV)/bin/python
+
+.PHONY: venv test train eval sweep bench inspect-data clean
+
+$(VENV)/.installed: pyproject.toml
+	@if [ -z "$(PYTHON_FOR_VENV)" ]; then echo "error: need Python >= 3.12 (python3.12 on PATH, or pyenv install 3.12)" >&2; exit 1; fi
+	@test -x $(PY) || $(PYTHON_FOR_VENV) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $@
+
+venv: $(VENV)/.installed
+
+test: venv
+	$(PY) -m pytest -q tests
+
+train: venv
+	$(PY) train.py --config $(CONFIG) --workdir $(WORKDIR) $(ARGS)
+
+eval: venv
+	$(PY) eval.py --workdir $(WORKDIR) --split $(SPLIT) $(ARGS)
+
+sweep: venv
+	$(PY) -m gshard_mt.sweep --sweep $(SWEEP) $(ARGS)
+
+bench: venv
+	$(PY) bench/moe_layer.py --small
+	$(PY) bench/input_pipeline.py
+
+inspect-data: venv
+	$(PY) -m gshard_mt.data.inspect --config $(CONFIG)
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,187 @@
+"""Top-2 gating, GShard's Algorithm 1, as pure functions.
+
+Letters: G groups, S tokens per group, E experts, C expert capacity (slots per expert per group), K = 2 choices.
+The rules (float32 softmax, normalisation before any drop, top-1 before top-2 in the buffers, random second-expert
+policy decided before positions, padding left out of everything) are those of Lingvo's `Top2GatingOnLogits`,
+spelled out in the project guide, section 2.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+SECOND_EXPERT_POLICIES = ("all", "random")
+
+
+def expert_capacity(group_size: int, num_experts: int, capacity_factor: float, min_capacity: int = 4) -> int:
+  """C = max(min_capacity, ceil(capacity_factor * 2 * S / E)); the paper's 2N/E per group at factor 1.0."""
+  for name, value in (("group_size", group_size), ("num_experts", num_experts), ("min_capacity", min_capacity)):
+    _check_positive_int(name, value)
+  if not capacity_factor > 0:
+    raise ValueError(f"capacity_factor must be > 0, got {capacity_factor!r}")
+  # Rounding first keeps 1.1 * 2 * 160 / 32 = 11.000000000000002 from becoming 12.
+  return max(min_capacity, math.ceil(round(capacity_factor * 2 * group_size / num_experts, 6)))
+
+
+def cap_logits(logits: jax.Array, cap: float) -> jax.Array:
+  """Soft cap `cap * tanh(logits / cap)`; cap <= 0 means no cap. Any shape."""
+  return logits if cap <= 0 else cap * jnp.tanh(logits / cap)
+
+
+@struct.dataclass
+class Routing:
+  """Where each token goes, in compact form; the dense GShard tensors are derived on demand.
+
+  expert_index: int32 [G, S, K]  e1, e2.
+  slot:         int32 [G, S, K]  buffer position c of each assignment (meaningful where `kept`).
+  weight:       f32   [G, S, K]  normalised gates g1, g2; 0 where the assignment was dropped.
+  kept:         bool  [G, S, K]  the assignment occupies a slot (< C) and survived the second-expert policy.
+  aux_loss:     f32 []           load-balancing loss, mean(density * proxy) * E^2 (1.0 when balanced).
+  z_loss:       f32 []           mean over real tokens of logsumexp(logits)^2.
+  metrics:      dict of f32 scalars and `expert_load` [E].
+  """
+
+  expert_index: jax.Array
+  slot: jax.Array
+  weight: jax.Array
+  kept: jax.Array
+  aux_loss: jax.Array
+  z_loss: jax.Array
+  metrics: dict
+  num_experts: int = struct.field(pytree_node=False)
+  capacity: int = struct.field(pytree_node=False)
+
+  def _dense(self, values: jax.Array) -> jax.Array:
+    """[G, S, K] values -> [G, S, E, C], placed at (expert_index, slot)."""
+    expert = jax.nn.one_hot(self.expert_index, self.num_experts, dtype=values.dtype)  # GSKE
+    slot = jax.nn.one_hot(jnp.where(self.kept, self.slot, self.capacity), self.capacity, dtype=values.dtype)  # GSKC
+    return jnp.einsum("GSK,GSKE,GSKC->GSEC", values, expert, slot)
+
+  @property
+  def combine_weights(self) -> jax.Array:
+    """f32 [G, S, E, C]: g1 or g2 at each kept assignment's slot, else 0."""
+    return self._dense(self.weight)
+
+  @property
+  def dispatch_mask(self) -> jax.Array:
+    """bool [G, S, E, C]: the kept assignments."""
+    return self._dense(self.kept.astype(jnp.float32)) > 0
+
+
+def top2_gating(
+    logits: jax.Array,
+    expert_capacity: int,
+    *,
+    second_expert_policy: str = "all",
+    second_expert_threshold: float = 0.5,
+    rng: jax.Array | None = None,
+    padding_mask: jax.Array | None = None,
+) -> Routing:
+  """Routes each group's tokens to their top-2 experts with capacity C.
+
+  Args:
+    logits: [G, S, E] router logits, any float dtype (the softmax runs in float32).
+    expert_capacity: C, slots per expert per group.
+    second_expert_policy: 'all' keeps every second choice; 'random' keeps it iff uniform < g2 / threshold.
+    second_expert_threshold: the threshold of the 'random' policy (0.5 is the paper's `2 * g2 > uniform`).
+    rng: PRNG key, required by the 'random' policy.
+    padding_mask: [G, S], nonzero for real tokens; padded tokens are never dispatched and not counted.
+  Returns:
+    Routing; `.combine_weights` f32 [G, S, E, C] and `.dispatch_mask` bool [G, S, E, C] give the paper's tensors.
+  """
+  _check_gating_args(logits, expert_capacity, second_expert_policy, second_expert_threshold, rng, padding_mask)
+  G, S, E = logits.shape
+  C = expert_capacity
+  logits = logits.astype(jnp.float32)
+  gates = jax.nn.softmax(logits, axis=-1)  # GSE
+  valid = jnp.ones((G, S), bool) if padding_mask is None else padding_mask.astype(bool)
+  num_valid = jnp.maximum(valid.sum(axis=1, keepdims=True), 1).astype(jnp.float32)  # [G, 1]
+
+  e1 = jnp.argmax(gates, axis=-1)
+  onehot1 = jax.nn.one_hot(e1, E, dtype=jnp.int32)  # GSE
+  # Gates are >= 0, so -1 removes e1 from the second argmax even when the other gates underflow to 0.
+  e2 = jnp.argmax(jnp.where(onehot1 > 0, -1.0, gates), axis=-1)
+  onehot2 = jax.nn.one_hot(e2, E, dtype=jnp.int32)
+  g1 = jnp.sum(gates * onehot1, axis=-1)
+  g2 = jnp.sum(gates * onehot2, axis=-1)
+  denom = g1 + g2 + 1e-9
+  g1, g2 = g1 / denom, g2 / denom
+
+  # Auxiliary loss on the top-1 choices, before any capacity drop.
+  density = jnp.sum(onehot1 * valid[..., None], axis=1) / num_valid  # GE
+  proxy = jnp.sum(gates * valid[..., None], axis=1) / num_valid  # GE
+  aux_loss = jnp.mean(density * proxy) * E * E
+
+  want1 = valid
+  want2 = valid
+  if second_expert_policy == "random":
+    want2 = want2 & (jax.random.uniform(rng, (G, S)) < g2 / second_expert_threshold)
+
+  mask1 = onehot1 * want1[..., None]  # GSE
+  pos1 = jnp.cumsum(mask1, axis=1) - mask1  # exclusive: earlier tokens of the group with the same e1
+  mask1 = mask1 * (pos1 < C)
+  kept1_per_expert = jnp.sum(mask1, axis=1, keepdims=True)  # [G, 1, E]
+  mask2 = onehot2 * want2[..., None]
+  pos2 = jnp.cumsum(mask2, axis=1) - mask2 + kept1_per_expert  # top-2 slots follow the kept top-1 ones
+  mask2 = mask2 * (pos2 < C)
+
+  kept = jnp.stack([mask1.sum(-1), mask2.sum(-1)], axis=-1) > 0  # GSK
+  slot = jnp.stack([jnp.sum(pos1 * onehot1, -1), jnp.sum(pos2 * onehot2, -1)], axis=-1).astype(jnp.int32)
+  weight = jnp.stack([g1, g2], axis=-1) * kept
+
+  total_valid = jnp.maximum(valid.sum(), 1).astype(jnp.float32)
+  z_loss = jnp.sum(jax.nn.logsumexp(logits, axis=-1) ** 2 * valid) / total_valid
+  metrics = _routing_metrics(gates, valid, kept, want2, mask1 + mask2, total_valid)
+  return Routing(
+      expert_index=jnp.stack([e1, e2], axis=-1).astype(jnp.int32),
+      slot=slot,
+      weight=weight,
+      kept=kept,
+      aux_loss=aux_loss,
+      z_loss=z_loss,
+      metrics=metrics,
+      num_experts=E,
+      capacity=C,
+  )
+
+
+def _routing_metrics(gates, valid, kept, want2, assigned, total_valid) -> dict:
+  """Scalars (and expert_load [E]) describing one routing decision; all f32."""
+  want2_count = jnp.maximum(want2.sum(), 1).astype(jnp.float32)
+  per_expert = assigned.sum(axis=(0, 1)).astype(jnp.float32)  # E
+  entropy = -jnp.sum(gates * jnp.log(jnp.maximum(gates, 1e-30)), axis=-1)
+  return {
+      "top1_dropped": jnp.sum(valid & ~kept[..., 0]) / total_valid,
+      "top2_dropped": jnp.sum(want2 & ~kept[..., 1]) / want2_count,
+      "second_expert_sampled": jnp.sum(want2) / total_valid,
+      "unrouted": jnp.sum(valid & ~kept.any(-1)) / total_valid,
+      "router_entropy": jnp.sum(entropy * valid) / total_valid,
+      "expert_load": per_expert / jnp.maximum(per_expert.sum(), 1.0),
+  }
+
+
+def _check_positive_int(name, value):
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+    raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _check_gating_args(logits, capacity, policy, threshold, rng, padding_mask):
+  if logits.ndim != 3:
+    raise ValueError(f"logits must be [G, S, E] (rank 3), got shape {tuple(logits.shape)}")
+  if logits.shape[-1] < 2:
+    raise ValueError(f"top-2 gating needs at least 2 experts, got E={logits.shape[-1]}")
+  _check_positive_int("expert_capacity", capacity)
+  if policy not in SECOND_EXPERT_POLICIES:
+    raise ValueError(f"unknown second_expert_policy {policy!r}; expected one of {SECOND_EXPERT_POLICIES}")
+  if policy == "random":
+    if rng is None:
+      raise ValueError("second_expert_policy='random' needs an rng")
+    if not threshold > 0:
+      raise ValueError(f"second_expert_threshold must be > 0, got {threshold!r}")
+  if padding_mask is not None and tuple(padding_mask.shape) != tuple(logits.shape[:2]):
+    raise ValueError(f"padding_mask must be [G, S] = {tuple(logits.shape[:2])}, got {tuple(padding_mask.shape)}")

@@ -1,0 +1,119 @@
+"""The GShard MoE feed-forward layer (Algorithm 2): router, top-2 gating, dispatch, expert FFNs, combine.
+
+The module only wires parameters to the pure functions in `gating`, `dispatch` and `expert_ffn`. Every parameter
+and the key activations carry logical axis names; `gshard_mt.partitioning` maps them onto mesh axes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from gshard_mt.moe import dispatch as dispatch_lib
+from gshard_mt.moe import gating
+
+ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu}
+
+# Logical axis names of the layer's tensors (G, S, E, C, M, H in the paper's letters).
+GSM = ("group", None, "embed")
+EGCM = ("expert", "group", "capacity", "embed")
+EGCH = ("expert", "group", "capacity", "mlp")
+GECM = ("group", "expert", "capacity", "embed")
+
+
+def expert_ffn(expert_in: jax.Array, wi: jax.Array, wo: jax.Array, activation: str = "relu") -> jax.Array:
+  """Each expert's FFN on its buffers: [E, G, C, M] x wi [E, M, H] x wo [E, H, M] -> [G, E, C, M]."""
+  h = ACTIVATIONS[activation](jnp.einsum("EGCM,EMH->EGCH", expert_in, wi))
+  h = nn.with_logical_constraint(h, EGCH)
+  return jnp.einsum("EGCH,EHM->GECM", h, wo)
+
+
+def groups_of(num_tokens: int, group_size: int) -> tuple[int, int]:
+  """(G, S) for `num_tokens` tokens in groups of `group_size`; fewer tokens than S make one group."""
+  if num_tokens <= group_size:
+    return 1, num_tokens
+  if num_tokens % group_size:
+    raise ValueError(
+        f"moe.group_size={group_size} does not divide the {num_tokens} tokens of the batch (batch x length); "
+        "choose a group size that divides batch_size * max_length")
+  return num_tokens // group_size, group_size
+
+
+class MoeFeedForward(nn.Module):
+  """Top-2 MoE FFN. Call with x [B, L, M] (and padding_mask [B, L], nonzero for real tokens).
+
+  Returns (y [B, L, M], stats) where stats = {'aux_loss', 'z_loss', 'metrics'}: the training loop adds
+  aux_loss_weight * sum(aux_loss) (+ z_loss_weight * sum(z_loss)) to its loss and logs the metrics.
+  With deterministic=True the evaluation capacity factor is used, and no noise or random routing is applied
+  (the 'random' second-expert policy becomes 'all').
+  """
+
+  num_experts: int
+  hidden_dim: int
+  group_size: int
+  train_capacity_factor: float = 1.25
+  eval_capacity_factor: float = 2.0
+  min_capacity: int = 4
+  second_expert_policy: str = "all"
+  second_expert_threshold: float = 0.5
+  dispatch: str = "index"
+  activation: str = "relu"
+  jitter_noise: float = 0.0
+  router_logit_cap: float = 0.0
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  def _check_config(self):
+    if self.dispatch not in dispatch_lib.DISPATCHERS:
+      raise ValueError(f"unknown moe.dispatch {self.dispatch!r}; expected one of {dispatch_lib.DISPATCHERS}")
+    if self.activation not in ACTIVATIONS:
+      raise ValueError(f"unknown moe.activation {self.activation!r}; expected one of {tuple(ACTIVATIONS)}")
+    if self.second_expert_policy not in gating.SECOND_EXPERT_POLICIES:
+      raise ValueError(f"unknown moe.second_expert_policy {self.second_expert_policy!r}; "
+                       f"expected one of {gating.SECOND_EXPERT_POLICIES}")
+
+  @nn.compact
+  def __call__(self, x: jax.Array, padding_mask: jax.Array | None = None, *, deterministic: bool = True):
+    self._check_config()
+    B, L, M = x.shape
+    E, H = self.num_experts, self.hidden_dim
+    G, S = groups_of(B * L, self.group_size)
+    wg = self.param("wg", nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "expert")),
+                    (M, E), jnp.float32)
+    expert_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=1, out_axis=2,
+                                                   batch_axis=(0,))
+    wi = self.param("wi", nn.with_logical_partitioning(expert_init, ("expert", "embed", "mlp")), (E, M, H),
+                    self.param_dtype)
+    wo = self.param("wo", nn.with_logical_partitioning(expert_init, ("expert", "mlp", "embed")), (E, H, M),
+                    self.param_dtype)
+
+    x = nn.with_logical_constraint(x.reshape(G, S, M), GSM)
+    mask = None if padding_mask is None else padding_mask.reshape(G, S)
+    router_in = x.astype(jnp.float32)
+    if not deterministic and self.jitter_noise > 0:
+      eps = self.jitter_noise
+      router_in = router_in * jax.random.uniform(self.make_rng("gating"), router_in.shape, jnp.float32,
+                                                 1.0 - eps, 1.0 + eps)
+    logits = gating.cap_logits(jnp.einsum("GSM,ME->GSE", router_in, wg), self.router_logit_cap)
+
+    random = self.second_expert_policy == "random" and not deterministic
+    factor = self.eval_capacity_factor if deterministic else self.train_capacity_factor
+    routing = gating.top2_gating(
+        logits,
+        gating.expert_capacity(S, E, factor, self.min_capacity),
+        second_expert_policy="random" if random else "all",
+        second_expert_threshold=self.second_expert_threshold,
+        rng=self.make_rng("gating") if random else None,
+        padding_mask=mask)
+
+    dispatcher = dispatch_lib.make_dispatcher(self.dispatch, routing)
+    x = x.astype(self.dtype)
+    expert_in = nn.with_logical_constraint(dispatcher.dispatch(x), EGCM)  # G -> E reshard: an all-to-all
+    expert_out = expert_ffn(expert_in, wi.astype(self.dtype), wo.astype(self.dtype), self.activation)
+    expert_out = nn.with_logical_constraint(expert_out, GECM)  # E -> G reshard: an all-to-all
+    y = nn.with_logical_constraint(dispatcher.combine(expert_out), GSM)
+    stats = {"aux_loss": routing.aux_loss, "z_loss": routing.z_loss, "metrics": routing.metrics}
+    return y.reshape(B, L, M), stats

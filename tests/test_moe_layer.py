@@ -1,0 +1,129 @@
+"""The MoE layer: both dispatchers agree, dropped tokens pass through, gradients reach the router, errors."""
+
+import functools
+
+import numpy as np
+import pytest
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+
+from gshard_mt.moe import MoeFeedForward, expert_capacity
+from gshard_mt.moe.dispatch import EinsumDispatcher, IndexDispatcher
+from gshard_mt.moe import gating
+
+B, L, M, H, E = 4, 16, 8, 16, 4
+
+
+def make_layer(**kw):
+  defaults = dict(num_experts=E, hidden_dim=H, group_size=16, train_capacity_factor=1.0, eval_capacity_factor=1.0,
+                  min_capacity=1)
+  return MoeFeedForward(**{**defaults, **kw})
+
+
+@functools.lru_cache(maxsize=None)
+def inputs():
+  x = jax.random.normal(jax.random.key(0), (B, L, M))
+  mask = jnp.arange(L)[None, :] < jnp.array([16, 12, 9, 5])[:, None]
+  params = nn.unbox(make_layer().init(jax.random.key(1), x, mask))
+  return x, mask, params
+
+
+def loss_and_grads(dispatch, params, x, mask, **kw):
+  layer = make_layer(dispatch=dispatch, **kw)
+
+  def loss(params, x):
+    y, stats = layer.apply(params, x, mask, deterministic=False, rngs={"gating": jax.random.key(5)})
+    return jnp.sum(jnp.sin(y) * x) + stats["aux_loss"] + 0.1 * stats["z_loss"], y
+
+  (value, y), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(params, x)
+  return value, y, grads
+
+
+@pytest.mark.parametrize("policy", ["all", "random"])
+def test_index_dispatch_matches_einsum_outputs_and_gradients(policy):
+  x, mask, params = inputs()
+  ref = loss_and_grads("einsum", params, x, mask, second_expert_policy=policy, jitter_noise=0.1)
+  got = loss_and_grads("index", params, x, mask, second_expert_policy=policy, jitter_noise=0.1)
+  np.testing.assert_allclose(got[0], ref[0], rtol=1e-5)
+  np.testing.assert_allclose(got[1], ref[1], atol=1e-5)
+  for g, r in zip(jax.tree.leaves(got[2]), jax.tree.leaves(ref[2])):
+    np.testing.assert_allclose(g, r, atol=1e-5, rtol=1e-5)
+  # The gradient reaches the router weights.
+  assert float(jnp.abs(got[2][0]["params"]["wg"]).max()) > 1e-4
+
+
+def test_dispatchers_agree_on_dispatched_buffers():
+  logits = jax.random.normal(jax.random.key(2), (3, 20, 5)) * 2
+  routing = gating.top2_gating(logits, 3)
+  x = jax.random.normal(jax.random.key(3), (3, 20, 6))
+  y = jax.random.normal(jax.random.key(4), (3, 5, 3, 6))
+  np.testing.assert_allclose(IndexDispatcher(routing).dispatch(x), EinsumDispatcher(routing).dispatch(x), atol=1e-6)
+  np.testing.assert_allclose(IndexDispatcher(routing).combine(y), EinsumDispatcher(routing).combine(y), atol=1e-6)
+
+
+@pytest.mark.parametrize("dispatch", ["einsum", "index"])
+def test_token_dropped_by_both_experts_gets_zero_output(dispatch):
+  x, mask, params = inputs()
+  layer = make_layer(dispatch=dispatch, eval_capacity_factor=0.125)
+  C = expert_capacity(16, E, 0.125, min_capacity=1)
+  assert C == 1  # most tokens overflow
+  apply = jax.jit(lambda p, x, m: layer.apply(p, x, m, deterministic=True))
+  y, stats = apply(params, x, mask)
+  routing = jax.jit(lambda p, x, m: gating.top2_gating(
+      jnp.einsum("GSM,ME->GSE", x.reshape(-1, 16, M), p["params"]["wg"]), C, padding_mask=m.reshape(-1, 16)))(
+          params, x, mask)
+  unrouted = ~np.asarray(routing.kept).any(-1).reshape(B, L)
+  assert unrouted.sum() > B * L / 2
+  np.testing.assert_array_equal(np.asarray(y)[unrouted], 0.0)
+  np.testing.assert_array_equal(np.asarray(y)[~np.asarray(mask)], 0.0)  # padding is never dispatched
+  assert float(stats["metrics"]["unrouted"]) > 0.5
+
+
+def test_capacity_factors_train_and_eval():
+  x, mask, params = inputs()
+  layer = make_layer(train_capacity_factor=0.5, eval_capacity_factor=4.0)
+  _, train = layer.apply(params, x, mask, deterministic=False, rngs={"gating": jax.random.key(0)})
+  _, evals = layer.apply(params, x, mask, deterministic=True)
+  assert expert_capacity(16, E, 4.0, 1) == 32  # room for every assignment
+  assert float(evals["metrics"]["top1_dropped"]) == 0.0 and float(evals["metrics"]["top2_dropped"]) == 0.0
+  assert float(train["metrics"]["top1_dropped"]) > 0.0
+
+
+def test_jitter_noise_only_in_training_and_logit_cap():
+  x, mask, params = inputs()
+  plain, noisy = make_layer(), make_layer(jitter_noise=0.5)
+  y0, _ = plain.apply(params, x, mask, deterministic=True)
+  y1, _ = noisy.apply(params, x, mask, deterministic=True)
+  np.testing.assert_array_equal(y0, y1)
+  rngs = {"gating": jax.random.key(9)}
+  t0, _ = plain.apply(params, x, mask, deterministic=False, rngs=rngs)
+  t1, _ = noisy.apply(params, x, mask, deterministic=False, rngs=rngs)
+  t2, _ = noisy.apply(params, x, mask, deterministic=False, rngs=rngs)
+  assert not np.allclose(t0, t1)
+  np.testing.assert_array_equal(t1, t2)  # same rng, same noise
+  big = jax.tree.map(lambda p: p * 100.0, params)
+  _, uncapped = make_layer().apply(big, x, mask)
+  _, capped = make_layer(router_logit_cap=2.0).apply(big, x, mask)
+  assert float(capped["z_loss"]) < float(uncapped["z_loss"])
+  assert float(capped["metrics"]["router_entropy"]) > float(uncapped["metrics"]["router_entropy"])
+
+
+def test_bf16_compute_keeps_router_in_float32():
+  x, mask, params = inputs()
+  y, stats = make_layer(dtype=jnp.bfloat16).apply(params, x, mask)
+  assert y.dtype == jnp.bfloat16 and stats["aux_loss"].dtype == jnp.float32
+  ref, _ = make_layer().apply(params, x, mask)
+  np.testing.assert_allclose(np.asarray(y, np.float32), ref, atol=0.1)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(group_size=24), "group_size=24 does not divide the 64 tokens"),
+    (dict(dispatch="scatter"), "unknown moe.dispatch"),
+    (dict(second_expert_policy="top"), "unknown moe.second_expert_policy"),
+    (dict(activation="swish"), "unknown moe.activation"),
+])
+def test_layer_config_errors(kw, message):
+  x, mask, _ = inputs()
+  with pytest.raises(ValueError, match=message):
+    make_layer(**kw).init(jax.random.key(0), x, mask)
