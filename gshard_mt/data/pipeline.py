@@ -1,0 +1,172 @@
+"""The input pipeline: corpus -> cached tokenizer and token arrays -> temperature-sampled packed batches.
+
+Training batch `i` is a pure function of (seed, i, process index): resuming at step i sees exactly the batches
+an uninterrupted run would have seen, and the iterator state is just {'seed', 'next_index'}. Each process of
+a multi-host run builds only its own rows of the global batch. A background thread prepares batches and puts
+them on the devices ahead of the step that needs them (seed 004: the host stays ahead of the devices).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+import queue
+import threading
+from typing import Callable, Iterator
+
+import numpy as np
+
+from gshard_mt.data import corpus as corpus_lib
+from gshard_mt.data import packing, sampling, tokenizer as tokenizer_lib
+
+log = logging.getLogger(__name__)
+
+
+def tokenize(split: corpus_lib.Corpus, tok: tokenizer_lib.Tokenizer) -> packing.TokenizedSplit:
+  languages = sorted(split)
+  lang, src, tgt = [], [], []
+  for i, name in enumerate(languages):
+    src += tok.encode(split[name].src, name)
+    tgt += tok.encode(split[name].tgt)
+    lang += [i] * len(split[name])
+  return packing.TokenizedSplit.from_lists(languages, lang, src, tgt)
+
+
+def tokenize_cached(split: corpus_lib.Corpus, tok: tokenizer_lib.Tokenizer, name: str) -> packing.TokenizedSplit:
+  """Tokenizes once per (tokenizer, content); later runs load the arrays from beside the tokenizer."""
+  path = tok.path.with_name(f"{tok.path.stem}-{name}-{corpus_lib.fingerprint(split)}.npz")
+  if path.exists():
+    return packing.TokenizedSplit.load(path)
+  data = tokenize(split, tok)
+  data.save(path)
+  return data
+
+
+class TrainBatches:
+  """Packed training batches by index: `batch(i)` is deterministic; iteration continues from `next_index`."""
+
+  def __init__(self, split: packing.TokenizedSplit, rates: dict[str, float], rows: int, length: int, seed: int,
+               process_index: int = 0, process_count: int = 1):
+    if rows % process_count:
+      raise ValueError(f"batch_size={rows} does not divide over {process_count} processes")
+    self.split, self.length, self.seed = split, length, seed
+    self.rows = rows // process_count
+    self.process_index = process_index
+    fits = (split.src_len <= length) & (split.tgt_len <= length)
+    by_lang = [np.flatnonzero(fits & (split.lang == i)) for i in range(len(split.languages))]
+    self.filtered = int((~fits).sum())
+    self.eligible = np.concatenate(by_lang)
+    self.counts = np.array([len(ids) for ids in by_lang])
+    self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
+    self.rates = np.array([rates.get(lang, 0.0) if n else 0.0 for lang, n in zip(split.languages, self.counts)])
+    if self.rates.sum() <= 0:
+      raise ValueError(f"no training pair fits data.max_length={length}")
+    self.rates = self.rates / self.rates.sum()
+    mean_pair = float(np.mean(np.maximum(split.src_len, split.tgt_len)[self.eligible]))
+    self.chunk = int(self.rows * length / mean_pair * 1.5) + 16
+    self.next_index = 0
+    self.real_tokens = 0
+    self.slots = 0
+
+  def batch(self, index: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng([self.seed, index, self.process_index])
+    parts, out = [], None
+    while out is None or (out[1] == sum(len(p) for p in parts) and len(parts) < 8):
+      langs = rng.choice(len(self.rates), size=self.chunk, p=self.rates)
+      offset = (rng.random(self.chunk) * self.counts[langs]).astype(np.int64)
+      parts.append(self.eligible[self.starts[langs] + offset])
+      out = packing.pack(self.split, np.concatenate(parts), self.rows, self.length)
+    batch, _, real = out
+    self.real_tokens += real
+    self.slots += 2 * self.rows * self.length
+    return batch
+
+  @property
+  def packing_efficiency(self) -> float:
+    """Real tokens / slots over the batches made so far (both sides)."""
+    return self.real_tokens / max(self.slots, 1)
+
+  def __iter__(self) -> Iterator[tuple[int, dict]]:
+    return self
+
+  def __next__(self) -> tuple[int, dict]:
+    index = self.next_index
+    self.next_index += 1
+    return index, self.batch(index)
+
+  def get_state(self) -> dict:
+    return {"seed": self.seed, "next_index": self.next_index}
+
+  def set_state(self, state: dict):
+    if state["seed"] != self.seed:
+      raise ValueError(f"data state was saved with seed {state['seed']}, this run uses {self.seed}")
+    self.next_index = int(state["next_index"])
+
+
+def eval_batches(split: packing.TokenizedSplit, lang: str, rows: int, length: int) -> Iterator[dict]:
+  """One language's pairs in order, one per row, in fixed [rows, length] batches (last one padded)."""
+  ids = np.flatnonzero(split.lang == split.languages.index(lang))
+  for start in range(0, len(ids), rows):
+    yield packing.pad(split, ids[start:start + rows], rows, length)
+
+
+def prefetch(iterator: Iterator, size: int = 2, put: Callable = lambda x: x) -> Iterator:
+  """Runs `put(next(iterator))` (e.g. a device_put) in a background thread, `size` items ahead."""
+  q: queue.Queue = queue.Queue(maxsize=max(size, 1))
+  done = object()
+  stop = threading.Event()
+
+  def produce():
+    try:
+      for item in iterator:
+        while not stop.is_set():
+          try:
+            q.put(put(item), timeout=0.1)
+            break
+          except queue.Full:
+            continue
+        if stop.is_set():
+          return
+    except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
+      q.put(e)
+    q.put(done)
+
+  thread = threading.Thread(target=produce, daemon=True)
+  thread.start()
+  try:
+    while (item := q.get()) is not done:
+      if isinstance(item, BaseException):
+        raise item
+      yield item
+  finally:
+    stop.set()
+
+
+@dataclasses.dataclass
+class Data:
+  """Everything the training and evaluation programs need from the data."""
+
+  tokenizer: tokenizer_lib.Tokenizer
+  text: dict[str, corpus_lib.Corpus]  # split -> language -> pairs
+  tokens: dict[str, packing.TokenizedSplit]
+  rates: dict[str, float]
+  info: dict
+
+  def train_batches(self, config, process_index=0, process_count=1) -> TrainBatches:
+    return TrainBatches(self.tokens["train"], self.rates, config.batch_size, config.data.max_length,
+                        config.data.seed, process_index, process_count)
+
+
+def load(config, workdir: str | pathlib.Path) -> Data:
+  """Reads the configured corpus, trains or loads the tokenizer, tokenizes (cached) and computes the rates."""
+  text, info = corpus_lib.load_corpus(config.data)
+  tok = tokenizer_lib.train_or_load(text["train"], workdir, config.data.vocab_size, config.data.source_tags,
+                                    config.data.character_coverage)
+  tokens = {name: tokenize_cached(text[name], tok, name) for name in corpus_lib.SPLITS}
+  counts = {lang: len(pairs) for lang, pairs in text["train"].items()}
+  rates = sampling.temperature_rates(counts, config.data.temperature)
+  info = {**info, "languages": len(counts), "train_pairs": sum(counts.values()),
+          "dev_pairs": len(tokens["dev"]), "test_pairs": len(tokens["test"])}
+  log.info("data: %s", info)
+  return Data(tok, text, tokens, rates, info)

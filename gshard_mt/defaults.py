@@ -1,0 +1,84 @@
+"""Every configuration key with its default. The files in configs/ start from `get_config()` here and change a
+few keys; README.md documents the keys."""
+
+import ml_collections
+
+
+def get_config():
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.batch_size = 64  # global rows per step; each row packs several pairs
+  c.num_train_steps = 1000
+  c.log_every = 50
+  c.eval_every = 500  # dev loss and perplexity
+  c.eval_batches = 20  # dev batches per evaluation (0 = all)
+  c.checkpoint_every = 500
+  c.keep_checkpoints = 3
+  c.nonfinite = "stop"  # 'stop': stop with a message naming the step; 'skip': skip the update
+
+  c.data = ml_collections.ConfigDict()
+  c.data.source = "tatoeba"  # 'tatoeba' (shipped), 'folder', 'tsv' or 'tfds'
+  c.data.path = ""  # folder or TSV file for 'folder' / 'tsv'
+  c.data.tfds_name = ""  # e.g. 'wmt19_translate/de-en'
+  c.data.tfds_data_dir = ""
+  c.data.tfds_source_key = ""  # '' = the non-English language of the Translation feature
+  c.data.languages = ""  # comma-separated codes; '' = all
+  c.data.dev_fraction = 0.1
+  c.data.test_fraction = 0.1
+  c.data.min_eval_pairs = 5
+  c.data.vocab_size = 8000
+  c.data.character_coverage = 0.9995
+  c.data.source_tags = True  # prepend a <xx> source-language tag
+  c.data.temperature = 5.0  # language sampling p ~ n^(1/T); 1 = proportional, inf = uniform
+  c.data.max_length = 64  # tokens per row and side (pairs longer than this are filtered from training)
+  c.data.seed = 0
+  c.data.prefetch = 2  # batches prepared ahead, on the devices
+
+  c.model = ml_collections.ConfigDict()
+  c.model.emb_dim = 512  # M
+  c.model.num_heads = 8
+  c.model.head_dim = 64
+  c.model.mlp_dim = 2048  # hidden size of the dense FFNs
+  c.model.num_encoder_layers = 6
+  c.model.num_decoder_layers = 6
+  c.model.moe_interval = 2  # every 2nd FFN is MoE; 0 = dense baseline
+  c.model.share_embeddings = True  # one embedding for source, target and the output logits
+  c.model.positions = "sinusoidal"  # or 'learned'
+  c.model.max_position = 512  # for learned positions
+  c.model.dropout_rate = 0.1
+  c.model.attention_dropout_rate = 0.0
+  c.model.dtype = "bfloat16"  # computation; parameters are float32
+  c.model.remat = False  # rematerialise each layer unit in the backward pass
+  c.model.scan_layers = True  # compile one layer unit, not one per layer
+
+  c.moe = ml_collections.ConfigDict()
+  c.moe.num_experts = 32  # E
+  c.moe.hidden_dim = 2048  # H of each expert
+  c.moe.group_size = 1024  # S
+  c.moe.train_capacity_factor = 1.25
+  c.moe.eval_capacity_factor = 2.0
+  c.moe.min_capacity = 4
+  c.moe.second_expert_policy = "random"  # 'all' or 'random' (the paper's)
+  c.moe.second_expert_threshold = 0.5
+  c.moe.dispatch = "index"  # 'einsum' (the paper's, reference) or 'index' (gather, faster)
+  c.moe.activation = "relu"
+  c.moe.jitter_noise = 0.0
+  c.moe.router_logit_cap = 0.0
+  c.moe.aux_loss_weight = 0.01
+  c.moe.z_loss_weight = 0.0
+
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.name = "adafactor"  # or 'adam'
+  c.optimizer.learning_rate = 1.0  # peak = learning_rate / sqrt(max(step, warmup)) for adafactor's schedule
+  c.optimizer.schedule = "rsqrt"  # reciprocal square root after linear warmup; or 'constant'
+  c.optimizer.warmup_steps = 1000
+  c.optimizer.grad_clip_norm = 1.0
+  c.optimizer.weight_decay = 0.0
+  c.optimizer.label_smoothing = 0.1
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = -1  # -1 = all devices not used by the other axes
+  c.mesh.expert = 1
+  c.mesh.model = 1
+  c.partitioning = "expert"  # logical axis rules: 'data', 'expert' or 'expert_model'
+  return c
