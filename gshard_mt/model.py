@@ -283,3 +283,11 @@ class Transformer(nn.Module):
     logits, dec_stats = self.decode_logits(memory, batch["inputs_segmentation"], decoder_inputs,
                                            batch["targets_segmentation"], batch["targets_position"])
     return logits, {"encoder": enc_stats, "decoder": dec_stats}
+
+
+def dummy_batch(batch_size: int, length: int) -> dict:
+  """An all-ones batch of the right shapes and dtypes, for initialisation and shape evaluation."""
+  ones = jnp.ones((batch_size, length), jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch_size, length))
+  return {"inputs": ones, "targets": ones, "inputs_segmentation": ones, "targets_segmentation": ones,
+          "inputs_position": positions, "targets_position": positions}

@@ -104,9 +104,10 @@ class TrainBatches:
     self.next_index = int(state["next_index"])
 
 
-def eval_batches(split: packing.TokenizedSplit, lang: str, rows: int, length: int) -> Iterator[dict]:
-  """One language's pairs in order, one per row, in fixed [rows, length] batches (last one padded)."""
-  ids = np.flatnonzero(split.lang == split.languages.index(lang))
+def eval_batches(split: packing.TokenizedSplit, lang: str | None, rows: int, length: int) -> Iterator[dict]:
+  """One language's pairs (all pairs when lang is None) in order, one per row, in fixed [rows, length] batches
+  (the last one padded with empty rows)."""
+  ids = np.arange(len(split)) if lang is None else np.flatnonzero(split.lang == split.languages.index(lang))
   for start in range(0, len(ids), rows):
     yield packing.pad(split, ids[start:start + rows], rows, length)
 
