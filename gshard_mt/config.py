@@ -56,8 +56,8 @@ def _parse_value(key: str, text: str, current):
   try:
     value = ast.literal_eval(text)
   except (ValueError, SyntaxError):
-    if text.lower() in ("inf", "infinity"):
-      value = float("inf")
+    if text.lower() in ("inf", "infinity", "nan"):
+      value = float(text.lower())
     else:
       raise ConfigError(f"--config.{key}={text}: expected a {type(current).__name__}") from None
   if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):

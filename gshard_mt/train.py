@@ -100,7 +100,7 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer, tx, config
     return total, (nll, correct, aux, z, stats)
 
   (loss, (nll, correct, aux, z, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-  grad_norm = optax.global_norm(grads)
+  grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   new = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state)
@@ -183,6 +183,48 @@ def evaluate_loss(setup: Setup, params, data: pipeline.Data, config, split="dev"
           f"{split}_accuracy": totals[1] / max(totals[2], 1)}
 
 
+class StepLogger:
+  """Keeps each step's metrics on the device until a log step, then fetches, checks and writes their mean."""
+
+  def __init__(self, config, writer: metrics_lib.Writer, bar, flops_per_token: float, checkpoint_dir):
+    self.config, self.writer, self.bar, self.flops_per_token = config, writer, bar, flops_per_token
+    self.checkpoint_dir = checkpoint_dir
+    self.pending: list = []
+    self.last: dict = {}
+    self.last_saved = None
+    self.start_timer()
+
+  def start_timer(self):
+    """Called after the first step has run, so that compilation is not counted in the step times."""
+    self.timer, self.timed_steps = time.perf_counter(), 0
+
+  def add(self, step_metrics):
+    self.pending.append(step_metrics)
+    self.timed_steps += 1
+
+  def flush(self, step: int, packing_efficiency: float):
+    if not self.pending:
+      return
+    values = jax.device_get(self.pending)  # the only host sync of the loop
+    bad = [step - len(values) + i + 1 for i, v in enumerate(values) if not v["finite"]]
+    if bad and self.config.nonfinite == "stop":
+      last_good = self.last_saved if self.last_saved is not None else "(none)"
+      raise NonFiniteError(f"non-finite loss or gradient at step {bad[0]} (update skipped); last good "
+                           f"checkpoint: {self.checkpoint_dir}/{last_good}")
+    now = time.perf_counter()
+    seconds = (now - self.timer) / max(self.timed_steps, 1)
+    tokens = float(np.mean([v["source_tokens"] + v["target_tokens"] for v in values]))
+    last = {k: float(np.mean([v[k] for v in values])) for k in values[-1] if k != "finite"}
+    last.update(learning_rate=float(values[-1]["learning_rate"]), skipped_updates=len(bad), step_time=seconds,
+                tokens_per_s=tokens / seconds, packing_efficiency=packing_efficiency,
+                mfu=metrics_lib.mfu(self.flops_per_token * tokens / seconds, jax.devices()[0].device_kind,
+                                    jax.device_count()))
+    self.writer.write(step, last)
+    self.bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{last['tokens_per_s']:.0f}")
+    self.last = last
+    self.pending, self.timer, self.timed_steps = [], now, 0
+
+
 def train_and_evaluate(config, workdir: str | pathlib.Path) -> dict:
   """Trains (resuming when the work directory has checkpoints); returns the last logged metrics."""
   workdir = pathlib.Path(workdir)
@@ -196,78 +238,57 @@ def train_and_evaluate(config, workdir: str | pathlib.Path) -> dict:
   batches = data.train_batches(config, jax.process_index(), jax.process_count())
   restored = ckpts.restore(setup.abstract_target())
   if restored:
-    step0, state, data_state = restored
+    step, state, data_state = restored
     batches.set_state(data_state)
-    log.info("resumed from %s at step %d", ckpts.directory, step0)
+    log.info("resumed from %s at step %d", ckpts.directory, step)
   else:
     state = setup.init_state(config.seed)
   start = int(jax.device_get(state.step))
-  writer = metrics_lib.Writer(workdir, enabled=is_main)
   model = Transformer(setup.model_cfg, deterministic=False)
-  step_fn = jax.jit(functools.partial(train_step, model=model, tx=setup.tx, config=config),
-                    donate_argnums=0)
-  flops_per_token = 6 * metrics_lib.active_params(state.params, config.moe.num_experts)
-
-  stop_signal = []
-  previous_handler = signal.signal(signal.SIGTERM, lambda *_: stop_signal.append(True)) if is_main else None
-  pending, last, last_time, last_saved = [], {}, time.perf_counter(), ckpts.latest()
+  step_fn = jax.jit(functools.partial(train_step, model=model, tx=setup.tx, config=config), donate_argnums=0)
   bar = tqdm(total=config.num_train_steps, initial=start, disable=not is_main, desc="train", unit="step")
+  logger = StepLogger(config, metrics_lib.Writer(workdir, enabled=is_main), bar,
+                      6 * metrics_lib.active_params(state.params, config.moe.num_experts), ckpts.directory)
+  logger.last_saved = ckpts.latest()
   put = lambda item: (item[0], partitioning.global_batch(item[1], setup.mesh))  # noqa: E731
   feed = pipeline.prefetch(batches, config.data.prefetch, put)
+  preempted = []
+  previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True)) if is_main else None
 
-  def flush(step):
-    """Fetches the pending step metrics (the only host sync), checks them and logs their mean."""
-    nonlocal pending, last, last_time
-    if not pending:
-      return
-    values = jax.device_get(pending)
-    bad = [step - len(values) + i + 1 for i, v in enumerate(values) if not v["finite"]]
-    if bad and config.nonfinite == "stop":
-      raise NonFiniteError(f"non-finite loss or gradient at step {bad[0]} (update skipped); last good "
-                           f"checkpoint: {ckpts.directory}/{last_saved if last_saved is not None else '(none)'}")
-    now = time.perf_counter()
-    seconds = (now - last_time) / len(values)
-    tokens = np.mean([v["source_tokens"] + v["target_tokens"] for v in values])
-    last = {k: float(np.mean([v[k] for v in values])) for k in values[-1] if k not in ("finite",)}
-    last.update(learning_rate=float(values[-1]["learning_rate"]), skipped_updates=len(bad), step_time=seconds,
-                tokens_per_s=tokens / seconds, packing_efficiency=batches.packing_efficiency)
-    last["mfu"] = metrics_lib.mfu(flops_per_token * tokens / seconds, jax.devices()[0].device_kind,
-                                  jax.device_count())
-    writer.write(step, last)
-    bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{last['tokens_per_s']:.0f}")
-    pending, last_time = [], now
+  def save(step, next_index):
+    logger.flush(step, batches.packing_efficiency)  # checks for non-finite steps before anything is written
+    ckpts.save(step, state, {"seed": batches.seed, "next_index": next_index}, force=True)
+    logger.last_saved = step
 
-  with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
-    step = start
-    for step in range(start, config.num_train_steps):
-      if stop_signal:
-        break
-      index, batch = next(feed)
-      state, m = step_fn(state, batch)
-      pending.append(m)
-      bar.update(1)
-      done = step + 1
-      if done % config.log_every == 0 or done == config.num_train_steps:
-        flush(done)
-      if ckpts.should_save(done) or done == config.num_train_steps:
-        flush(done)
-        ckpts.save(done, state, {"seed": batches.seed, "next_index": index + 1}, force=True)
-        last_saved = done
-      if config.eval_every and (done % config.eval_every == 0 or done == config.num_train_steps):
-        dev = evaluate_loss(setup, state.params, data, config)
-        writer.write(done, dev)
-        last.update(dev)
-        tqdm.write(f"step {done}: dev loss {dev['dev_loss']:.3f}, perplexity {dev['dev_perplexity']:.1f}")
-    else:
-      step = config.num_train_steps
-  if stop_signal:
-    flush(step)
-    log.warning("SIGTERM: saving a checkpoint at step %d and exiting", step)
-    ckpts.save(step, state, {"seed": batches.seed, "next_index": step}, force=True)
-  bar.close()
-  ckpts.wait()
-  ckpts.close()
-  writer.close()
-  if previous_handler is not None:
-    signal.signal(signal.SIGTERM, previous_handler)
-  return {"step": step, **last, "preempted": bool(stop_signal)}
+  step = start
+  try:
+    with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+      while step < config.num_train_steps and not preempted:
+        index, batch = next(feed)
+        state, step_metrics = step_fn(state, batch)
+        logger.add(step_metrics)
+        if step == start:  # one sync after compilation, which the step times then leave out
+          jax.block_until_ready(step_metrics["loss"])
+          logger.start_timer()
+        step += 1
+        bar.update(1)
+        if step % config.log_every == 0 or step == config.num_train_steps:
+          logger.flush(step, batches.packing_efficiency)
+        if ckpts.should_save(step) or step == config.num_train_steps:
+          save(step, index + 1)
+        if config.eval_every and (step % config.eval_every == 0 or step == config.num_train_steps):
+          dev = evaluate_loss(setup, state.params, data, config)
+          logger.writer.write(step, dev)
+          logger.last.update(dev)
+          tqdm.write(f"step {step}: dev loss {dev['dev_loss']:.3f}, perplexity {dev['dev_perplexity']:.1f}")
+      if preempted:
+        log.warning("SIGTERM: saving a checkpoint at step %d and exiting", step)
+        save(step, step)
+  finally:
+    bar.close()
+    ckpts.wait()
+    ckpts.close()
+    logger.writer.close()
+    if previous_handler is not None:
+      signal.signal(signal.SIGTERM, previous_handler)
+  return {"step": step, **logger.last, "preempted": bool(preempted)}

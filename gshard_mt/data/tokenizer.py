@@ -67,8 +67,11 @@ def train_or_load(train: Corpus, workdir: str | pathlib.Path, vocab_size: int, s
         unk_id=UNK_ID, bos_id=-1, control_symbols=tags, input_sentence_size=max_sentences,
         shuffle_input_sentence=True, num_threads=os.cpu_count() or 1, minloglevel=2)
   except RuntimeError as e:
-    if "Vocabulary size" in str(e):
+    if "Vocabulary size too high" in str(e):
       raise DataError(f"data.vocab_size={vocab_size} is too large for this training data: {e}") from None
+    if "smaller than required_chars" in str(e):
+      raise DataError(f"data.vocab_size={vocab_size} is smaller than the characters this data needs; raise it or "
+                      f"lower data.character_coverage={character_coverage}: {e}") from None
     raise
   tmp = model_path.with_suffix(f".tmp{os.getpid()}")
   tmp.write_bytes(model.getvalue())

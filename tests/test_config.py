@@ -1,0 +1,60 @@
+"""Config files, command-line overrides and validation."""
+
+import pytest
+
+from gshard_mt import config as config_lib
+from conftest import ROOT, small_config
+
+TINY = ROOT / "configs" / "tiny.py"
+
+
+def test_overrides_are_typed():
+  c = config_lib.load(TINY, {"moe.num_experts": "8", "data.temperature": "inf", "model.remat": "true",
+                             "optimizer.learning_rate": "1", "data.languages": "fra,deu"})
+  assert c.moe.num_experts == 8 and c.data.temperature == float("inf") and c.model.remat is True
+  assert c.optimizer.learning_rate == 1.0 and isinstance(c.optimizer.learning_rate, float)
+  assert c.data.languages == "fra,deu"
+
+
+def test_split_overrides():
+  rest, overrides = config_lib.split_overrides(
+      ["--config", "c.py", "--config.moe.num_experts=4", "--workdir", "w", "--config.seed", "3"])
+  assert rest == ["--config", "c.py", "--workdir", "w"]
+  assert overrides == {"moe.num_experts": "4", "seed": "3"}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"moe.num_expert": "4"}, "unknown config key 'moe.num_expert'; did you mean moe.num_experts"),
+    ({"moe.num_experts": "four"}, "expected a int"),
+    ({"model.remat": "maybe"}, "expected true or false"),
+    ({"moe.dispatch": "scatter"}, "moe.dispatch='scatter': expected one of"),
+    ({"model.num_encoder_layers": "3"}, "not a multiple of model.moe_interval=2"),
+    ({"moe.group_size": "100"}, "moe.group_size=100 does not divide the 768 tokens"),
+    ({"mesh.expert": "3"}, "moe.num_experts=4 is not divisible by mesh.expert=3"),
+    ({"moe.num_experts": "1"}, "at least 2 experts"),
+    ({"batch_size": "0"}, "batch_size=0: expected a positive integer"),
+    ({"data.temperature": "0.0"}, "data.temperature"),
+])
+def test_validation_errors(overrides, message):
+  with pytest.raises(config_lib.ConfigError, match=message):
+    config_lib.load(TINY, overrides)
+
+
+def test_mesh_must_match_devices():
+  c = config_lib.load(TINY, {"mesh.data": "2", "mesh.expert": "2"})
+  with pytest.raises(config_lib.ConfigError, match="does not match the 8 devices"):
+    config_lib.validate(c, num_devices=8)
+  config_lib.validate(c, num_devices=4)
+
+
+def test_saved_config_protects_a_run(tmp_path):
+  config_lib.save(small_config(), tmp_path)
+  config_lib.save(small_config(**{"num_train_steps": 100}), tmp_path)  # training length may change
+  with pytest.raises(config_lib.ConfigError, match="moe.num_experts: 4 -> 8; use a new --workdir"):
+    config_lib.save(small_config(**{"moe.num_experts": 8}), tmp_path)
+  assert config_lib.load_saved(tmp_path).moe.num_experts == 4
+
+
+def test_missing_config_file():
+  with pytest.raises(config_lib.ConfigError, match="not found"):
+    config_lib.load(ROOT / "configs" / "nope.py")
