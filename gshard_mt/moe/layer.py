@@ -31,15 +31,19 @@ def expert_ffn(expert_in: jax.Array, wi: jax.Array, wo: jax.Array, activation: s
   return jnp.einsum("EGCH,EHM->GECM", h, wo)
 
 
-def groups_of(num_tokens: int, group_size: int) -> tuple[int, int]:
-  """(G, S) for `num_tokens` tokens in groups of `group_size`; fewer tokens than S make one group."""
+def groups_of(num_tokens: int, group_size: int, pad: bool = False) -> tuple[int, int]:
+  """(G, S) for `num_tokens` tokens in groups of `group_size`; fewer tokens than S make one group.
+
+  When S does not divide the tokens: an error, or with pad=True enough groups to hold them all (the caller pads
+  the last group with masked tokens).
+  """
   if num_tokens <= group_size:
     return 1, num_tokens
-  if num_tokens % group_size:
+  if num_tokens % group_size and not pad:
     raise ValueError(
         f"moe.group_size={group_size} does not divide the {num_tokens} tokens of the batch (batch x length); "
         "choose a group size that divides batch_size * max_length")
-  return num_tokens // group_size, group_size
+  return -(-num_tokens // group_size), group_size
 
 
 class MoeFeedForward(nn.Module):
@@ -47,8 +51,9 @@ class MoeFeedForward(nn.Module):
 
   Returns (y [B, L, M], stats) where stats = {'aux_loss', 'z_loss', 'metrics'}: the training loop adds
   aux_loss_weight * sum(aux_loss) (+ z_loss_weight * sum(z_loss)) to its loss and logs the metrics.
-  With deterministic=True the evaluation capacity factor is used, and no noise or random routing is applied
-  (the 'random' second-expert policy becomes 'all').
+  With deterministic=True the evaluation capacity factor is used, no noise or random routing is applied (the
+  'random' second-expert policy becomes 'all'), and a token count that S does not divide (a last evaluation
+  batch, beams while decoding) is padded with masked tokens instead of being an error.
   """
 
   num_experts: int
@@ -80,7 +85,8 @@ class MoeFeedForward(nn.Module):
     self._check_config()
     B, L, M = x.shape
     E, H = self.num_experts, self.hidden_dim
-    G, S = groups_of(B * L, self.group_size)
+    G, S = groups_of(B * L, self.group_size, pad=deterministic)
+    pad = G * S - B * L
     wg = self.param("wg", nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "expert")),
                     (M, E), jnp.float32)
     expert_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=1, out_axis=2,
@@ -90,8 +96,13 @@ class MoeFeedForward(nn.Module):
     wo = self.param("wo", nn.with_logical_partitioning(expert_init, ("expert", "mlp", "embed")), (E, H, M),
                     self.param_dtype)
 
+    x = x.reshape(B * L, M)
+    mask = None if padding_mask is None else padding_mask.reshape(B * L)
+    if pad:
+      x = jnp.pad(x, ((0, pad), (0, 0)))
+      mask = jnp.pad(jnp.ones((B * L,), bool) if mask is None else mask.astype(bool), (0, pad))
     x = nn.with_logical_constraint(x.reshape(G, S, M), GSM)
-    mask = None if padding_mask is None else padding_mask.reshape(G, S)
+    mask = None if mask is None else mask.reshape(G, S)
     router_in = x.astype(jnp.float32)
     if not deterministic and self.jitter_noise > 0:
       eps = self.jitter_noise
@@ -116,4 +127,4 @@ class MoeFeedForward(nn.Module):
     expert_out = nn.with_logical_constraint(expert_out, GECM)  # E -> G reshard: an all-to-all
     y = nn.with_logical_constraint(dispatcher.combine(expert_out), GSM)
     stats = {"aux_loss": routing.aux_loss, "z_loss": routing.z_loss, "metrics": routing.metrics}
-    return y.reshape(B, L, M), stats
+    return y.reshape(G * S, M)[: B * L].reshape(B, L, M), stats

@@ -1,0 +1,153 @@
+"""Autoregressive decoding with a key/value cache: greedy and beam search, jitted, with static shapes.
+
+Beams are flattened into the batch (N = B * K rows); the decoder cache's arrays are [..., N, max_len, A, D], so
+reordering beams gathers along axis ndim - 4. Sequences start from PAD (id 0) and end at EOS.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gshard_mt.data.tokenizer import EOS_ID, PAD_ID
+from gshard_mt.model import Transformer
+
+NEG_INF = -1.0e7
+
+# step_fn(tokens [N] int32, position int32, cache) -> (log_probs [N, V] float32, cache)
+StepFn = Callable
+
+
+def length_penalty(length, alpha: float):
+  """GNMT's ((5 + length) / 6) ** alpha."""
+  return ((5.0 + length) / 6.0) ** alpha
+
+
+def greedy_search(step_fn: StepFn, cache, batch_size: int, max_len: int):
+  """Argmax decoding until every row has emitted EOS or max_len tokens; returns int32 [B, max_len]."""
+
+  def body(state):
+    i, tokens, done, cache = state
+    prev = jnp.where(i == 0, PAD_ID, tokens[:, jnp.maximum(i - 1, 0)])
+    log_probs, cache = step_fn(prev, i, cache)
+    nxt = jnp.where(done, PAD_ID, jnp.argmax(log_probs, -1).astype(jnp.int32))
+    return i + 1, tokens.at[:, i].set(nxt), done | (nxt == EOS_ID), cache
+
+  def cond(state):
+    i, _, done, _ = state
+    return (i < max_len) & ~jnp.all(done)
+
+  init = (jnp.int32(0), jnp.zeros((batch_size, max_len), jnp.int32), jnp.zeros((batch_size,), bool), cache)
+  return jax.lax.while_loop(cond, body, init)[1]
+
+
+def _gather_beams(tree, beam_index, batch_size, beam_size):
+  """Reorders the rows of every cache array: beam_index [B, K] picks, for each row, a beam of its sentence."""
+  flat = (jnp.arange(batch_size)[:, None] * beam_size + beam_index).reshape(-1)
+  return jax.tree.map(lambda x: jnp.take(x, flat, axis=x.ndim - 4), tree)
+
+
+def beam_search(step_fn: StepFn, cache, batch_size: int, beam_size: int, max_len: int, alpha: float = 0.6):
+  """Beam search with GNMT length penalty; returns (tokens int32 [B, K, max_len], scores [B, K]), best first.
+
+  Finished hypotheses are scored logprob / length_penalty(length); the search stops early when no live beam
+  can beat the worst finished one of every sentence.
+  """
+  B, K, L = batch_size, beam_size, max_len
+  max_penalty = length_penalty(L, alpha)
+
+  def body(state):
+    i, live, live_lp, fin, fin_score, fin_flag, cache = state
+    prev = jnp.where(i == 0, PAD_ID, live[:, :, jnp.maximum(i - 1, 0)]).reshape(B * K)
+    log_probs, cache = step_fn(prev, i, cache)
+    V = log_probs.shape[-1]
+    candidates = (live_lp[:, :, None] + log_probs.reshape(B, K, V)).reshape(B, K * V)
+    top_lp, top_idx = jax.lax.top_k(candidates, 2 * K)  # 2K: at least K of them do not end here
+    beam, token = top_idx // V, (top_idx % V).astype(jnp.int32)
+    seqs = jnp.take_along_axis(live, beam[:, :, None], axis=1).at[:, :, i].set(token)  # [B, 2K, L]
+    ends = token == EOS_ID
+    # New live beams: the best K candidates that did not end.
+    live_lp2 = jnp.where(ends, NEG_INF, top_lp)
+    keep_lp, keep = jax.lax.top_k(live_lp2, K)
+    live = jnp.take_along_axis(seqs, keep[:, :, None], axis=1)
+    cache = _gather_beams(cache, jnp.take_along_axis(beam, keep, axis=1), B, K)
+    # New finished: merge the candidates that ended with the old finished set, keep the best K.
+    new_score = jnp.where(ends, top_lp / length_penalty(i + 1, alpha), NEG_INF)
+    all_seqs = jnp.concatenate([fin, seqs], axis=1)
+    all_score = jnp.concatenate([fin_score, new_score], axis=1)
+    all_flag = jnp.concatenate([fin_flag, ends], axis=1)
+    fin_score, best = jax.lax.top_k(all_score, K)
+    fin = jnp.take_along_axis(all_seqs, best[:, :, None], axis=1)
+    fin_flag = jnp.take_along_axis(all_flag, best, axis=1)
+    return i + 1, live, keep_lp, fin, fin_score, fin_flag, cache
+
+  def cond(state):
+    i, _, live_lp, _, fin_score, fin_flag, _ = state
+    best_possible = live_lp[:, 0] / max_penalty  # log-probs only fall; the penalty is at most max_penalty
+    worst_finished = jnp.where(fin_flag.all(axis=1), fin_score.min(axis=1), NEG_INF)
+    return (i < L) & ~jnp.all(worst_finished >= best_possible)
+
+  live_lp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (K - 1), jnp.float32), (B, 1))
+  init = (jnp.int32(0), jnp.zeros((B, K, L), jnp.int32), live_lp, jnp.zeros((B, K, L), jnp.int32),
+          jnp.full((B, K), NEG_INF, jnp.float32), jnp.zeros((B, K), bool), cache)
+  _, live, live_lp, fin, fin_score, fin_flag, _ = jax.lax.while_loop(cond, body, init)
+  # A sentence with no finished hypothesis (max_len reached) returns its live beams.
+  none = ~fin_flag.any(axis=1)
+  tokens = jnp.where(none[:, None, None], live, fin)
+  scores = jnp.where(none[:, None], live_lp / max_penalty, fin_score)
+  return tokens, scores
+
+
+class Translator:
+  """Encodes a padded batch once and decodes it with the model's cache; `__call__` is jitted per shape."""
+
+  def __init__(self, model_cfg, params, beam_size: int = 4, alpha: float = 0.6, max_len: int = 64):
+    self.model = Transformer(model_cfg, deterministic=True, decode=True)
+    self.params, self.beam_size, self.alpha, self.max_len = params, beam_size, alpha, max_len
+    self._translate = jax.jit(self._run)
+
+  def _run(self, params, batch):
+    """batch: padded `inputs` [B, Ls] with segmentation/position -> best tokens [B, max_len]."""
+    B = batch["inputs"].shape[0]
+    K = self.beam_size
+    memory, _ = self.model.apply({"params": params}, batch["inputs"], batch["inputs_segmentation"],
+                                 batch["inputs_position"], method=Transformer.encode)
+    memory = jnp.repeat(memory, K, axis=0)
+    src_segments = jnp.repeat(batch["inputs_segmentation"], K, axis=0)
+    N = B * K
+
+    def decoder(params, tokens, position, cache=None):
+      variables = {"params": params} | ({"cache": cache} if cache is not None else {})
+      return self.model.apply(variables, memory, src_segments, tokens, jnp.ones_like(tokens), position,
+                              decode_step=position[0, 0],
+                              method=Transformer.decode_logits, mutable=["cache"])
+
+    full = jnp.zeros((N, self.max_len), jnp.int32)
+    shapes = jax.eval_shape(lambda: decoder(params, full, jnp.zeros((N, self.max_len), jnp.int32))[1]["cache"])
+    cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+    def step_fn(tokens, i, cache):
+      (logits, _), variables = decoder(params, tokens[:, None], jnp.full((N, 1), i, jnp.int32), cache)
+      logits = logits[:, 0].astype(jnp.float32).at[:, PAD_ID].set(NEG_INF)  # PAD is never an output
+      return jax.nn.log_softmax(logits), variables["cache"]
+
+    if K == 1:
+      return greedy_search(step_fn, cache, B, self.max_len)
+    tokens, _ = beam_search(step_fn, cache, B, K, self.max_len, self.alpha)
+    return tokens[:, 0]
+
+  def __call__(self, batch: dict) -> np.ndarray:
+    keys = ("inputs", "inputs_segmentation", "inputs_position")
+    return np.asarray(self._translate(self.params, {k: batch[k] for k in keys}))
+
+
+def cut_at_eos(tokens: np.ndarray) -> list[list[int]]:
+  """Rows of token ids up to (not including) the first EOS."""
+  out = []
+  for row in np.asarray(tokens).tolist():
+    out.append(row[: row.index(EOS_ID)] if EOS_ID in row else row)
+  return out
+
