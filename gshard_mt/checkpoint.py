@@ -17,6 +17,10 @@ import orbax.checkpoint as ocp
 log = logging.getLogger(__name__)
 
 
+class RestoreError(RuntimeError):
+  """Checkpoints exist but none of them restores onto the target (e.g. shapes that do not match the config)."""
+
+
 class Checkpoints:
   """Saves every `every` steps (and on request), keeps the last `keep`."""
 
@@ -44,10 +48,12 @@ class Checkpoints:
         state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)), force=force)
 
   def restore(self, abstract_state, step: int | None = None):
-    """(step, state, data_state) of `step`, else of the newest step that restores; None when there is none."""
+    """(step, state, data_state) of `step`, else of the newest step that restores; None when there is no
+    checkpoint at all, RestoreError when there are some but none restores."""
     candidates = [step] if step is not None else list(reversed(self.steps()))
     if step is not None and step not in self.steps():
       raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory} (have {self.steps()})")
+    error = None
     for s in candidates:
       try:
         out = self.manager.restore(s, args=ocp.args.Composite(
@@ -56,8 +62,12 @@ class Checkpoints:
       except Exception as e:  # noqa: BLE001 - any unreadable step falls back to an older one
         if step is not None:
           raise
+        error = e
         log.warning("checkpoint %s/%d cannot be restored (%s: %s); trying the previous one", self.directory, s,
                     type(e).__name__, str(e).splitlines()[0][:200])
+    if error is not None:
+      raise RestoreError(f"no checkpoint in {self.directory} restores: {type(error).__name__}: "
+                         f"{str(error).splitlines()[0][:300]}")
     return None
 
   def wait(self):
@@ -65,6 +75,12 @@ class Checkpoints:
 
   def close(self):
     self.manager.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
 
 
 def abstract_with_shardings(abstract_tree, shardings):

@@ -171,7 +171,9 @@ def evaluate_loss(setup: Setup, params, data: pipeline.Data, config, split="dev"
   model = Transformer(setup.model_cfg, deterministic=True)
   step = jax.jit(functools.partial(eval_step, model=model))
   totals = np.zeros(3)
-  batches = pipeline.eval_batches(data.tokens[split], None, config.batch_size, config.data.max_length)
+  tokens = data.tokens[split]
+  ids = np.random.default_rng(0).permutation(len(tokens))  # a fixed mix of all languages, even when capped
+  batches = pipeline.eval_batches(tokens, config.batch_size, config.data.max_length, ids)
   with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
     for i, batch in enumerate(batches):
       if config.eval_batches and i >= config.eval_batches:
@@ -285,6 +287,7 @@ def train_and_evaluate(config, workdir: str | pathlib.Path) -> dict:
         log.warning("SIGTERM: saving a checkpoint at step %d and exiting", step)
         save(step, step)
   finally:
+    feed.close()
     bar.close()
     ckpts.wait()
     ckpts.close()

@@ -230,8 +230,9 @@ def test_language_frequencies_follow_the_rates(data):
 def test_eval_batches_are_padded_in_order(data):
   split = data.tokens["dev"]
   lang = "fra"
-  ids = np.flatnonzero(split.lang == split.languages.index(lang))
-  batches = list(pipeline.eval_batches(split, lang, 16, 24))
+  ids = pipeline.language_ids(split, lang)
+  np.testing.assert_array_equal(ids, np.flatnonzero(split.lang == split.languages.index(lang)))
+  batches = list(pipeline.eval_batches(split, 16, 24, ids))
   assert len(batches) == math.ceil(len(ids) / 16)
   index = np.concatenate([b["index"] for b in batches])
   np.testing.assert_array_equal(index[index >= 0], ids)

@@ -117,6 +117,14 @@ def test_bf16_compute_keeps_router_in_float32():
   np.testing.assert_allclose(np.asarray(y, np.float32), ref, atol=0.1)
 
 
+def test_evaluation_pads_groups_that_do_not_divide():
+  x, mask, params = inputs()
+  roomy = dict(eval_capacity_factor=8.0)  # nothing dropped, so the grouping cannot change any output
+  one_group, _ = make_layer(group_size=64, **roomy).apply(params, x, mask)
+  padded, _ = make_layer(group_size=24, **roomy).apply(params, x, mask)  # 3 groups, the last one padded
+  np.testing.assert_allclose(padded, one_group, atol=1e-6)
+
+
 @pytest.mark.parametrize("kw, message", [
     (dict(group_size=24), "group_size=24 does not divide the 64 tokens"),
     (dict(dispatch="scatter"), "unknown moe.dispatch"),
@@ -125,5 +133,6 @@ def test_bf16_compute_keeps_router_in_float32():
 ])
 def test_layer_config_errors(kw, message):
   x, mask, _ = inputs()
-  with pytest.raises(ValueError, match=message):
-    make_layer(**kw).init(jax.random.key(0), x, mask)
+  with pytest.raises(ValueError, match=message):  # training: groups must divide the batch exactly
+    make_layer(**kw).init({"params": jax.random.key(0), "gating": jax.random.key(1)}, x, mask,
+                          deterministic=False)

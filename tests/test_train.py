@@ -71,8 +71,8 @@ def test_truncated_latest_checkpoint_falls_back(uninterrupted, tmp_path, caplog)
   config = small_config()
   data = pipeline.load(config, workdir)
   setup = train.build(config, data.tokenizer.vocab_size)
-  with caplog.at_level(logging.WARNING):
-    step, state, data_state = checkpoint_lib.Checkpoints(workdir / "checkpoints").restore(setup.abstract_target())
+  with caplog.at_level(logging.WARNING), checkpoint_lib.Checkpoints(workdir / "checkpoints") as ckpts:
+    step, state, data_state = ckpts.restore(setup.abstract_target())
   assert step == 3 and data_state["next_index"] == 3 and int(state.step) == 3
   assert "checkpoints/6 cannot be restored" in caplog.text
 

@@ -104,16 +104,24 @@ class TrainBatches:
     self.next_index = int(state["next_index"])
 
 
-def eval_batches(split: packing.TokenizedSplit, lang: str | None, rows: int, length: int) -> Iterator[dict]:
-  """One language's pairs (all pairs when lang is None) in order, one per row, in fixed [rows, length] batches
-  (the last one padded with empty rows)."""
-  ids = np.arange(len(split)) if lang is None else np.flatnonzero(split.lang == split.languages.index(lang))
+def eval_batches(split: packing.TokenizedSplit, rows: int, length: int, ids=None) -> Iterator[dict]:
+  """The pairs `ids` (default: all, in order), one per row, in fixed [rows, length] batches; the last batch is
+  padded with empty rows (`index` -1)."""
+  ids = np.arange(len(split)) if ids is None else np.asarray(ids)
   for start in range(0, len(ids), rows):
     yield packing.pad(split, ids[start:start + rows], rows, length)
 
 
+def language_ids(split: packing.TokenizedSplit, lang: str) -> np.ndarray:
+  """Pair ids of one language, in corpus order."""
+  return np.flatnonzero(split.lang == split.languages.index(lang))
+
+
 def prefetch(iterator: Iterator, size: int = 2, put: Callable = lambda x: x) -> Iterator:
-  """Runs `put(next(iterator))` (e.g. a device_put) in a background thread, `size` items ahead."""
+  """Runs `put(next(iterator))` (e.g. a device_put) in a background thread, `size` items ahead.
+
+  Close the returned generator (`.close()`) when done with it: that stops and joins the thread.
+  """
   q: queue.Queue = queue.Queue(maxsize=max(size, 1))
   done = object()
   stop = threading.Event()
@@ -140,8 +148,9 @@ def prefetch(iterator: Iterator, size: int = 2, put: Callable = lambda x: x) -> 
       if isinstance(item, BaseException):
         raise item
       yield item
-  finally:
+  finally:  # on close(): stop the producer and wait for it, so no thread is left inside a device transfer
     stop.set()
+    thread.join(timeout=60)
 
 
 @dataclasses.dataclass

@@ -1,0 +1,165 @@
+"""Translation quality of a trained work directory: decode a split, score BLEU and chrF++ per language.
+
+  python eval.py --workdir runs/tiny [--split test] [--beam_size 4] [--baseline runs/dense]
+
+Writes workdir/eval/<split>-<step>/: hyp.<lang>.txt per language, scores.json, report.md and
+bleu_by_language.png, into a temporary directory that is renamed into place only when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import time
+
+import numpy as np
+from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.significance import PairedTest
+from tqdm import tqdm
+
+from gshard_mt import checkpoint as checkpoint_lib
+from gshard_mt import config as config_lib
+from gshard_mt import decode, report
+from gshard_mt.data import pipeline
+
+BUCKETS = ("high", "medium", "low")
+
+
+class EvalError(ValueError):
+  """The work directory, checkpoint, languages or baseline cannot be evaluated; the message says why."""
+
+
+def resource_buckets(train_pairs: dict[str, int]) -> dict[str, str]:
+  """'high', 'medium' or 'low': the third of the languages a language falls in by training pairs, counting the
+  languages with strictly more pairs (so languages with equal counts share a bucket)."""
+  counts = sorted(train_pairs.values(), reverse=True)
+  n = max(len(counts), 1)
+  return {lang: BUCKETS[min(3 * counts.index(c) // n, 2)] for lang, c in train_pairs.items()}
+
+
+def score(hyps: list[str], refs: list[str], bleu: BLEU, chrf: CHRF) -> dict:
+  """Corpus BLEU and chrF++ of one language's detokenized hypotheses."""
+  return {"bleu": bleu.corpus_score(hyps, [refs]).score, "chrf": chrf.corpus_score(hyps, [refs]).score,
+          "sentences": len(refs)}
+
+
+def paired_bootstrap(hyps: list[str], base_hyps: list[str], refs: list[str], samples: int) -> float:
+  """sacrebleu's paired bootstrap resampling: p-value of the system's BLEU difference from the baseline's."""
+  test = PairedTest([("baseline", base_hyps), ("system", hyps)], {"BLEU": BLEU()}, [refs], test_type="bs",
+                    n_samples=samples)
+  _, results = test()
+  return float(results["BLEU"][1].p_value)
+
+
+def _baseline_scores(baseline: pathlib.Path, split: str) -> dict:
+  runs = sorted((baseline / "eval").glob(f"{split}-*/scores.json"), key=lambda p: int(p.parent.name.split("-")[1]))
+  if not runs:
+    raise EvalError(f"baseline {baseline} has no scores for the {split} split (run eval.py --workdir {baseline} "
+                    f"--split {split} first)")
+  return json.loads(runs[-1].read_text()) | {"path": str(runs[-1].parent)}
+
+
+def evaluate(workdir, split="test", step=None, beam_size=4, alpha=0.6, max_decode_len=None, languages=None,
+             baseline=None, batch_size=None, bootstrap_samples=0) -> dict:
+  """Decodes `split` with the checkpoint of `step` (default: the newest) and writes the scores; returns them."""
+  workdir = pathlib.Path(workdir)
+  config = config_lib.load_saved(workdir)
+  with checkpoint_lib.Checkpoints(workdir / "checkpoints") as ckpts:
+    steps = ckpts.steps()
+  if not steps:
+    raise EvalError(f"{workdir}/checkpoints has no checkpoint: train first (python train.py ... --workdir "
+                    f"{workdir})")
+  if split not in ("dev", "test"):
+    raise EvalError(f"--split must be dev or test, got {split!r}")
+  base = _baseline_scores(pathlib.Path(baseline), split) if baseline else None
+  data = pipeline.load(config, workdir)
+  tokens = data.tokens[split]
+  wanted = languages or sorted(data.text[split])
+  unknown = sorted(set(wanted) - set(tokens.languages))
+  if unknown:
+    raise EvalError(f"unknown language code(s) {unknown} for --languages; {workdir} has {tokens.languages}")
+
+  from gshard_mt import train  # JAX-heavy; imported once the inputs have been checked
+
+  setup = train.build(config, data.tokenizer.vocab_size)
+  try:
+    with checkpoint_lib.Checkpoints(workdir / "checkpoints") as ckpts:
+      restored = ckpts.restore(setup.abstract_target(), step)
+  except FileNotFoundError as e:
+    raise EvalError(str(e)) from None
+  except Exception as e:  # noqa: BLE001 - orbax reports shape mismatches in several ways
+    raise EvalError(f"the checkpoint in {ckpts.directory} does not match {workdir}/config.json "
+                    f"({type(e).__name__}: {str(e).splitlines()[0][:300]})") from None
+  step, state, _ = restored
+  max_len = max_decode_len or config.data.max_length
+  rows = batch_size or config.batch_size
+  translator = decode.Translator(setup.model_cfg, state.params, beam_size, alpha, max_len)
+
+  ids = np.concatenate([pipeline.language_ids(tokens, lang) for lang in wanted])
+  ids = ids[np.argsort(tokens.src_len[ids], kind="stable")]  # similar lengths together
+  batches = list(pipeline.eval_batches(tokens, rows, config.data.max_length, ids))
+  translator(batches[0])  # compile outside the timing
+  hyp_by_id, out_tokens = {}, 0
+  start = time.perf_counter()
+  for batch in tqdm(batches, desc=f"decode {split}", unit="batch"):
+    for pair, seq in zip(batch["index"], decode.cut_at_eos(translator(batch))):
+      if pair >= 0:
+        hyp_by_id[int(pair)] = data.tokenizer.decode(seq)
+        out_tokens += len(seq) + 1
+  seconds = time.perf_counter() - start
+
+  train_pairs = {lang: len(data.text["train"][lang]) for lang in wanted}
+  buckets = resource_buckets(train_pairs)
+  per_lang, hyps, bleu, chrf = {}, {}, BLEU(), CHRF(word_order=2)
+  for lang in wanted:
+    lang_ids = pipeline.language_ids(tokens, lang)
+    hyps[lang] = [hyp_by_id[int(i)] for i in lang_ids]
+    refs = data.text[split][lang].tgt
+    per_lang[lang] = score(hyps[lang], refs, bleu, chrf) | {"train_pairs": train_pairs[lang], "resource": buckets[lang]}
+    if base and lang in base["languages"]:
+      per_lang[lang]["delta_bleu"] = per_lang[lang]["bleu"] - base["languages"][lang]["bleu"]
+      base_hyp_file = pathlib.Path(base["path"]) / f"hyp.{lang}.txt"
+      if bootstrap_samples and base_hyp_file.exists():
+        base_hyps = base_hyp_file.read_text().split("\n")[: len(refs)]
+        per_lang[lang]["bootstrap_p"] = paired_bootstrap(hyps[lang], base_hyps, refs, bootstrap_samples)
+  scores = {
+      "workdir": str(workdir), "split": split, "step": step, "languages": per_lang,
+      "average": {k: float(np.mean([s[k] for s in per_lang.values()])) for k in ("bleu", "chrf")},
+      "by_resource": {b: {k: float(np.mean([s[k] for s in per_lang.values() if s["resource"] == b]))
+                          for k in ("bleu", "chrf")} for b in BUCKETS if b in buckets.values()},
+      "signatures": {"bleu": str(bleu.get_signature()), "chrf": str(chrf.get_signature())},
+      "decoding": {"beam_size": beam_size, "alpha": alpha, "max_decode_len": max_len, "batch_size": rows,
+                   "eval_capacity_factor": config.moe.eval_capacity_factor, "sentences": len(hyp_by_id),
+                   "seconds": seconds, "sentences_per_s": len(hyp_by_id) / seconds,
+                   "tokens_per_s": out_tokens / seconds},
+  }
+  if base:
+    scores["baseline"] = base["path"]
+    deltas = [s["delta_bleu"] for s in per_lang.values() if "delta_bleu" in s]
+    scores["average"]["delta_bleu"] = float(np.mean(deltas)) if deltas else None
+    for b in scores["by_resource"]:
+      d = [s["delta_bleu"] for s in per_lang.values() if s["resource"] == b and "delta_bleu" in s]
+      scores["by_resource"][b]["delta_bleu"] = float(np.mean(d)) if d else None
+  out_dir = workdir / "eval" / f"{split}-{step}"
+  _write_atomically(out_dir, scores, hyps)
+  return scores | {"output_dir": str(out_dir)}
+
+
+def _write_atomically(out_dir: pathlib.Path, scores: dict, hyps: dict):
+  tmp = out_dir.with_name(f".{out_dir.name}.tmp{os.getpid()}")
+  shutil.rmtree(tmp, ignore_errors=True)
+  tmp.mkdir(parents=True)
+  for lang, lines in hyps.items():
+    (tmp / f"hyp.{lang}.txt").write_text("\n".join(lines) + "\n")
+  (tmp / "scores.json").write_text(json.dumps(scores, indent=2))
+  (tmp / "report.md").write_text(report.markdown(scores))
+  report.plot(scores, tmp / "bleu_by_language.png")
+  if out_dir.exists():
+    old = out_dir.with_name(f".{out_dir.name}.old{os.getpid()}")
+    os.replace(out_dir, old)
+    os.replace(tmp, out_dir)
+    shutil.rmtree(old)
+  else:
+    os.replace(tmp, out_dir)
