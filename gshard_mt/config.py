@@ -32,7 +32,8 @@ class ConfigError(ValueError):
   """A config key has a bad or impossible value; the message names the key."""
 
 
-def load_file(path: str | pathlib.Path) -> ml_collections.ConfigDict:
+def load_file(path: str | pathlib.Path, **kwargs) -> ml_collections.ConfigDict:
+  """`get_config(**kwargs)` of a config file."""
   path = pathlib.Path(path)
   if not path.is_file():
     raise ConfigError(f"config file {path} not found")
@@ -41,7 +42,7 @@ def load_file(path: str | pathlib.Path) -> ml_collections.ConfigDict:
   spec.loader.exec_module(module)
   if not hasattr(module, "get_config"):
     raise ConfigError(f"{path} has no get_config() function")
-  return module.get_config()
+  return module.get_config(**kwargs)
 
 
 def _parse_value(key: str, text: str, current):

@@ -1,0 +1,14 @@
+"""GShard's MoE(512E, 36L): 150B parameters in the paper, on 512 devices (one expert each).
+
+  python -m gshard_mt.dryrun --config configs/moe_512e_36l.py --devices 512
+
+The same model as configs/moe_2048e_36l.py (read its docstring for the parameter count) with 512 experts.
+"""
+
+import pathlib
+
+from gshard_mt.config import load_file
+
+
+def get_config():
+  return load_file(pathlib.Path(__file__).with_name("moe_2048e_36l.py"), num_experts=512)
