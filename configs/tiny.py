@@ -3,8 +3,10 @@
   make train                                   # = python train.py --config configs/tiny.py --workdir runs/tiny
   python train.py --config configs/tiny.py --workdir runs/tiny --config.moe.num_experts=8
 
-Expected on a 2-core CPU: the tokenizer is trained once (about 20 s), then 600 steps in a few minutes, with the
-dev loss falling clearly (from about 9 to below 6). Top-2 routing over 4 experts every other layer.
+Expected on a 2-core CPU: the tokenizer is trained once (about 20 s), then 600 steps in about 3 minutes, with the
+dev loss falling from ln(4000) = 8.3 at initialisation to about 5.0 at step 200 and 4.4 at step 600 (measured
+2026-11-22: 5.02, 4.60, 4.36). Top-2 routing over 4 experts every other layer. `make eval` then decodes the
+8,887 test sentences with beam 4 (about 2.5 minutes); BLEU is low (about 1) after so few steps.
 """
 
 from gshard_mt import defaults

@@ -291,3 +291,10 @@ def dummy_batch(batch_size: int, length: int) -> dict:
   positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch_size, length))
   return {"inputs": ones, "targets": ones, "inputs_segmentation": ones, "targets_segmentation": ones,
           "inputs_position": positions, "targets_position": positions}
+
+
+def count_params(config, vocab_size: int | None = None) -> int:
+  """Parameters of the model a config describes, from shapes alone (nothing is allocated)."""
+  cfg = TransformerConfig.from_config(config, vocab_size or config.data.vocab_size)
+  shapes = jax.eval_shape(lambda: Transformer(cfg).init(jax.random.key(0), dummy_batch(1, 8)))
+  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(shapes)))

@@ -1,14 +1,9 @@
 """Every shipped config loads and validates; the paper's configurations have the paper's size (no allocation)."""
 
-import functools
-import pathlib
-
-import jax
-import numpy as np
 import pytest
 
 from gshard_mt import config as config_lib
-from gshard_mt.model import Transformer, TransformerConfig, dummy_batch
+from gshard_mt.model import count_params
 from conftest import ROOT
 
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.py"))
@@ -18,12 +13,6 @@ CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.py"))
 def test_config_loads_and_validates(name):
   config = config_lib.load(ROOT / "configs" / name)
   assert config.model.emb_dim > 0
-
-
-def count_params(config) -> int:
-  cfg = TransformerConfig.from_config(config, config.data.vocab_size)
-  shapes = jax.eval_shape(lambda: Transformer(cfg).init(jax.random.key(0), dummy_batch(1, 8)))
-  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(shapes)))
 
 
 @pytest.mark.parametrize("name, paper_billions", [("moe_128e_36l.py", 37.5), ("moe_512e_36l.py", 150.0),
