@@ -121,12 +121,34 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
     raise ConfigError(f"moe.num_experts={config.moe.num_experts} is not divisible by mesh.expert="
                       f"{config.mesh.expert}")
   if num_devices is not None:
-    fixed = max(config.mesh.expert, 1) * max(config.mesh.model, 1) * max(config.mesh.data, 1)
-    if (config.mesh.data == -1 and num_devices % fixed) or (config.mesh.data != -1 and fixed != num_devices):
-      raise ConfigError(f"mesh data={config.mesh.data} x expert={config.mesh.expert} x model={config.mesh.model} "
-                        f"does not match the {num_devices} devices")
+    data, expert, _ = mesh_shape(config.mesh, num_devices)
+    batch_devices = data * expert if config.partitioning != "data" else data
+    if config.batch_size % batch_devices:
+      raise ConfigError(f"batch_size={config.batch_size} does not split over the {batch_devices} devices of the "
+                        "mesh's data and expert axes")
+    groups = max(tokens // config.moe.group_size, 1)
+    if interval and groups % batch_devices:
+      raise ConfigError(f"the {groups} MoE groups of a batch (batch_size x data.max_length / moe.group_size) do "
+                        f"not split over the {batch_devices} devices of the data and expert axes; lower "
+                        "moe.group_size or raise batch_size")
   if not config.data.temperature > 0:
     raise ConfigError(f"data.temperature={config.data.temperature}: expected > 0 (inf for uniform)")
+
+
+def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
+  """(data, expert, model) axis sizes; mesh.data = -1 takes the devices the other axes leave."""
+  expert, model, data = mesh_config.expert, mesh_config.model, mesh_config.data
+  if expert < 1 or model < 1 or (data < 1 and data != -1):
+    raise ConfigError(f"mesh sizes must be positive (mesh.data may be -1), got data={data} expert={expert} "
+                      f"model={model}")
+  if data == -1:
+    if num_devices % (expert * model):
+      raise ConfigError(f"mesh.expert={expert} x mesh.model={model} does not divide the {num_devices} devices")
+    data = num_devices // (expert * model)
+  if data * expert * model != num_devices:
+    raise ConfigError(f"mesh data={data} x expert={expert} x model={model} = {data * expert * model} does not "
+                      f"match the {num_devices} devices")
+  return data, expert, model
 
 
 def load(path, overrides: dict[str, str] | None = None, num_devices=None) -> ml_collections.ConfigDict:

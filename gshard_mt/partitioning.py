@@ -13,39 +13,30 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import flax.linen as nn
 
+from gshard_mt import config as config_lib
+
 MESH_AXES = ("data", "expert", "model")
 
 # Groups and the batch are split over both data-like axes (as in t5x: batch -> ('data', 'expert')), so one mesh
 # axis can carry groups and experts at once: the dispatched EGCM tensor moves from G-sharded to E-sharded,
-# which is the all-to-all.
+# which is the all-to-all. Flax applies the rules in order, each to the first free dimension of its name whose
+# mesh axes are still unused: 'expert' comes first, so a tensor with both E and G (EGCM) gives 'expert' to E and
+# G falls back to 'data'.
 _COMMON = [("layers", None), ("length", None), ("capacity", None), ("kv", None)]
 RULES = {
     "data": [("batch", "data"), ("group", "data"), ("expert", None), ("embed", None), ("mlp", None),
              ("heads", None), ("vocab", None)] + _COMMON,
-    "expert": [("batch", ("data", "expert")), ("group", ("data", "expert")), ("expert", "expert"),
-               ("embed", None), ("mlp", None), ("heads", None), ("vocab", None)] + _COMMON,
-    "expert_model": [("batch", ("data", "expert")), ("group", ("data", "expert")), ("expert", "expert"),
+    "expert": [("expert", "expert"), ("batch", ("data", "expert")), ("group", ("data", "expert")),
+               ("group", "data"), ("embed", None), ("mlp", None), ("heads", None), ("vocab", None)] + _COMMON,
+    "expert_model": [("expert", "expert"), ("batch", ("data", "expert")), ("group", ("data", "expert")),
+                     ("group", "data"),
                      ("embed", None), ("mlp", "model"), ("heads", "model"), ("vocab", "model")] + _COMMON,
 }
 
 
-def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
-  """(data, expert, model) sizes; data = -1 takes the devices the other axes leave."""
-  expert, model = mesh_config.expert, mesh_config.model
-  data = mesh_config.data
-  if data == -1:
-    if num_devices % (expert * model):
-      raise ValueError(f"mesh.expert={expert} x mesh.model={model} does not divide the {num_devices} devices")
-    data = num_devices // (expert * model)
-  if data * expert * model != num_devices:
-    raise ValueError(f"mesh data={data} x expert={expert} x model={model} = {data * expert * model} does not "
-                     f"match the {num_devices} devices")
-  return data, expert, model
-
-
 def make_mesh(config, devices=None) -> jax.sharding.Mesh:
   devices = list(devices if devices is not None else jax.devices())
-  shape = mesh_shape(config.mesh, len(devices))
+  shape = config_lib.mesh_shape(config.mesh, len(devices))
   return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3, devices=devices)
 
 
@@ -73,6 +64,28 @@ def like_params_shardings(tree, params, params_shardings, mesh):
     return replicated
 
   return jax.tree_util.tree_map_with_path(pick, tree)
+
+
+# GShard's annotation API (seed 001): a few annotations on key tensors, the compiler partitions the rest. They
+# constrain inside jit under `jax.set_mesh(mesh)`.
+
+def replicate(x: jax.Array) -> jax.Array:
+  """The whole tensor on every device."""
+  return jax.lax.with_sharding_constraint(x, P())
+
+
+def split(x: jax.Array, dim: int, mesh_axis: str | tuple[str, ...]) -> jax.Array:
+  """Dimension `dim` split over `mesh_axis`, the others replicated."""
+  spec = [None] * x.ndim
+  spec[dim] = mesh_axis
+  return jax.lax.with_sharding_constraint(x, P(*spec))
+
+
+def shard(x: jax.Array, spec) -> jax.Array:
+  """A full specification: one mesh axis (or tuple of axes, or None) per dimension."""
+  if len(spec) != x.ndim:
+    raise ValueError(f"shard: spec {tuple(spec)} has {len(spec)} entries for a rank-{x.ndim} tensor")
+  return jax.lax.with_sharding_constraint(x, P(*spec))
 
 
 def batch_sharding(mesh) -> NamedSharding:

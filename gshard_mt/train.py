@@ -138,6 +138,12 @@ class Setup:
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
       return jax.jit(init, out_shardings=self.state_shardings)()
 
+  def jit_train_step(self, model: Transformer, config):
+    """The jitted train step with the state's and the batch's shardings fixed (the state is donated)."""
+    return jax.jit(functools.partial(train_step, model=model, tx=self.tx, config=config),
+                   in_shardings=(self.state_shardings, partitioning.batch_sharding(self.mesh)),
+                   out_shardings=(self.state_shardings, None), donate_argnums=0)
+
   def abstract_target(self):
     return checkpoint_lib.abstract_with_shardings(self.abstract_state, self.state_shardings)
 
@@ -247,7 +253,7 @@ def train_and_evaluate(config, workdir: str | pathlib.Path) -> dict:
     state = setup.init_state(config.seed)
   start = int(jax.device_get(state.step))
   model = Transformer(setup.model_cfg, deterministic=False)
-  step_fn = jax.jit(functools.partial(train_step, model=model, tx=setup.tx, config=config), donate_argnums=0)
+  step_fn = setup.jit_train_step(model, config)
   bar = tqdm(total=config.num_train_steps, initial=start, disable=not is_main, desc="train", unit="step")
   logger = StepLogger(config, metrics_lib.Writer(workdir, enabled=is_main), bar,
                       6 * metrics_lib.active_params(state.params, config.moe.num_experts), ckpts.directory)

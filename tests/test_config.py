@@ -41,10 +41,20 @@ def test_validation_errors(overrides, message):
 
 
 def test_mesh_must_match_devices():
-  c = config_lib.load(TINY, {"mesh.data": "2", "mesh.expert": "2"})
-  with pytest.raises(config_lib.ConfigError, match="does not match the 8 devices"):
+  c = config_lib.load(TINY, {"mesh.data": "2", "mesh.expert": "2", "moe.group_size": "64"})
+  with pytest.raises(config_lib.ConfigError, match="= 4 does not match the 8 devices"):
     config_lib.validate(c, num_devices=8)
   config_lib.validate(c, num_devices=4)
+  assert config_lib.mesh_shape(config_lib.load(TINY, {"mesh.data": "-1", "mesh.expert": "2"}).mesh, 8) == (4, 2, 1)
+  with pytest.raises(config_lib.ConfigError, match="mesh.expert=3 x mesh.model=1 does not divide the 8 devices"):
+    config_lib.mesh_shape(config_lib.load(TINY, {"mesh.expert": "3", "moe.num_experts": "3"}).mesh, 8)
+
+
+def test_batch_and_groups_must_split_over_the_devices():
+  with pytest.raises(config_lib.ConfigError, match="batch_size=16 does not split over the 32 devices"):
+    config_lib.validate(config_lib.load(TINY), num_devices=32)
+  with pytest.raises(config_lib.ConfigError, match="the 3 MoE groups of a batch .* do not split over the 8"):
+    config_lib.validate(config_lib.load(TINY), num_devices=8)
 
 
 def test_saved_config_protects_a_run(tmp_path):

@@ -21,14 +21,20 @@ ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu}
 GSM = ("group", None, "embed")
 EGCM = ("expert", "group", "capacity", "embed")
 EGCH = ("expert", "group", "capacity", "mlp")
-GECM = ("group", "expert", "capacity", "embed")
+# The combine input is sharded by groups only: naming E here would let E keep the 'expert' mesh axis (the rules
+# give it priority) and the E -> G all-to-all would not happen.
+GECM = ("group", None, "capacity", "embed")
 
 
 def expert_ffn(expert_in: jax.Array, wi: jax.Array, wo: jax.Array, activation: str = "relu") -> jax.Array:
-  """Each expert's FFN on its buffers: [E, G, C, M] x wi [E, M, H] x wo [E, H, M] -> [G, E, C, M]."""
+  """Each expert's FFN on its buffers: [E, G, C, M] x wi [E, M, H] x wo [E, H, M] -> [E, G, C, M].
+
+  The output stays E-sharded here; the caller's transpose to GECM is the E -> G all-to-all (producing GECM in the
+  einsum itself lets XLA all-gather wo instead).
+  """
   h = ACTIVATIONS[activation](jnp.einsum("EGCM,EMH->EGCH", expert_in, wi))
   h = nn.with_logical_constraint(h, EGCH)
-  return jnp.einsum("EGCH,EHM->GECM", h, wo)
+  return nn.with_logical_constraint(jnp.einsum("EGCH,EHM->EGCM", h, wo), EGCM)
 
 
 def groups_of(num_tokens: int, group_size: int, pad: bool = False) -> tuple[int, int]:
@@ -87,7 +93,7 @@ class MoeFeedForward(nn.Module):
     E, H = self.num_experts, self.hidden_dim
     G, S = groups_of(B * L, self.group_size, pad=deterministic)
     pad = G * S - B * L
-    wg = self.param("wg", nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "expert")),
+    wg = self.param("wg", nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", None)),
                     (M, E), jnp.float32)
     expert_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=1, out_axis=2,
                                                    batch_axis=(0,))
@@ -124,7 +130,7 @@ class MoeFeedForward(nn.Module):
     x = x.astype(self.dtype)
     expert_in = nn.with_logical_constraint(dispatcher.dispatch(x), EGCM)  # G -> E reshard: an all-to-all
     expert_out = expert_ffn(expert_in, wi.astype(self.dtype), wo.astype(self.dtype), self.activation)
-    expert_out = nn.with_logical_constraint(expert_out, GECM)  # E -> G reshard: an all-to-all
+    expert_out = nn.with_logical_constraint(expert_out.transpose(1, 0, 2, 3), GECM)  # E -> G: an all-to-all
     y = nn.with_logical_constraint(dispatcher.combine(expert_out), GSM)
     stats = {"aux_loss": routing.aux_loss, "z_loss": routing.z_loss, "metrics": routing.metrics}
     return y.reshape(G * S, M)[: B * L].reshape(B, L, M), stats
