@@ -1,0 +1,82 @@
+"""Runs in a subprocess with JAX_NUM_CPU_DEVICES=8 (the test process has one device); prints one JSON object.
+
+For each mesh: one training step's loss and updated parameters, the collectives of the compiled step, and the
+per-device shard of an expert weight; then a checkpoint saved on data 2 x expert 4 restored on other meshes.
+"""
+
+import json
+import re
+import sys
+import tempfile
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from conftest import small_config
+from gshard_mt import checkpoint as checkpoint_lib
+from gshard_mt import partitioning, train
+from gshard_mt.data import pipeline
+from gshard_mt.model import Transformer
+
+MESHES = [(1, 1, 1), (8, 1, 1), (1, 8, 1), (2, 4, 1), (4, 2, 1), (2, 2, 2)]
+
+
+def config_for(mesh):
+  return small_config(**{"moe.num_experts": 8, "moe.group_size": 24, "batch_size": 8, "mesh.data": mesh[0],
+                         "mesh.expert": mesh[1], "mesh.model": mesh[2],
+                         "partitioning": "expert_model" if mesh[2] > 1 else "expert"})
+
+
+def main(workdir):
+  data = pipeline.load(config_for((1, 1, 1)), workdir)
+  batches = [data.train_batches(config_for((1, 1, 1))).batch(i) for i in range(2)]
+  out, steps, setups = {"meshes": {}}, {}, {}
+  reference = None
+  for mesh in MESHES:
+    config = config_for(mesh)
+    setup = train.build(config, data.tokenizer.vocab_size, devices=jax.devices()[: int(np.prod(mesh))])
+    step = setup.jit_train_step(Transformer(setup.model_cfg, deterministic=False), config)
+    steps[mesh], setups[mesh] = step, setup
+    state = setup.init_state(config.seed)
+    with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+      batch = partitioning.global_batch(batches[0], setup.mesh)
+      hlo = step.lower(state, batch).compile().as_text()
+      new, metrics = step(state, batch)
+    params = jax.device_get(new.params)
+    if reference is None:
+      reference = params
+    wi = new.params["encoder"]["units"]["layer_1"]["moe"]["wi"]
+    out["meshes"]["x".join(map(str, mesh))] = {
+        "loss": float(metrics["loss"]),
+        "max_param_diff": max(float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(params),
+                                                                          jax.tree.leaves(reference))),
+        "all_to_all": len(re.findall(r"all-to-all\(", hlo)),
+        "all_gather_of_expert_weights": len(re.findall(r"f32\[[^\]]*\b8,(32,64|64,32)\][^=]*all-gather\(", hlo)),
+        "wi_shape": list(wi.shape), "wi_shard_shape": list(wi.addressable_shards[0].data.shape),
+    }
+  # A checkpoint saved on data 2 x expert 4 restores onto data 8 and onto one device; training continues.
+  src = (2, 4, 1)
+  with tempfile.TemporaryDirectory() as ckpt_dir:
+    setup = setups[src]
+    state = setup.init_state(0)
+    with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+      state, _ = steps[src](state, partitioning.global_batch(batches[0], setup.mesh))
+      with checkpoint_lib.Checkpoints(ckpt_dir, every=1, async_save=False) as ckpts:
+        ckpts.save(1, state, {"seed": 0, "next_index": 1})
+      _, m = steps[src](state, partitioning.global_batch(batches[1], setup.mesh))
+    out["restore"] = {"2x4x1": float(m["loss"])}
+    for dst in ((8, 1, 1), (1, 1, 1)):
+      setup = setups[dst]
+      with checkpoint_lib.Checkpoints(ckpt_dir) as ckpts:
+        _, restored, _ = ckpts.restore(setup.abstract_target())
+      with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+        _, m = steps[dst](restored, partitioning.global_batch(batches[1], setup.mesh))
+      leaf = restored.params["encoder"]["units"]["layer_1"]["moe"]["wi"]
+      out["restore"]["x".join(map(str, dst))] = float(m["loss"])
+      out["restore"][f"devices_{'x'.join(map(str, dst))}"] = len(leaf.sharding.device_set)
+  print("RESULT " + json.dumps(out))
+
+
+if __name__ == "__main__":
+  main(sys.argv[1])
