@@ -88,3 +88,15 @@ def per_device_bytes(abstract_tree, shardings) -> int:
   for leaf, sharding in zip(jax.tree.leaves(abstract_tree), jax.tree.leaves(shardings)):
     total += int(np.prod(sharding.shard_shape(leaf.shape))) * leaf.dtype.itemsize
   return total
+
+
+def gathers_of(hlo: str, shapes) -> int:
+  """All-gathers in the program whose result ends with one of `shapes` (e.g. a whole expert weight [E, M, H])."""
+  found = 0
+  for line in hlo.splitlines():
+    m = _INSTRUCTION.match(line)
+    if m and m.group(2) == "all-gather":
+      for _, dims in _SHAPE.findall(m.group(1)):
+        d = tuple(int(x) for x in dims.split(",") if x)
+        found += any(len(d) >= len(s) and d[len(d) - len(s):] == tuple(s) for s in shapes)
+  return found

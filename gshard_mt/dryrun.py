@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import sys
 import time
 
@@ -56,6 +57,9 @@ def dry_run(config, devices) -> dict:
     program = lowered.compile()
     compile_s = time.perf_counter() - start
   n_params = sum(int(x.size) for x in jax.tree.leaves(state.params))
+  hlo = program.as_text()
+  expert_shapes = {leaf.shape[-3:] for path, leaf in jax.tree_util.tree_flatten_with_path(state.params)[0]
+                   if re.search(r"\['moe'\]\['w[io]'\]$", jax.tree_util.keystr(path))}
   return {
       "devices": len(devices), "mesh": dict(zip(partitioning.MESH_AXES, setup.mesh.devices.shape)),
       "partitioning": config.partitioning, "parameters": n_params,
@@ -63,7 +67,8 @@ def dry_run(config, devices) -> dict:
           "parameters": compiled_lib.per_device_bytes(state.params, setup.state_shardings.params),
           "optimizer_state": compiled_lib.per_device_bytes(state.opt_state, setup.state_shardings.opt_state),
           **compiled_lib.memory(program)},
-      "collectives": compiled_lib.collectives(program.as_text()),
+      "collectives": compiled_lib.collectives(hlo),
+      "expert_weight_gathers": compiled_lib.gathers_of(hlo, expert_shapes),
       "lower_seconds": round(lower_s, 2), "compile_seconds": round(compile_s, 2),
   }
 
