@@ -25,7 +25,9 @@ def main(argv):
     config = config_lib.load(parsed.config, overrides)
   except config_lib.ConfigError as e:
     sys.exit(f"config error: {e}")
-  from gshard_mt import train  # after the config checks: importing JAX takes a moment
+  from gshard_mt import partitioning, train  # after the config checks: importing JAX takes a moment
+
+  partitioning.initialize_distributed(config)
 
   result = train.train_and_evaluate(config, parsed.workdir)
   print(f"done: step {result['step']}" + (f", dev loss {result['dev_loss']:.3f}" if "dev_loss" in result else ""))

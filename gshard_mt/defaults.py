@@ -81,4 +81,12 @@ def get_config():
   c.mesh.expert = 1
   c.mesh.model = 1
   c.partitioning = "expert"  # logical axis rules: 'data', 'expert' or 'expert_model'
+
+  # Multi-process runs: every process runs the same command with its own process_id (or, with auto=True, JAX
+  # reads them from the cluster: TPU pods, SLURM, ...). One process on one host needs none of this.
+  c.distributed = ml_collections.ConfigDict()
+  c.distributed.auto = False  # jax.distributed.initialize() with the cluster's own settings
+  c.distributed.coordinator_address = ""  # host:port of process 0
+  c.distributed.num_processes = 1
+  c.distributed.process_id = 0
   return c

@@ -34,6 +34,23 @@ RULES = {
 }
 
 
+def initialize_distributed(config) -> bool:
+  """Starts JAX's multi-process runtime when the config asks for it; returns whether it did. Call it before
+  anything else touches the devices."""
+  d = config.distributed
+  if d.auto:
+    jax.distributed.initialize()
+    return True
+  if d.num_processes > 1:
+    if not d.coordinator_address:
+      raise config_lib.ConfigError("distributed.num_processes > 1 needs distributed.coordinator_address "
+                                   "(host:port of process 0)")
+    jax.distributed.initialize(coordinator_address=d.coordinator_address, num_processes=d.num_processes,
+                               process_id=d.process_id)
+    return True
+  return False
+
+
 def make_mesh(config, devices=None) -> jax.sharding.Mesh:
   devices = list(devices if devices is not None else jax.devices())
   shape = config_lib.mesh_shape(config.mesh, len(devices))
@@ -91,6 +108,15 @@ def shard(x: jax.Array, spec) -> jax.Array:
 def batch_sharding(mesh) -> NamedSharding:
   """Rows of the batch split over the data-like axes."""
   return NamedSharding(mesh, P(("data", "expert")))
+
+
+def process_rows(batch: dict) -> dict:
+  """This process's share of the rows of a batch that every process built whole (evaluation batches)."""
+  n, i = jax.process_count(), jax.process_index()
+  rows = len(next(iter(batch.values())))
+  if rows % n:
+    raise ValueError(f"{rows} rows do not split over {n} processes")
+  return {k: v[i * rows // n:(i + 1) * rows // n] for k, v in batch.items()}
 
 
 def global_batch(local_batch: dict, mesh) -> dict:

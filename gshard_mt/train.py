@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import struct
+from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from gshard_mt import checkpoint as checkpoint_lib
@@ -185,7 +186,8 @@ def evaluate_loss(setup: Setup, params, data: pipeline.Data, config, split="dev"
       if config.eval_batches and i >= config.eval_batches:
         break
       batch.pop("index")
-      totals += np.array(jax.device_get(step(params, partitioning.global_batch(batch, setup.mesh))))
+      local = partitioning.process_rows(batch)
+      totals += np.array(jax.device_get(step(params, partitioning.global_batch(local, setup.mesh))))
   nll = totals[0] / max(totals[2], 1)
   return {f"{split}_loss": nll, f"{split}_perplexity": float(np.exp(min(nll, 50))),
           f"{split}_accuracy": totals[1] / max(totals[2], 1)}
@@ -240,6 +242,10 @@ def train_and_evaluate(config, workdir: str | pathlib.Path) -> dict:
   is_main = jax.process_index() == 0
   if is_main:
     config_lib.save(config, workdir)
+  if jax.process_count() > 1:  # process 0 trains and caches the tokenizer; the others then read it
+    if is_main:
+      pipeline.load(config, workdir)
+    multihost_utils.sync_global_devices("gshard_mt: data prepared")
   data = pipeline.load(config, workdir)
   setup = build(config, data.tokenizer.vocab_size)
   ckpts = checkpoint_lib.Checkpoints(workdir / "checkpoints", config.checkpoint_every, config.keep_checkpoints)

@@ -44,15 +44,20 @@ def tokenize_cached(split: corpus_lib.Corpus, tok: tokenizer_lib.Tokenizer, name
 
 
 class TrainBatches:
-  """Packed training batches by index: `batch(i)` is deterministic; iteration continues from `next_index`."""
+  """Packed training batches by index: `batch(i)` is deterministic; iteration continues from `next_index`.
+
+  Every process draws the same candidate pairs for all rows of the global batch (cheap, vectorised) and packs
+  only its own rows, so the global batch is the same whatever the number of processes.
+  """
 
   def __init__(self, split: packing.TokenizedSplit, rates: dict[str, float], rows: int, length: int, seed: int,
                process_index: int = 0, process_count: int = 1):
     if rows % process_count:
       raise ValueError(f"batch_size={rows} does not divide over {process_count} processes")
     self.split, self.length, self.seed = split, length, seed
+    self.global_rows = rows
     self.rows = rows // process_count
-    self.process_index = process_index
+    self.first_row = process_index * self.rows
     fits = (split.src_len <= length) & (split.tgt_len <= length)
     by_lang = [np.flatnonzero(fits & (split.lang == i)) for i in range(len(split.languages))]
     self.filtered = int((~fits).sum())
@@ -63,21 +68,19 @@ class TrainBatches:
     if self.rates.sum() <= 0:
       raise ValueError(f"no training pair fits data.max_length={length}")
     self.rates = self.rates / self.rates.sum()
-    mean_pair = float(np.mean(np.maximum(split.src_len, split.tgt_len)[self.eligible]))
-    self.chunk = int(self.rows * length / mean_pair * 1.5) + 16
+    shortest = int(np.maximum(split.src_len, split.tgt_len)[self.eligible].min())
+    self.per_row = 2 * length // max(shortest, 1) + 8  # candidates per row: enough to fill it
     self.next_index = 0
     self.real_tokens = 0
     self.slots = 0
 
   def batch(self, index: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng([self.seed, index, self.process_index])
-    parts, out = [], None
-    while out is None or (out[1] == sum(len(p) for p in parts) and len(parts) < 8):
-      langs = rng.choice(len(self.rates), size=self.chunk, p=self.rates)
-      offset = (rng.random(self.chunk) * self.counts[langs]).astype(np.int64)
-      parts.append(self.eligible[self.starts[langs] + offset])
-      out = packing.pack(self.split, np.concatenate(parts), self.rows, self.length)
-    batch, _, real = out
+    rng = np.random.default_rng([self.seed, index])
+    shape = (self.global_rows, self.per_row)
+    langs = np.searchsorted(np.cumsum(self.rates), rng.random(shape), side="right").clip(0, len(self.rates) - 1)
+    offset = (rng.random(shape) * self.counts[langs]).astype(np.int64)
+    candidates = self.eligible[self.starts[langs] + offset][self.first_row:self.first_row + self.rows]
+    batch, real = packing.pack(self.split, candidates, self.length)
     self.real_tokens += real
     self.slots += 2 * self.rows * self.length
     return batch
