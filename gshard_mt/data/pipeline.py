@@ -1,8 +1,8 @@
 """The input pipeline: corpus -> cached tokenizer and token arrays -> temperature-sampled packed batches.
 
-Training batch `i` is a pure function of (seed, i, process index): resuming at step i sees exactly the batches
-an uninterrupted run would have seen, and the iterator state is just {'seed', 'next_index'}. Each process of
-a multi-host run builds only its own rows of the global batch. A background thread prepares batches and puts
+Training batch `i` is a pure function of (seed, i): resuming at step i sees exactly the batches an
+uninterrupted run would have seen, and the iterator state is just {'seed', 'next_index'}. Each process of a
+multi-host run builds only its own rows of that same global batch. A background thread prepares batches and puts
 them on the devices ahead of the step that needs them (seed 004: the host stays ahead of the devices).
 """
 
@@ -132,9 +132,10 @@ def prefetch(iterator: Iterator, size: int = 2, put: Callable = lambda x: x) -> 
   def produce():
     try:
       for item in iterator:
+        value = put(item)  # once: retries below only wait for room in the queue
         while not stop.is_set():
           try:
-            q.put(put(item), timeout=0.1)
+            q.put(value, timeout=0.1)
             break
           except queue.Full:
             continue
