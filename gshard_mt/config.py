@@ -9,6 +9,7 @@ import ast
 import difflib
 import importlib.util
 import json
+import math
 import os
 import pathlib
 
@@ -20,7 +21,7 @@ CHOICES = {
     "model.positions": ("sinusoidal", "learned"),
     "model.dtype": ("float32", "bfloat16"),
     "moe.second_expert_policy": ("all", "random"),
-    "moe.dispatch": ("einsum", "index"),
+    "moe.dispatch": ("einsum", "index", "shard_map"),
     "moe.activation": ("relu", "gelu"),
     "optimizer.name": ("adafactor", "adam"),
     "optimizer.schedule": ("rsqrt", "constant"),
@@ -117,11 +118,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
   if interval and tokens > config.moe.group_size and tokens % config.moe.group_size:
     raise ConfigError(f"moe.group_size={config.moe.group_size} does not divide the {tokens} tokens of a batch "
                       f"(batch_size={config.batch_size} x data.max_length={config.data.max_length})")
-  if config.mesh.expert > 1 and config.moe.num_experts % config.mesh.expert:
-    raise ConfigError(f"moe.num_experts={config.moe.num_experts} is not divisible by mesh.expert="
-                      f"{config.mesh.expert}")
+  expert_axis = config.mesh.expert * dcn_shape(config)[1]
+  if expert_axis > 1 and config.moe.num_experts % expert_axis:
+    raise ConfigError(f"moe.num_experts={config.moe.num_experts} is not divisible by the expert axis, "
+                      f"mesh.expert={config.mesh.expert} x dcn_mesh.expert={config.dcn_mesh.expert}")
   if num_devices is not None:
-    data, expert, _ = mesh_shape(config.mesh, num_devices)
+    data, expert, _ = mesh_shape(config, num_devices)
     batch_devices = data * expert if config.partitioning != "data" else data
     if config.batch_size % batch_devices:
       raise ConfigError(f"batch_size={config.batch_size} does not split over the {batch_devices} devices of the "
@@ -135,20 +137,38 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
     raise ConfigError(f"data.temperature={config.data.temperature}: expected > 0 (inf for uniform)")
 
 
-def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
-  """(data, expert, model) axis sizes; mesh.data = -1 takes the devices the other axes leave."""
-  expert, model, data = mesh_config.expert, mesh_config.model, mesh_config.data
+def dcn_shape(config) -> tuple[int, int, int]:
+  """(data, expert, model): how many slices (the DCN granules: TPU slices, or processes) each mesh axis spans."""
+  dcn = tuple(config.dcn_mesh[a] for a in ("data", "expert", "model"))
+  if any(not isinstance(v, int) or v < 1 for v in dcn):
+    raise ConfigError(f"dcn_mesh sizes must be positive integers, got {dict(config.dcn_mesh)}")
+  return dcn
+
+
+def ici_shape(config, num_devices: int) -> tuple[int, int, int]:
+  """(data, expert, model) within one slice; mesh.data = -1 takes the devices the other axes leave."""
+  slices = math.prod(dcn_shape(config))
+  if num_devices % slices:
+    raise ConfigError(f"dcn_mesh asks for {slices} slices, which does not divide the {num_devices} devices")
+  num_devices //= slices
+  where = f"the {num_devices} devices" + (f" of each of the {slices} slices (dcn_mesh)" if slices > 1 else "")
+  expert, model, data = config.mesh.expert, config.mesh.model, config.mesh.data
   if expert < 1 or model < 1 or (data < 1 and data != -1):
     raise ConfigError(f"mesh sizes must be positive (mesh.data may be -1), got data={data} expert={expert} "
                       f"model={model}")
   if data == -1:
     if num_devices % (expert * model):
-      raise ConfigError(f"mesh.expert={expert} x mesh.model={model} does not divide the {num_devices} devices")
+      raise ConfigError(f"mesh.expert={expert} x mesh.model={model} does not divide {where}")
     data = num_devices // (expert * model)
   if data * expert * model != num_devices:
     raise ConfigError(f"mesh data={data} x expert={expert} x model={model} = {data * expert * model} does not "
-                      f"match the {num_devices} devices")
+                      f"match {where}")
   return data, expert, model
+
+
+def mesh_shape(config, num_devices: int) -> tuple[int, int, int]:
+  """(data, expert, model) sizes of the whole mesh: the in-slice (ICI) sizes times the DCN sizes."""
+  return tuple(i * d for i, d in zip(ici_shape(config, num_devices), dcn_shape(config)))
 
 
 def load(path, overrides: dict[str, str] | None = None, num_devices=None) -> ml_collections.ConfigDict:

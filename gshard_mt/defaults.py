@@ -80,6 +80,12 @@ def get_config():
   c.mesh.data = -1  # -1 = all devices not used by the other axes
   c.mesh.expert = 1
   c.mesh.model = 1
+  # Multi-slice (TPU slices joined by the data-centre network, or GPU hosts): how many slices each axis spans.
+  # Each axis is then mesh.<axis> x dcn_mesh.<axis> devices long, and `mesh` describes one slice.
+  c.dcn_mesh = ml_collections.ConfigDict()
+  c.dcn_mesh.data = 1
+  c.dcn_mesh.expert = 1
+  c.dcn_mesh.model = 1
   c.partitioning = "expert"  # logical axis rules: 'data', 'expert' or 'expert_model'
 
   # Multi-process runs: every process runs the same command with its own process_id (or, with auto=True, JAX

@@ -7,8 +7,11 @@ strategy means changing `config.partitioning` or `config.mesh`, never the model 
 
 from __future__ import annotations
 
+import math
+
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import flax.linen as nn
@@ -52,9 +55,25 @@ def initialize_distributed(config) -> bool:
 
 
 def make_mesh(config, devices=None) -> jax.sharding.Mesh:
+  """The ('data', 'expert', 'model') mesh; with dcn_mesh > 1 a hybrid one whose slices are contiguous blocks,
+  so only the axes that span slices cross the slow network (seed 004's islands)."""
   devices = list(devices if devices is not None else jax.devices())
-  shape = config_lib.mesh_shape(config.mesh, len(devices))
-  return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3, devices=devices)
+  axis_types = (jax.sharding.AxisType.Auto,) * 3
+  dcn = config_lib.dcn_shape(config)
+  if dcn == (1, 1, 1):
+    return jax.make_mesh(config_lib.mesh_shape(config, len(devices)), MESH_AXES, axis_types=axis_types,
+                         devices=devices)
+  ici = config_lib.ici_shape(config, len(devices))
+  # TPU devices say which slice they are on; elsewhere (GPU hosts, CPU tests) a process is a slice.
+  by_slice = len({getattr(d, "slice_index", None) for d in devices}) > 1
+  granules = len({d.slice_index if by_slice else d.process_index for d in devices})
+  if granules != math.prod(dcn):
+    raise config_lib.ConfigError(
+        f"dcn_mesh data={dcn[0]} x expert={dcn[1]} x model={dcn[2]} asks for {math.prod(dcn)} slices, but the "
+        f"{len(devices)} devices are on {granules} {'slices' if by_slice else 'processes'} (one process is one slice "
+        "off TPU)")
+  array = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, process_is_granule=not by_slice)
+  return jax.sharding.Mesh(array, MESH_AXES, axis_types=axis_types)
 
 
 def rules(config) -> list:

@@ -267,7 +267,10 @@ def train_and_evaluate(config, workdir: str | pathlib.Path) -> dict:
   put = lambda item: (item[0], partitioning.global_batch(item[1], setup.mesh))  # noqa: E731
   feed = pipeline.prefetch(batches, config.data.prefetch, put)
   preempted = []
-  previous_handler = signal.signal(signal.SIGTERM, lambda *_: preempted.append(True)) if is_main else None
+  # One process: a SIGTERM handler. Several: JAX's preemption service sees a SIGTERM on any process and names a
+  # step that every process stops at, so all of them save the same checkpoint together.
+  multi = jax.process_count() > 1
+  previous_handler = None if multi else signal.signal(signal.SIGTERM, lambda *_: preempted.append(True))
 
   def save(step, next_index):
     logger.flush(step, batches.packing_efficiency)  # checks for non-finite steps before anything is written
@@ -286,6 +289,8 @@ def train_and_evaluate(config, workdir: str | pathlib.Path) -> dict:
           logger.start_timer()
         step += 1
         bar.update(1)
+        if multi and multihost_utils.reached_preemption_sync_point(step):
+          preempted.append(True)
         if step % config.log_every == 0 or step == config.num_train_steps:
           logger.flush(step, batches.packing_efficiency)
         if ckpts.should_save(step) or step == config.num_train_steps:
@@ -297,7 +302,8 @@ def train_and_evaluate(config, workdir: str | pathlib.Path) -> dict:
           tqdm.write(f"step {step}: dev loss {dev['dev_loss']:.3f}, perplexity {dev['dev_perplexity']:.1f}")
       if preempted:
         log.warning("SIGTERM: saving a checkpoint at step %d and exiting", step)
-        save(step, step)
+        if logger.last_saved != step:
+          save(step, step)
   finally:
     feed.close()
     bar.close()

@@ -20,12 +20,41 @@ from gshard_mt.data import pipeline
 from gshard_mt.model import Transformer
 
 MESHES = [(1, 1, 1), (8, 1, 1), (1, 8, 1), (2, 4, 1), (4, 2, 1), (2, 2, 2)]
+SHARD_MAP_MESHES = [(8, 1, 1), (2, 4, 1), (2, 2, 2)]
 
 
-def config_for(mesh):
+def config_for(mesh, dispatch="index"):
   return small_config(**{"moe.num_experts": 8, "moe.group_size": 24, "batch_size": 8, "mesh.data": mesh[0],
-                         "mesh.expert": mesh[1], "mesh.model": mesh[2],
+                         "mesh.expert": mesh[1], "mesh.model": mesh[2], "moe.dispatch": dispatch,
                          "partitioning": "expert_model" if mesh[2] > 1 else "expert"})
+
+
+def collective_counts(fn, *args) -> dict:
+  hlo = fn.lower(*args).compile().as_text()
+  return {kind: len(re.findall(kind + r"(?:-start)?\(", hlo)) for kind in ("all-to-all", "all-reduce", "all-gather")}
+
+
+def layer_collectives(mesh_shape, dispatch, check_vma=True) -> dict:
+  """Collectives of one MoE layer's compiled forward and forward + backward (grads of params and input)."""
+  import functools
+  import jax.numpy as jnp
+  from gshard_mt.moe import layer as layer_lib
+
+  layer = layer_lib.MoeFeedForward(num_experts=8, hidden_dim=32, group_size=16, dispatch=dispatch,
+                                   second_expert_policy="all")
+  x = jax.random.normal(jax.random.PRNGKey(0), (8, 32, 16))
+  params = nn.unbox(layer.init(jax.random.PRNGKey(1), x))
+  original = layer_lib.manual.moe_shard_map
+  layer_lib.manual.moe_shard_map = functools.partial(original, check_vma=check_vma)
+  try:
+    forward = jax.jit(lambda p, x: layer.apply(p, x, deterministic=False)[0])
+    both = jax.jit(jax.grad(lambda p, x: jnp.sum(forward(p, x) * jnp.cos(x)), argnums=(0, 1)))
+    mesh = jax.make_mesh(mesh_shape, partitioning.MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3)
+    strategy = "expert_model" if mesh_shape[2] > 1 else "expert"
+    with jax.set_mesh(mesh), nn.logical_axis_rules(partitioning.RULES[strategy]):
+      return {"forward": collective_counts(forward, params, x), "forward_backward": collective_counts(both, params, x)}
+  finally:
+    layer_lib.manual.moe_shard_map = original
 
 
 def main(workdir):
@@ -33,11 +62,12 @@ def main(workdir):
   batches = [data.train_batches(config_for((1, 1, 1))).batch(i) for i in range(2)]
   out, steps, setups = {"meshes": {}}, {}, {}
   reference = None
-  for mesh in MESHES:
-    config = config_for(mesh)
+  for mesh, dispatch in [(m, "index") for m in MESHES] + [(m, "shard_map") for m in SHARD_MAP_MESHES]:
+    config = config_for(mesh, dispatch)
     setup = train.build(config, data.tokenizer.vocab_size, devices=jax.devices()[: int(np.prod(mesh))])
     step = setup.jit_train_step(Transformer(setup.model_cfg, deterministic=False), config)
-    steps[mesh], setups[mesh] = step, setup
+    if dispatch == "index":
+      steps[mesh], setups[mesh] = step, setup
     state = setup.init_state(config.seed)
     with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
       batch = partitioning.global_batch(batches[0], setup.mesh)
@@ -47,7 +77,7 @@ def main(workdir):
     if reference is None:
       reference = params
     wi = new.params["encoder"]["units"]["layer_1"]["moe"]["wi"]
-    out["meshes"]["x".join(map(str, mesh))] = {
+    out["meshes"]["x".join(map(str, mesh)) + ("" if dispatch == "index" else "-shard_map")] = {
         "loss": float(metrics["loss"]),
         "max_param_diff": max(float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(params),
                                                                           jax.tree.leaves(reference))),
@@ -55,6 +85,10 @@ def main(workdir):
         "all_gather_of_expert_weights": len(re.findall(r"f32\[[^\]]*\b8,(32,64|64,32)\][^=]*all-gather\(", hlo)),
         "wi_shape": list(wi.shape), "wi_shard_shape": list(wi.addressable_shards[0].data.shape),
     }
+  out["layer"] = {f"{'x'.join(map(str, mesh))}-{name}": layer_collectives(mesh, dispatch, check_vma)
+                  for mesh in ((2, 4, 1), (2, 2, 2))
+                  for name, dispatch, check_vma in (("auto", "index", True), ("manual", "shard_map", True),
+                                                    ("manual_no_vma", "shard_map", False))}
   # A checkpoint saved on data 2 x expert 4 restores onto data 8 and onto one device; training continues.
   src = (2, 4, 1)
   with tempfile.TemporaryDirectory() as ckpt_dir:

@@ -1,5 +1,7 @@
 """Config files, command-line overrides and validation."""
 
+import types
+
 import pytest
 
 from gshard_mt import config as config_lib
@@ -30,7 +32,7 @@ def test_split_overrides():
     ({"moe.dispatch": "scatter"}, "moe.dispatch='scatter': expected one of"),
     ({"model.num_encoder_layers": "3"}, "not a multiple of model.moe_interval=2"),
     ({"moe.group_size": "100"}, "moe.group_size=100 does not divide the 768 tokens"),
-    ({"mesh.expert": "3"}, "moe.num_experts=4 is not divisible by mesh.expert=3"),
+    ({"mesh.expert": "3"}, "moe.num_experts=4 is not divisible by the expert axis, mesh.expert=3"),
     ({"moe.num_experts": "1"}, "at least 2 experts"),
     ({"batch_size": "0"}, "batch_size=0: expected a positive integer"),
     ({"data.temperature": "0.0"}, "data.temperature"),
@@ -45,9 +47,26 @@ def test_mesh_must_match_devices():
   with pytest.raises(config_lib.ConfigError, match="= 4 does not match the 8 devices"):
     config_lib.validate(c, num_devices=8)
   config_lib.validate(c, num_devices=4)
-  assert config_lib.mesh_shape(config_lib.load(TINY, {"mesh.data": "-1", "mesh.expert": "2"}).mesh, 8) == (4, 2, 1)
+  assert config_lib.mesh_shape(config_lib.load(TINY, {"mesh.data": "-1", "mesh.expert": "2"}), 8) == (4, 2, 1)
   with pytest.raises(config_lib.ConfigError, match="mesh.expert=3 x mesh.model=1 does not divide the 8 devices"):
-    config_lib.mesh_shape(config_lib.load(TINY, {"mesh.expert": "3", "moe.num_experts": "3"}).mesh, 8)
+    config_lib.mesh_shape(config_lib.load(TINY, {"mesh.expert": "3", "moe.num_experts": "3"}), 8)
+
+
+def test_dcn_mesh_multiplies_the_slice_mesh():
+  c = config_lib.load(TINY, {"dcn_mesh.data": "2", "mesh.expert": "2"})
+  assert config_lib.ici_shape(c, 8) == (2, 2, 1)
+  assert config_lib.mesh_shape(c, 8) == (4, 2, 1)
+  with pytest.raises(config_lib.ConfigError, match="dcn_mesh asks for 3 slices, which does not divide the 8"):
+    config_lib.mesh_shape(config_lib.load(TINY, {"dcn_mesh.data": "3"}), 8)
+  with pytest.raises(config_lib.ConfigError, match="does not match the 2 devices of each of the 2 slices"):
+    config_lib.mesh_shape(config_lib.load(TINY, {"dcn_mesh.data": "2", "mesh.data": "4"}), 4)
+  with pytest.raises(config_lib.ConfigError, match="not divisible by the expert axis, mesh.expert=2 x dcn_mesh"):
+    config_lib.load(TINY, {"dcn_mesh.expert": "3", "mesh.expert": "2", "moe.num_experts": "8"})
+  # One process is one slice: asking for two is an error naming both counts.
+  from gshard_mt import partitioning
+  devices = [types.SimpleNamespace(process_index=0)] * 2
+  with pytest.raises(config_lib.ConfigError, match="asks for 2 slices, but the 2 devices are on 1 processes"):
+    partitioning.make_mesh(config_lib.load(TINY, {"dcn_mesh.data": "2"}), devices=devices)
 
 
 def test_batch_and_groups_must_split_over_the_devices():

@@ -1,4 +1,4 @@
-"""The MoE layer: both dispatchers agree, dropped tokens pass through, gradients reach the router, errors."""
+"""The MoE layer: every dispatch path agrees, dropped tokens pass through, gradients reach the router, errors."""
 
 import functools
 
@@ -10,7 +10,8 @@ import flax.linen as nn
 
 from gshard_mt.moe import MoeFeedForward, expert_capacity
 from gshard_mt.moe.dispatch import EinsumDispatcher, IndexDispatcher
-from gshard_mt.moe import gating
+from gshard_mt.moe import gating, manual
+from jax.sharding import PartitionSpec as P
 
 B, L, M, H, E = 4, 16, 8, 16, 4
 
@@ -40,11 +41,12 @@ def loss_and_grads(dispatch, params, x, mask, **kw):
   return value, y, grads
 
 
-@pytest.mark.parametrize("policy", ["all", "random"])
-def test_index_dispatch_matches_einsum_outputs_and_gradients(policy):
+@pytest.mark.parametrize("dispatch,policy", [("index", "all"), ("index", "random"), ("shard_map", "random")])
+def test_dispatch_matches_einsum_outputs_and_gradients(dispatch, policy):
+  # shard_map on one device runs its per-device program whole (8 fake devices: test_partitioning).
   x, mask, params = inputs()
   ref = loss_and_grads("einsum", params, x, mask, second_expert_policy=policy, jitter_noise=0.1)
-  got = loss_and_grads("index", params, x, mask, second_expert_policy=policy, jitter_noise=0.1)
+  got = loss_and_grads(dispatch, params, x, mask, second_expert_policy=policy, jitter_noise=0.1)
   np.testing.assert_allclose(got[0], ref[0], rtol=1e-5)
   np.testing.assert_allclose(got[1], ref[1], atol=1e-5)
   for g, r in zip(jax.tree.leaves(got[2]), jax.tree.leaves(ref[2])):
@@ -62,7 +64,7 @@ def test_dispatchers_agree_on_dispatched_buffers():
   np.testing.assert_allclose(IndexDispatcher(routing).combine(y), EinsumDispatcher(routing).combine(y), atol=1e-6)
 
 
-@pytest.mark.parametrize("dispatch", ["einsum", "index"])
+@pytest.mark.parametrize("dispatch", ["einsum", "index", "shard_map"])
 def test_token_dropped_by_both_experts_gets_zero_output(dispatch):
   x, mask, params = inputs()
   layer = make_layer(dispatch=dispatch, eval_capacity_factor=0.125)
@@ -136,3 +138,17 @@ def test_layer_config_errors(kw, message):
   with pytest.raises(ValueError, match=message):  # training: groups must divide the batch exactly
     make_layer(**kw).init({"params": jax.random.key(0), "gating": jax.random.key(1)}, x, mask,
                           deterministic=False)
+
+
+@pytest.mark.parametrize("group_spec,expert_spec,message", [
+    (P("data", None, None), P("expert", None, None), "needs the groups split over the expert axis 'expert'"),
+    (P(("data", "expert"), None, None), P(("data", "expert"), None, None), "experts on one mesh axis"),
+    (P(("data", "expert"), None, None), P("expert", "data", None), "M unsplit"),
+])
+def test_shard_map_rejects_layouts_it_cannot_run(group_spec, expert_spec, message):
+  x, _, params = inputs()
+  routing = gating.top2_gating(jnp.zeros((4, 16, E)), 8)
+  mesh = jax.sharding.AbstractMesh((2, 4), ("data", "expert"))
+  with jax.sharding.use_abstract_mesh(mesh), pytest.raises(ValueError, match=message):
+    manual.moe_shard_map(x.reshape(4, 16, M), routing, params["params"]["wi"], params["params"]["wo"], None,
+                         group_spec=group_spec, expert_spec=expert_spec)

@@ -6,6 +6,7 @@ and the key activations carry logical axis names; `gshard_mt.partitioning` maps 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -14,7 +15,10 @@ import jax.numpy as jnp
 
 from gshard_mt.moe import dispatch as dispatch_lib
 from gshard_mt.moe import gating
+from gshard_mt.moe import manual
 
+# 'einsum' and 'index' are automatic (sharding constraints, XLA places the all-to-alls); 'shard_map' is manual.
+DISPATCH = dispatch_lib.DISPATCHERS + ("shard_map",)
 ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu}
 
 # Logical axis names of the layer's tensors (G, S, E, C, M, H in the paper's letters).
@@ -24,17 +28,21 @@ EGCH = ("expert", "group", "capacity", "mlp")
 # The combine input is sharded by groups only: naming E here would let E keep the 'expert' mesh axis (the rules
 # give it priority) and the E -> G all-to-all would not happen.
 GECM = ("group", None, "capacity", "embed")
+EMH = ("expert", "embed", "mlp")
+EHM = ("expert", "mlp", "embed")
 
 
-def expert_ffn(expert_in: jax.Array, wi: jax.Array, wo: jax.Array, activation: str = "relu") -> jax.Array:
+def expert_ffn(expert_in: jax.Array, wi: jax.Array, wo: jax.Array, activation: str = "relu",
+               constrain: bool = True) -> jax.Array:
   """Each expert's FFN on its buffers: [E, G, C, M] x wi [E, M, H] x wo [E, H, M] -> [E, G, C, M].
 
   The output stays E-sharded here; the caller's transpose to GECM is the E -> G all-to-all (producing GECM in the
-  einsum itself lets XLA all-gather wo instead).
+  einsum itself lets XLA all-gather wo instead). constrain=False leaves out the sharding constraints (inside
+  shard_map, where each device sees its own shards).
   """
   h = ACTIVATIONS[activation](jnp.einsum("EGCM,EMH->EGCH", expert_in, wi))
-  h = nn.with_logical_constraint(h, EGCH)
-  return nn.with_logical_constraint(jnp.einsum("EGCH,EHM->EGCM", h, wo), EGCM)
+  h = nn.with_logical_constraint(h, EGCH if constrain else None)
+  return nn.with_logical_constraint(jnp.einsum("EGCH,EHM->EGCM", h, wo), EGCM if constrain else None)
 
 
 def groups_of(num_tokens: int, group_size: int, pad: bool = False) -> tuple[int, int]:
@@ -78,8 +86,8 @@ class MoeFeedForward(nn.Module):
   param_dtype: Any = jnp.float32
 
   def _check_config(self):
-    if self.dispatch not in dispatch_lib.DISPATCHERS:
-      raise ValueError(f"unknown moe.dispatch {self.dispatch!r}; expected one of {dispatch_lib.DISPATCHERS}")
+    if self.dispatch not in DISPATCH:
+      raise ValueError(f"unknown moe.dispatch {self.dispatch!r}; expected one of {DISPATCH}")
     if self.activation not in ACTIVATIONS:
       raise ValueError(f"unknown moe.activation {self.activation!r}; expected one of {tuple(ACTIVATIONS)}")
     if self.second_expert_policy not in gating.SECOND_EXPERT_POLICIES:
@@ -97,10 +105,8 @@ class MoeFeedForward(nn.Module):
                     (M, E), jnp.float32)
     expert_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=1, out_axis=2,
                                                    batch_axis=(0,))
-    wi = self.param("wi", nn.with_logical_partitioning(expert_init, ("expert", "embed", "mlp")), (E, M, H),
-                    self.param_dtype)
-    wo = self.param("wo", nn.with_logical_partitioning(expert_init, ("expert", "mlp", "embed")), (E, H, M),
-                    self.param_dtype)
+    wi = self.param("wi", nn.with_logical_partitioning(expert_init, EMH), (E, M, H), self.param_dtype)
+    wo = self.param("wo", nn.with_logical_partitioning(expert_init, EHM), (E, H, M), self.param_dtype)
 
     x = x.reshape(B * L, M)
     mask = None if padding_mask is None else padding_mask.reshape(B * L)
@@ -126,11 +132,16 @@ class MoeFeedForward(nn.Module):
         rng=self.make_rng("gating") if random else None,
         padding_mask=mask)
 
-    dispatcher = dispatch_lib.make_dispatcher(self.dispatch, routing)
-    x = x.astype(self.dtype)
-    expert_in = nn.with_logical_constraint(dispatcher.dispatch(x), EGCM)  # G -> E reshard: an all-to-all
-    expert_out = expert_ffn(expert_in, wi.astype(self.dtype), wo.astype(self.dtype), self.activation)
-    expert_out = nn.with_logical_constraint(expert_out.transpose(1, 0, 2, 3), GECM)  # E -> G: an all-to-all
-    y = nn.with_logical_constraint(dispatcher.combine(expert_out), GSM)
+    x, wi, wo = x.astype(self.dtype), wi.astype(self.dtype), wo.astype(self.dtype)
+    if self.dispatch == "shard_map":
+      y = manual.moe_shard_map(x, routing, wi, wo,
+                               functools.partial(expert_ffn, activation=self.activation, constrain=False),
+                               group_spec=nn.logical_to_mesh_axes(GSM), expert_spec=nn.logical_to_mesh_axes(EMH))
+    else:
+      dispatcher = dispatch_lib.make_dispatcher(self.dispatch, routing)
+      expert_in = nn.with_logical_constraint(dispatcher.dispatch(x), EGCM)  # G -> E reshard: an all-to-all
+      expert_out = expert_ffn(expert_in, wi, wo, self.activation)
+      expert_out = nn.with_logical_constraint(expert_out.transpose(1, 0, 2, 3), GECM)  # E -> G: an all-to-all
+      y = nn.with_logical_constraint(dispatcher.combine(expert_out), GSM)
     stats = {"aux_loss": routing.aux_loss, "z_loss": routing.z_loss, "metrics": routing.metrics}
     return y.reshape(G * S, M)[: B * L].reshape(B, L, M), stats

@@ -1,0 +1,96 @@
+"""The manual path (`moe.dispatch="shard_map"`): dispatch, expert FFN and combine written per device.
+
+GShard's "mixing manual and automatic sharding": gating stays automatic (it is group-local), and the expert part
+runs inside `jax.shard_map` with the all-to-alls spelled out. Each device holds G/n_g groups, dispatches them to
+its own [E, G/n_g, C, M] buffers, and one all-to-all over the expert axis trades them for [E/n_e, G·n_e/n_g, C, M]:
+its experts' slots from every group of its expert-axis peers. A second all-to-all sends the outputs back. With H
+split over a model axis, each device computes a partial expert output and one psum over that axis completes it.
+
+`check_vma=True` types every value as device-varying or device-invariant along each mesh axis (seed 000), so the
+transposes are the efficient ones: the forward psum over 'model' transposes to a no-op, and the only all-reduces
+of the backward pass are the ones the math needs (the expert-weight gradients summed over the axes the weights are
+replicated on, and the cotangent of the model-replicated buffers summed over 'model').
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from gshard_mt.moe.dispatch import IndexDispatcher
+from gshard_mt.moe.gating import Routing
+
+
+def _axes(entry) -> tuple[str, ...]:
+  """The mesh axes of one PartitionSpec entry (None, a name or a tuple of names)."""
+  return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def moe_shard_map(x: jax.Array, routing: Routing, wi: jax.Array, wo: jax.Array,
+                  ffn: Callable[[jax.Array, jax.Array, jax.Array], jax.Array], *,
+                  group_spec: P, expert_spec: P, check_vma: bool = True) -> jax.Array:
+  """Dispatch -> expert FFN -> combine per device; the result equals the automatic path's.
+
+  Args:
+    x: [G, S, M] tokens; routing: its top-2 routing ([G, S, K] fields).
+    wi: [E, M, H], wo: [E, H, M] expert weights (global shapes).
+    ffn: (expert_in [E', G', C, M], wi [E', M, H'], wo [E', H', M]) -> [E', G', C, M], the experts' math on one
+      device's shards (a partial sum over H when H is split).
+    group_spec: the mesh placement of [G, S, M] (rule for 'group'); expert_spec: that of wi [E, M, H].
+    check_vma: track device variance (leave on; off only to show what it saves).
+  Returns:
+    y: [G, S, M], placed like x.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  group_axes, expert_axes, model_axes = _axes(group_spec[0]), _axes(expert_spec[0]), _axes(expert_spec[2])
+  _check_specs(group_axes, expert_axes, model_axes, _axes(expert_spec[1]), mesh)
+  expert_axis = expert_axes[0] if expert_axes and mesh.shape[expert_axes[0]] > 1 else None
+  model_axis = model_axes[0] if model_axes and mesh.shape[model_axes[0]] > 1 else None
+
+  def per_device(x, expert_index, slot, weight, kept, wi, wo):
+    local = Routing(expert_index, slot, weight, kept, aux_loss=None, z_loss=None, metrics={},
+                    num_experts=routing.num_experts, capacity=routing.capacity)
+    dispatcher = IndexDispatcher(local)
+    buffers = dispatcher.dispatch(x)  # [E, G', C, M], this device's groups
+    if expert_axis:  # E split, G gathered: [E/n_e, G'·n_e, C, M]
+      buffers = jax.lax.all_to_all(buffers, expert_axis, split_axis=0, concat_axis=1, tiled=True)
+    out = ffn(buffers, wi, wo)
+    if model_axis:  # each device summed over its H/n_m hidden units
+      out = jax.lax.psum(out, model_axis)
+    if expert_axis:  # back to [E, G', C, M]
+      out = jax.lax.all_to_all(out, expert_axis, split_axis=1, concat_axis=0, tiled=True)
+    return dispatcher.combine(out.transpose(1, 0, 2, 3))
+
+  manual_axes = {a for a in mesh.axis_names if mesh.shape[a] > 1}
+  if not manual_axes:  # one device (or no mesh): the per-device program is the whole program
+    return per_device(x, routing.expert_index, routing.slot, routing.weight, routing.kept, wi, wo)
+
+  def spec(*entries):  # size-1 axes stay automatic: a psum over one device is still an all-reduce in the HLO
+    return P(*(tuple(a for a in _axes(e) if a in manual_axes) or None for e in entries))
+
+  G = x.shape[0]
+  shards = math.prod(mesh.shape[a] for a in group_axes)
+  pad = -G % shards  # extra groups with nothing kept (an evaluation batch need not divide over the devices)
+  fields = [routing.expert_index, routing.slot, routing.weight, routing.kept]
+  if pad:
+    x = jnp.pad(x, ((0, pad), (0, 0), (0, 0)))
+    fields = [jnp.pad(f, ((0, pad), (0, 0), (0, 0))) for f in fields]
+  gsm = spec(group_spec[0], None, None)
+  y = jax.shard_map(per_device, mesh=mesh, axis_names=manual_axes, check_vma=check_vma,
+                    in_specs=(gsm,) * 5 + (spec(*expert_spec), spec(expert_spec[0], expert_spec[2], None)),
+                    out_specs=gsm)(x, *fields, wi, wo)
+  return y[:G]
+
+
+def _check_specs(group_axes, expert_axes, model_axes, embed_axes, mesh) -> None:
+  if len(expert_axes) > 1 or len(model_axes) > 1 or embed_axes:
+    raise ValueError(f"moe.dispatch='shard_map' supports experts on one mesh axis, H on at most one and M "
+                     f"unsplit; the partitioning rules give E {expert_axes}, M {embed_axes}, H {model_axes}")
+  if expert_axes and not mesh.empty and mesh.shape[expert_axes[0]] > 1 and expert_axes[0] not in group_axes:
+    raise ValueError(f"moe.dispatch='shard_map' needs the groups split over the expert axis "
+                     f"{expert_axes[0]!r} too (groups are on {group_axes}): the all-to-all trades groups for "
+                     "experts along it")
