@@ -60,7 +60,7 @@ def get_config():
   c.moe.min_capacity = 4
   c.moe.second_expert_policy = "random"  # 'all' or 'random' (the paper's)
   c.moe.second_expert_threshold = 0.5
-  c.moe.dispatch = "index"  # 'einsum' (the paper's, reference) or 'index' (gather, faster)
+  c.moe.dispatch = "index"  # 'einsum' (the paper's, reference), 'index' (gather, faster), 'shard_map' (manual)
   c.moe.activation = "relu"
   c.moe.jitter_noise = 0.0
   c.moe.router_logit_cap = 0.0
