@@ -18,6 +18,7 @@ _COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = (.*?) (" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
 _CALLEE = re.compile(r"(?:body|condition|to_apply|calls)=%?([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_ANY_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = ", re.MULTILINE)
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 _SHAPE = re.compile(r"(pred|[suf]\d+|bf16)\[([\d,]*)\]")
 
@@ -70,6 +71,11 @@ def collectives(hlo: str) -> dict[str, dict]:
         out[kind]["count"] += runs[name]
         out[kind]["bytes"] += runs[name] * shape_bytes(m.group(1))
   return out
+
+
+def instruction_count(hlo: str) -> int:
+  """Instructions in the program text: the per-device program's size, which SPMD keeps flat in the device count."""
+  return len(_ANY_INSTRUCTION.findall(hlo))
 
 
 def memory(compiled) -> dict[str, int]:

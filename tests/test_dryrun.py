@@ -57,6 +57,25 @@ def test_per_device_parameter_bytes_follow_the_shardings(report):
   assert report["parameters"] * 4 > report["per_device_bytes"]["parameters"]
 
 
+def test_program_size_does_not_grow_with_the_device_count(tmp_path):
+  """One SPMD program: with one expert and the same rows per device, 8 and 64 devices compile to the same
+  per-device program (so compile time stays flat); XLA's CPU all-to-all decomposer, kept with --cpu_all_to_all,
+  adds one operand per device to every all-to-all."""
+  sizes = {}
+  for devices, extra in ((8, []), (64, []), (64, ["--cpu_all_to_all"])):
+    out = tmp_path / f"{devices}{''.join(extra)}"
+    proc = run_dryrun(out, "--devices", str(devices), "--mesh", f"data=1,expert={devices}",
+                      f"--config.moe.num_experts={devices}", f"--config.batch_size={2 * devices}",
+                      "--config.moe.group_size=24", "--config.model.num_encoder_layers=2",
+                      "--config.model.num_decoder_layers=2", *extra)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads((out / "dryrun.json").read_text())
+    assert report["collectives"]["all-to-all"]["count"] == 8
+    sizes[(devices, bool(extra))] = report["hlo_instructions"]
+  assert sizes[(64, False)] == pytest.approx(sizes[(8, False)], rel=0.02)  # 16,076 and 16,197 on JAX 0.12
+  assert sizes[(64, True)] > 1.1 * sizes[(64, False)]  # 18,636: 8 all-to-alls x 64 operands
+
+
 def test_does_not_fit_is_reported_and_fails_only_when_asked(tmp_path):
   proc = run_dryrun(tmp_path, "--hbm_gib", "0.001")
   assert proc.returncode == 0 and "does NOT fit" in proc.stdout and "GiB per device needed" in proc.stdout

@@ -47,9 +47,10 @@ def moe_shard_map(x: jax.Array, routing: Routing, wi: jax.Array, wo: jax.Array,
   """
   mesh = jax.sharding.get_abstract_mesh()
   group_axes, expert_axes, model_axes = _axes(group_spec[0]), _axes(expert_spec[0]), _axes(expert_spec[2])
-  _check_specs(group_axes, expert_axes, model_axes, _axes(expert_spec[1]), mesh)
-  expert_axis = expert_axes[0] if expert_axes and mesh.shape[expert_axes[0]] > 1 else None
-  model_axis = model_axes[0] if model_axes and mesh.shape[model_axes[0]] > 1 else None
+  sizes = {} if mesh.empty else dict(mesh.shape)
+  _check_specs(group_axes, expert_axes, model_axes, _axes(expert_spec[1]), sizes)
+  expert_axis = expert_axes[0] if expert_axes and sizes.get(expert_axes[0], 1) > 1 else None
+  model_axis = model_axes[0] if model_axes and sizes.get(model_axes[0], 1) > 1 else None
 
   def per_device(x, expert_index, slot, weight, kept, wi, wo):
     local = Routing(expert_index, slot, weight, kept, aux_loss=None, z_loss=None, metrics={},
@@ -65,7 +66,7 @@ def moe_shard_map(x: jax.Array, routing: Routing, wi: jax.Array, wo: jax.Array,
       out = jax.lax.all_to_all(out, expert_axis, split_axis=1, concat_axis=0, tiled=True)
     return dispatcher.combine(out.transpose(1, 0, 2, 3))
 
-  manual_axes = {a for a in mesh.axis_names if mesh.shape[a] > 1}
+  manual_axes = {a for a, n in sizes.items() if n > 1}
   if not manual_axes:  # one device (or no mesh): the per-device program is the whole program
     return per_device(x, routing.expert_index, routing.slot, routing.weight, routing.kept, wi, wo)
 
@@ -73,7 +74,7 @@ def moe_shard_map(x: jax.Array, routing: Routing, wi: jax.Array, wo: jax.Array,
     return P(*(tuple(a for a in _axes(e) if a in manual_axes) or None for e in entries))
 
   G = x.shape[0]
-  shards = math.prod(mesh.shape[a] for a in group_axes)
+  shards = math.prod(sizes[a] for a in group_axes)
   pad = -G % shards  # extra groups with nothing kept (an evaluation batch need not divide over the devices)
   fields = [routing.expert_index, routing.slot, routing.weight, routing.kept]
   if pad:
@@ -86,11 +87,11 @@ def moe_shard_map(x: jax.Array, routing: Routing, wi: jax.Array, wo: jax.Array,
   return y[:G]
 
 
-def _check_specs(group_axes, expert_axes, model_axes, embed_axes, mesh) -> None:
+def _check_specs(group_axes, expert_axes, model_axes, embed_axes, sizes: dict) -> None:
   if len(expert_axes) > 1 or len(model_axes) > 1 or embed_axes:
     raise ValueError(f"moe.dispatch='shard_map' supports experts on one mesh axis, H on at most one and M "
                      f"unsplit; the partitioning rules give E {expert_axes}, M {embed_axes}, H {model_axes}")
-  if expert_axes and not mesh.empty and mesh.shape[expert_axes[0]] > 1 and expert_axes[0] not in group_axes:
+  if expert_axes and sizes.get(expert_axes[0], 1) > 1 and expert_axes[0] not in group_axes:
     raise ValueError(f"moe.dispatch='shard_map' needs the groups split over the expert axis "
                      f"{expert_axes[0]!r} too (groups are on {group_axes}): the all-to-all trades groups for "
                      "experts along it")
