@@ -10,15 +10,17 @@ import difflib
 import importlib.util
 import json
 import math
-import os
 import pathlib
 
 import ml_collections
 
+from gshard_mt import files
+from gshard_mt.data.corpus import SOURCES
+
 CHOICES = {
     "nonfinite": ("stop", "skip"),
-    "data.source": ("tatoeba", "folder", "tsv", "tfds"),
     "model.positions": ("sinusoidal", "learned"),
+    "model.embedding": ("vaswani", "t5", "sqrt_input", "small_logits"),
     "model.dtype": ("float32", "bfloat16"),
     "moe.second_expert_policy": ("all", "random"),
     "moe.dispatch": ("einsum", "index", "shard_map"),
@@ -100,6 +102,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
   for key, allowed in CHOICES.items():
     if flat.get(key) not in allowed:
       raise ConfigError(f"{key}={flat.get(key)!r}: expected one of {allowed}")
+  sources = str(config.data.source).split("+")
+  if any(s not in SOURCES for s in sources) or len(set(sources)) != len(sources):
+    raise ConfigError(f"data.source={config.data.source!r}: expected one of {SOURCES}, or several different ones "
+                      "joined with '+' (e.g. 'tatoeba+multi30k')")
   for key in ("batch_size", "num_train_steps", "log_every", "checkpoint_every", "keep_checkpoints",
               "model.emb_dim", "model.num_heads", "model.head_dim", "model.mlp_dim", "moe.num_experts",
               "moe.hidden_dim", "moe.group_size", "data.max_length", "data.vocab_size"):
@@ -208,9 +214,7 @@ def save(config: ml_collections.ConfigDict, workdir: str | pathlib.Path):
       raise ConfigError(f"{path} was written for a different run: " + ", ".join(
           f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in changed) + "; use a new --workdir")
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(f"config.json.tmp{os.getpid()}")
-  tmp.write_text(config.to_json(indent=2))
-  os.replace(tmp, path)
+  files.write_atomically(path, config.to_json(indent=2))
 
 
 def load_saved(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:

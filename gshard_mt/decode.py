@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gshard_mt.data.tokenizer import EOS_ID, PAD_ID
+from gshard_mt.data.tokenizer import EOS_ID, PAD_ID, UNK_ID
 from gshard_mt.model import Transformer
 
 NEG_INF = -1.0e7
@@ -110,33 +110,37 @@ class Translator:
     self._translate = jax.jit(self._run)
 
   def _run(self, params, batch):
-    """batch: padded `inputs` [B, Ls] with segmentation/position -> best tokens [B, max_len]."""
-    B = batch["inputs"].shape[0]
-    K = self.beam_size
-    memory, _ = self.model.apply({"params": params}, batch["inputs"], batch["inputs_segmentation"],
-                                 batch["inputs_position"], method=Transformer.encode)
-    memory = jnp.repeat(memory, K, axis=0)
-    src_segments = jnp.repeat(batch["inputs_segmentation"], K, axis=0)
+    """batch: padded `inputs` [B, Ls] with segmentation/position -> best tokens [B, max_len].
+
+    The source is encoded once, and each decoder layer's cross-attention keys and values are computed once per
+    sentence (not per beam, not per step). Only the self-attention cache is reordered as beams are chosen.
+    """
+    B, K, L = batch["inputs"].shape[0], self.beam_size, self.max_len
     N = B * K
+    src_segments = batch["inputs_segmentation"]
+    memory, _ = self.model.apply({"params": params}, batch["inputs"], src_segments, batch["inputs_position"],
+                                 method=Transformer.encode)
 
-    def decoder(params, tokens, position, cache=None):
-      variables = {"params": params} | ({"cache": cache} if cache is not None else {})
-      return self.model.apply(variables, memory, src_segments, tokens, jnp.ones_like(tokens), position,
-                              decode_step=position[0, 0],
-                              method=Transformer.decode_logits, mutable=["cache"])
+    def decoder(variables, tokens, positions, step, mutable):
+      return self.model.apply(variables, memory, src_segments, tokens, jnp.ones_like(tokens), positions,
+                              decode_step=step, method=Transformer.decode_logits, mutable=mutable)
 
-    full = jnp.zeros((N, self.max_len), jnp.int32)
-    shapes = jax.eval_shape(lambda: decoder(params, full, jnp.zeros((N, self.max_len), jnp.int32))[1]["cache"])
-    cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    # One call over [N, L] creates the self-attention caches (zeros, full length) and fills the source keys and
+    # values; its logits are unused, so XLA removes the rest of that call.
+    full = jnp.zeros((N, L), jnp.int32)
+    _, variables = decoder({"params": params}, full, full, 0, ["cache", "memory"])
+    source_kv = variables["memory"]
 
     def step_fn(tokens, i, cache):
-      (logits, _), variables = decoder(params, tokens[:, None], jnp.full((N, 1), i, jnp.int32), cache)
-      logits = logits[:, 0].astype(jnp.float32).at[:, PAD_ID].set(NEG_INF)  # PAD is never an output
+      (logits, _), variables = decoder({"params": params, "cache": cache, "memory": source_kv}, tokens[:, None],
+                                       jnp.full((N, 1), i, jnp.int32), i, ["cache"])
+      # PAD and UNK are never outputs: PAD starts a sentence, and every character has a byte piece.
+      logits = logits[:, 0].astype(jnp.float32).at[:, (PAD_ID, UNK_ID)].set(NEG_INF)
       return jax.nn.log_softmax(logits), variables["cache"]
 
     if K == 1:
-      return greedy_search(step_fn, cache, B, self.max_len)
-    tokens, _ = beam_search(step_fn, cache, B, K, self.max_len, self.alpha)
+      return greedy_search(step_fn, variables["cache"], B, L)
+    tokens, _ = beam_search(step_fn, variables["cache"], B, K, L, self.alpha)
     return tokens[:, 0]
 
   def __call__(self, batch: dict) -> np.ndarray:

@@ -17,7 +17,7 @@ def get_config():
   c.nonfinite = "stop"  # 'stop': stop with a message naming the step; 'skip': skip the update
 
   c.data = ml_collections.ConfigDict()
-  c.data.source = "tatoeba"  # 'tatoeba' (shipped), 'folder', 'tsv' or 'tfds'
+  c.data.source = "tatoeba"  # 'tatoeba', 'multi30k' (both shipped), 'folder', 'tsv', 'tfds'; join with '+'
   c.data.path = ""  # folder or TSV file for 'folder' / 'tsv'
   c.data.tfds_name = ""  # e.g. 'wmt19_translate/de-en'
   c.data.tfds_data_dir = ""
@@ -42,7 +42,9 @@ def get_config():
   c.model.num_encoder_layers = 6
   c.model.num_decoder_layers = 6
   c.model.moe_interval = 2  # every 2nd FFN is MoE; 0 = dense baseline
-  c.model.share_embeddings = True  # one embedding for source, target and the output logits
+  c.model.share_embeddings = True  # one input embedding for source and target
+  c.model.tied_logits = False  # output logits through the target embedding (its input token then starts high)
+  c.model.embedding = "vaswani"  # embedding scale scheme (model.EMBEDDING_SCHEMES): 'vaswani' or 't5'
   c.model.positions = "sinusoidal"  # or 'learned'
   c.model.max_position = 512  # for learned positions
   c.model.dropout_rate = 0.1

@@ -23,6 +23,7 @@ import sys
 import time
 
 from gshard_mt import config as config_lib
+from gshard_mt import files
 
 
 NO_CPU_ALL_TO_ALL_DECOMPOSER = "--xla_disable_hlo_passes=all_to_all_decomposer"
@@ -134,10 +135,8 @@ def main(argv=None):
   report["fits"] = report["per_device_bytes"]["peak"] <= parsed.hbm_gib * 2**30
   out = pathlib.Path(parsed.out or f"runs/dryrun/{pathlib.Path(parsed.config).stem}-{parsed.devices}")
   out.mkdir(parents=True, exist_ok=True)
-  for name, text in (("dryrun.json", json.dumps(report, indent=2)), ("dryrun.md", markdown(report, parsed.config))):
-    tmp = out / f".{name}.tmp{os.getpid()}"
-    tmp.write_text(text)
-    os.replace(tmp, out / name)
+  files.write_atomically(out / "dryrun.json", json.dumps(report, indent=2))
+  files.write_atomically(out / "dryrun.md", markdown(report, parsed.config))
   print(markdown(report, parsed.config))
   print(f"wrote {out}/dryrun.json and dryrun.md")
   if not report["fits"]:

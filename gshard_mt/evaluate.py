@@ -97,7 +97,8 @@ def evaluate(workdir, split="test", step=None, beam_size=4, alpha=0.6, max_decod
   rows = batch_size or config.batch_size
   translator = decode.Translator(setup.model_cfg, state.params, beam_size, alpha, max_len)
 
-  ids = np.concatenate([pipeline.language_ids(tokens, lang) for lang in wanted])
+  lang_ids = {lang: pipeline.language_ids(tokens, lang) for lang in wanted}
+  ids = np.concatenate(list(lang_ids.values()))
   ids = ids[np.argsort(tokens.src_len[ids], kind="stable")]  # similar lengths together
   batches = list(pipeline.eval_batches(tokens, rows, config.data.max_length, ids))
   translator(batches[0])  # compile outside the timing
@@ -114,8 +115,7 @@ def evaluate(workdir, split="test", step=None, beam_size=4, alpha=0.6, max_decod
   buckets = resource_buckets(train_pairs)
   per_lang, hyps, bleu, chrf = {}, {}, BLEU(), CHRF(word_order=2)
   for lang in wanted:
-    lang_ids = pipeline.language_ids(tokens, lang)
-    hyps[lang] = [hyp_by_id[int(i)] for i in lang_ids]
+    hyps[lang] = [hyp_by_id[int(i)] for i in lang_ids[lang]]
     refs = data.text[split][lang].tgt
     per_lang[lang] = score(hyps[lang], refs, bleu, chrf) | {"train_pairs": train_pairs[lang], "resource": buckets[lang]}
     if base and lang in base["languages"]:

@@ -19,6 +19,19 @@ import numpy as np
 from gshard_mt.moe import MoeFeedForward
 
 BLM = ("batch", "length", "embed")
+# Embedding schemes: (initial std, input multiplier, tied-logits multiplier), each as a power of M. Both real
+# schemes give the residual stream unit-variance token embeddings and unit-variance logits at initialisation, so
+# the first loss is ln V; they differ in how large Adam's steps are relative to the embedding (sections 3.2 and
+# 3.4 of Vaswani et al. 2017 give the second).
+EMBEDDING_SCHEMES = {
+    "t5": (0.0, 0.0, -0.5),  # T5 and Flax's examples/wmt: std 1, logits scaled down
+    "vaswani": (-0.5, 0.5, 0.0),  # Vaswani et al., tensor2tensor, fairseq: std M^-0.5, inputs scaled up
+    # Mixtures of the two, kept to reproduce the comparison in bench/RESULTS.md: inputs sqrt(M) times too large
+    # (initial loss grows with M), and logits sqrt(M) times too small (slow start).
+    "sqrt_input": (0.0, 0.5, -0.5),
+    "small_logits": (-0.5, 0.5, -0.5),
+}
+NEG_INF = -1e10  # additive mask: exp(NEG_INF - max) is exactly 0 in float32 and bfloat16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +47,8 @@ class TransformerConfig:
   num_decoder_layers: int = 6
   moe_interval: int = 2
   share_embeddings: bool = True
+  tied_logits: bool = False
+  embedding: str = "vaswani"  # a key of EMBEDDING_SCHEMES
   positions: str = "sinusoidal"
   max_position: int = 512
   dropout_rate: float = 0.1
@@ -55,7 +70,9 @@ class TransformerConfig:
                router_logit_cap=config.moe.router_logit_cap)
     return cls(vocab_size=vocab_size, emb_dim=m.emb_dim, num_heads=m.num_heads, head_dim=m.head_dim,
                mlp_dim=m.mlp_dim, num_encoder_layers=m.num_encoder_layers, num_decoder_layers=m.num_decoder_layers,
-               moe_interval=m.moe_interval, share_embeddings=m.share_embeddings, positions=m.positions,
+               moe_interval=m.moe_interval, share_embeddings=m.share_embeddings, tied_logits=m.tied_logits,
+               embedding=m.embedding,
+               positions=m.positions,
                max_position=m.max_position, dropout_rate=m.dropout_rate,
                attention_dropout_rate=m.attention_dropout_rate, dtype=jnp.dtype(m.dtype), remat=m.remat,
                scan_layers=m.scan_layers, moe=tuple(sorted(moe.items())))
@@ -74,11 +91,11 @@ def sinusoidal(positions: jax.Array, dim: int) -> jax.Array:
 
 
 def attention_bias(q_segments, k_segments, causal: bool, dtype=jnp.float32) -> jax.Array:
-  """[B, Q], [B, K] segment ids (0 = padding) -> [B, 1, Q, K] additive bias: 0 where allowed, -1e10 elsewhere."""
+  """[B, Q], [B, K] segment ids (0 = padding) -> [B, 1, Q, K] additive bias: 0 where allowed, NEG_INF elsewhere."""
   allowed = (q_segments[:, :, None] == k_segments[:, None, :]) & (k_segments[:, None, :] > 0)
   if causal:
     allowed &= jnp.tril(jnp.ones((q_segments.shape[1], k_segments.shape[1]), bool))
-  return jnp.where(allowed, 0.0, -1e10).astype(dtype)[:, None]
+  return jnp.where(allowed, 0.0, NEG_INF).astype(dtype)[:, None]
 
 
 def shift_right(targets: jax.Array, segments: jax.Array) -> jax.Array:
@@ -98,9 +115,12 @@ def _layer_norm(name):
 
 
 class Attention(nn.Module):
-  """Multi-head attention; with decode=True keys and values are cached and one query step is given."""
+  """Multi-head attention. While decoding (decode=True) self-attention caches its keys and values step by step,
+  and cross-attention computes the source's keys and values once per sentence (the `memory` collection): the
+  beams of a sentence share them, so its K beams are attended to as K query positions of one sentence."""
 
   cfg: TransformerConfig
+  is_cross: bool = False
   decode: bool = False
 
   @nn.compact
@@ -112,14 +132,30 @@ class Attention(nn.Module):
                 nn.initializers.variance_scaling(1.0, "fan_in", "normal", in_axis=(0, 1), out_axis=2))
     dt = cfg.dtype
     q = jnp.einsum("BQM,MAD->BQAD", x.astype(dt), wq.astype(dt)) * D ** -0.5
-    k = jnp.einsum("BKM,MAD->BKAD", kv.astype(dt), wk.astype(dt))
-    v = jnp.einsum("BKM,MAD->BKAD", kv.astype(dt), wv.astype(dt))
+    project = lambda w: jnp.einsum("BKM,MAD->BKAD", kv.astype(dt), w.astype(dt))  # noqa: E731
+    if self.decode and self.is_cross:
+      k = self.variable("memory", "key", project, wk).value
+      v = self.variable("memory", "value", project, wv).value
+      return jnp.einsum("BQAD,ADM->BQM", self._attend_per_sentence(q, k, v, bias, deterministic), wo.astype(dt))
+    k, v = project(wk), project(wv)
     if self.decode:
       k, v, bias = self._update_cache(k, v, bias, decode_step)
-    logits = jnp.einsum("BQAD,BKAD->BAQK", q, k).astype(jnp.float32) + bias
-    probs = nn.Dropout(cfg.attention_dropout_rate)(jax.nn.softmax(logits, axis=-1), deterministic=deterministic)
-    out = jnp.einsum("BAQK,BKAD->BQAD", probs.astype(dt), v)
+    out = self._attend(q, k, v, bias, deterministic)
     return jnp.einsum("BQAD,ADM->BQM", out, wo.astype(dt))
+
+  def _attend(self, q, k, v, bias, deterministic):
+    """q [B, Q, A, D], k and v [B, K, A, D], bias broadcastable to [B, A, Q, K] -> [B, Q, A, D]."""
+    logits = jnp.einsum("BQAD,BKAD->BAQK", q, k).astype(jnp.float32) + bias
+    probs = nn.Dropout(self.cfg.attention_dropout_rate)(jax.nn.softmax(logits, axis=-1), deterministic=deterministic)
+    return jnp.einsum("BAQK,BKAD->BQAD", probs.astype(self.cfg.dtype), v)
+
+  def _attend_per_sentence(self, q, k, v, bias, deterministic):
+    """q [N, Q, A, D] for N = B x beams rows (beams of a sentence adjacent), k and v [B, K, A, D] of the B
+    sentences, bias [B, 1, 1, K] -> [N, Q, A, D]."""
+    N, Q, A, D = q.shape
+    B = k.shape[0]
+    out = self._attend(q.reshape(B, N // B * Q, A, D), k, v, bias, deterministic)
+    return out.reshape(N, Q, A, D)
 
   def _update_cache(self, k, v, bias, step):
     """Writes one step's k, v at `step` of a [B, max_len, A, D] cache; returns the cache and a bias that hides
@@ -132,7 +168,7 @@ class Attention(nn.Module):
     ck.value = jax.lax.dynamic_update_slice_in_dim(ck.value, k, step, axis=1)
     cv.value = jax.lax.dynamic_update_slice_in_dim(cv.value, v, step, axis=1)
     seen = jnp.arange(ck.value.shape[1]) <= step
-    return ck.value, cv.value, jnp.where(seen, 0.0, -1e10)[None, None, None, :]
+    return ck.value, cv.value, jnp.where(seen, 0.0, NEG_INF)[None, None, None, :]
 
 
 class DenseFFN(nn.Module):
@@ -161,12 +197,13 @@ class Layer(nn.Module):
   def __call__(self, x, self_bias, memory, cross_bias, token_mask, deterministic, decode_step):
     drop = nn.Dropout(self.cfg.dropout_rate)
     h = _layer_norm("pre_self_attention")(x)
-    h = Attention(self.cfg, decode=self.decode and self.is_decoder, name="self_attention")(
+    h = Attention(self.cfg, decode=self.decode, name="self_attention")(
         h, h, self_bias, deterministic, decode_step)
     x = x + drop(h, deterministic=deterministic).astype(x.dtype)
     if self.is_decoder:
       h = _layer_norm("pre_cross_attention")(x)
-      h = Attention(self.cfg, name="cross_attention")(h, memory, cross_bias, deterministic)
+      h = Attention(self.cfg, is_cross=True, decode=self.decode, name="cross_attention")(
+          h, memory, cross_bias, deterministic)
       x = x + drop(h, deterministic=deterministic).astype(x.dtype)
     h = _layer_norm("pre_ffn")(x)
     stats = {}
@@ -215,7 +252,7 @@ class Stack(nn.Module):
     unit = nn.remat(Unit, static_argnums=()) if cfg.remat else Unit
     args = (x, self_bias, memory, cross_bias, token_mask, decode_step)
     if cfg.scan_layers:
-      scanned = nn.scan(unit, variable_axes={"params": 0, "cache": 0},
+      scanned = nn.scan(unit, variable_axes={"params": 0, "cache": 0, "memory": 0},
                         split_rngs={"params": True, "dropout": True, "gating": True},
                         in_axes=(nn.broadcast,) * 5, length=num_units,
                         metadata_params={nn.PARTITION_NAME: "layers"})
@@ -238,11 +275,11 @@ class Transformer(nn.Module):
 
   def setup(self):
     cfg = self.cfg
-    embed_init = nn.with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed"))
+    embed_init = nn.with_logical_partitioning(nn.initializers.normal(self._scales[0]), ("vocab", "embed"))
     self.src_embed = nn.Embed(cfg.vocab_size, cfg.emb_dim, embedding_init=embed_init, name="embed")
     self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embed(
         cfg.vocab_size, cfg.emb_dim, embedding_init=embed_init, name="target_embed")
-    if not cfg.share_embeddings:
+    if not cfg.tied_logits:
       self.logits_kernel = self.param("logits", nn.with_logical_partitioning(
           nn.initializers.lecun_normal(), ("embed", "vocab")), (cfg.emb_dim, cfg.vocab_size))
     if cfg.positions == "learned":
@@ -252,8 +289,13 @@ class Transformer(nn.Module):
     self.decoder = Stack(cfg, cfg.num_decoder_layers, True, self.deterministic, self.decode, name="decoder")
     self.dropout = nn.Dropout(cfg.dropout_rate)
 
+  @property
+  def _scales(self) -> tuple[float, float, float]:
+    """(initial embedding std, input multiplier, tied-logits multiplier) of `cfg.embedding`."""
+    return tuple(self.cfg.emb_dim ** e for e in EMBEDDING_SCHEMES[self.cfg.embedding])
+
   def _embed(self, table, tokens, positions):
-    x = table(tokens) * self.cfg.emb_dim ** 0.5
+    x = table(tokens) * self._scales[1]
     if self.cfg.positions == "learned":
       x = x + jnp.take(self.position_table, positions, axis=0)
     else:
@@ -269,10 +311,13 @@ class Transformer(nn.Module):
     """Decoder over [B, L] inputs (or one step of them when decoding) -> (logits [B, L, V] float32, stats)."""
     x = self._embed(self.tgt_embed, decoder_inputs, positions)
     self_bias = attention_bias(segments, segments, causal=True)  # decoding steps mask by the cache instead
-    cross_bias = attention_bias(segments, src_segments, causal=False)
+    if self.decode:  # N = B x beams rows attend to the B sentences' keys; all N rows are real
+      cross_bias = jnp.where(src_segments > 0, 0.0, NEG_INF)[:, None, None, :]
+    else:
+      cross_bias = attention_bias(segments, src_segments, causal=False)
     y, stats = self.decoder(x, self_bias, memory, cross_bias, segments > 0, decode_step)
-    if self.cfg.share_embeddings:
-      logits = self.tgt_embed.attend(y.astype(jnp.float32)) * self.cfg.emb_dim ** -0.5
+    if self.cfg.tied_logits:
+      logits = self.tgt_embed.attend(y.astype(jnp.float32)) * self._scales[2]
     else:
       logits = jnp.einsum("BLM,MV->BLV", y.astype(jnp.float32), self.logits_kernel)
     return nn.with_logical_constraint(logits, ("batch", "length", "vocab")), stats

@@ -12,15 +12,16 @@ from __future__ import annotations
 import argparse
 import csv
 import importlib.util
+import io
 import json
 import math
-import os
 import pathlib
 import shlex
 import subprocess
 import sys
 
 from gshard_mt import config as config_lib
+from gshard_mt import files
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -69,16 +70,15 @@ def summarize(workdir: pathlib.Path, point: dict) -> dict:
 
 def write_tables(rows: list[dict], root: pathlib.Path):
   keys = list(dict.fromkeys(k for r in rows for k in r))
-  tmp = root / f".results.csv.tmp{os.getpid()}"
-  with open(tmp, "w", newline="") as f:
-    writer = csv.DictWriter(f, keys)
-    writer.writeheader()
-    writer.writerows(rows)
-  os.replace(tmp, root / "results.csv")
+  table = io.StringIO(newline="")
+  writer = csv.DictWriter(table, keys)
+  writer.writeheader()
+  writer.writerows(rows)
+  files.write_atomically(root / "results.csv", table.getvalue())
   fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
   lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
   lines += ["| " + " | ".join(fmt(r.get(k)) for k in keys) + " |" for r in rows]
-  (root / "results.md").write_text("\n".join(lines) + "\n")
+  files.write_atomically(root / "results.md", "\n".join(lines) + "\n")
   return "\n".join(lines)
 
 

@@ -5,7 +5,6 @@ per-device shard of an expert weight; then a checkpoint saved on data 2 x expert
 """
 
 import json
-import re
 import sys
 import tempfile
 
@@ -15,7 +14,7 @@ import numpy as np
 
 from conftest import small_config
 from gshard_mt import checkpoint as checkpoint_lib
-from gshard_mt import partitioning, train
+from gshard_mt import compiled, partitioning, train
 from gshard_mt.data import pipeline
 from gshard_mt.model import Transformer
 
@@ -30,8 +29,9 @@ def config_for(mesh, dispatch="index"):
 
 
 def collective_counts(fn, *args) -> dict:
-  hlo = fn.lower(*args).compile().as_text()
-  return {kind: len(re.findall(kind + r"(?:-start)?\(", hlo)) for kind in ("all-to-all", "all-reduce", "all-gather")}
+  """Static count of each collective op in the compiled program."""
+  found = compiled.collectives(fn.lower(*args).compile().as_text())
+  return {kind: found[kind]["ops"] for kind in ("all-to-all", "all-reduce", "all-gather")}
 
 
 def layer_collectives(mesh_shape, dispatch, check_vma=True) -> dict:
@@ -76,13 +76,14 @@ def main(workdir):
     params = jax.device_get(new.params)
     if reference is None:
       reference = params
-    wi = new.params["encoder"]["units"]["layer_1"]["moe"]["wi"]
+    moe = new.params["encoder"]["units"]["layer_1"]["moe"]
+    wi = moe["wi"]
     out["meshes"]["x".join(map(str, mesh)) + ("" if dispatch == "index" else "-shard_map")] = {
         "loss": float(metrics["loss"]),
         "max_param_diff": max(float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(params),
                                                                           jax.tree.leaves(reference))),
-        "all_to_all": len(re.findall(r"all-to-all\(", hlo)),
-        "all_gather_of_expert_weights": len(re.findall(r"f32\[[^\]]*\b8,(32,64|64,32)\][^=]*all-gather\(", hlo)),
+        "all_to_all": compiled.collectives(hlo)["all-to-all"]["ops"],
+        "all_gather_of_expert_weights": compiled.gathers_of(hlo, [wi.shape[-3:], moe["wo"].shape[-3:]]),
         "wi_shape": list(wi.shape), "wi_shard_shape": list(wi.addressable_shards[0].data.shape),
     }
   out["layer"] = {f"{'x'.join(map(str, mesh))}-{name}": layer_collectives(mesh, dispatch, check_vma)

@@ -87,3 +87,14 @@ def test_saved_config_protects_a_run(tmp_path):
 def test_missing_config_file():
   with pytest.raises(config_lib.ConfigError, match="not found"):
     config_lib.load(ROOT / "configs" / "nope.py")
+
+
+def test_config_choices_match_the_modules_that_use_them():
+  # config.py keeps its own copies so that checking a config does not import JAX; they must not drift apart.
+  from gshard_mt import partitioning
+  from gshard_mt.moe import gating, layer
+
+  assert config_lib.CHOICES["moe.dispatch"] == layer.DISPATCH
+  assert config_lib.CHOICES["moe.second_expert_policy"] == gating.SECOND_EXPERT_POLICIES
+  assert config_lib.CHOICES["moe.activation"] == tuple(layer.ACTIVATIONS)
+  assert config_lib.CHOICES["partitioning"] == tuple(partitioning.RULES)

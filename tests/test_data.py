@@ -13,14 +13,14 @@ from conftest import small_config
 
 @pytest.fixture(scope="module")
 def shipped():
-  return corpus.load_folder(corpus.SHIPPED)
+  return corpus.load_folder(corpus.SHIPPED / "tatoeba")
 
 
 def test_shipped_corpus_is_complete(shipped):
   data, empty = shipped
   assert len(data) == 112 and empty == 0
   assert sum(len(p) for p in data.values()) == 88_877  # no duplicates in the shipped corpus
-  assert (corpus.SHIPPED / "README.md").exists()
+  assert (corpus.SHIPPED / "tatoeba" / "README.md").exists()
 
 
 def test_split_is_deterministic_and_disjoint(shipped):

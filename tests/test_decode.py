@@ -1,12 +1,14 @@
 """Decoding: incremental decoding equals the full forward pass, beam 1 equals greedy, EOS and max length."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from gshard_mt import decode, train
-from gshard_mt.data.tokenizer import EOS_ID, PAD_ID
+from gshard_mt.data.tokenizer import EOS_ID, PAD_ID, UNK_ID
 from gshard_mt.model import Transformer, dummy_batch
 from conftest import small_config
 
@@ -99,33 +101,68 @@ def model_and_params():
   return setup.model_cfg, setup.init_state(0).params
 
 
+def random_batch(B, T, vocab=600, seed=0):
+  rng = np.random.default_rng(seed)
+  batch = {k: np.array(v) for k, v in dummy_batch(B, T).items()}
+  batch["inputs"] = rng.integers(3, vocab, (B, T)).astype(np.int32)
+  batch["targets"] = rng.integers(3, vocab, (B, T)).astype(np.int32)
+  batch["inputs_segmentation"][1, T - 3:] = 0  # a padded source: its keys must stay masked while decoding
+  return batch
+
+
 def test_incremental_decoding_equals_full_forward(model_and_params):
+  """Step-by-step decoding (self-attention cache, source keys/values computed once, 2 beams per sentence sharing
+  them) gives the logits of the full forward pass."""
   cfg, params = model_and_params
-  B, T = 3, 10
-  rng = np.random.default_rng(0)
-  batch = {k: np.asarray(v) for k, v in dummy_batch(B, T).items()}
-  batch["inputs"] = rng.integers(3, 600, (B, T)).astype(np.int32)
-  batch["targets"] = rng.integers(3, 600, (B, T)).astype(np.int32)
+  B, K, T = 3, 2, 10
+  batch = random_batch(B, T)
   full, _ = jax.jit(Transformer(cfg).apply)({"params": params}, batch)
   model = Transformer(cfg, decode=True)
-  memory, _ = model.apply({"params": params}, batch["inputs"], batch["inputs_segmentation"],
-                          batch["inputs_position"], method=Transformer.encode)
+  src_segments = batch["inputs_segmentation"]
+  memory, _ = model.apply({"params": params}, batch["inputs"], src_segments, batch["inputs_position"],
+                          method=Transformer.encode)
 
-  @jax.jit
-  def decoder(tokens, positions, step, cache=None):
-    variables = {"params": params} | ({"cache": cache} if cache is not None else {})
-    return model.apply(variables, memory, batch["inputs_segmentation"], tokens, jnp.ones_like(tokens), positions,
-                       decode_step=step, method=Transformer.decode_logits, mutable=["cache"])
+  @functools.partial(jax.jit, static_argnums=4)
+  def decoder(variables, tokens, positions, step, mutable):
+    return model.apply(variables, memory, src_segments, tokens, jnp.ones_like(tokens), positions,
+                       decode_step=step, method=Transformer.decode_logits, mutable=mutable)
 
-  _, variables = decoder(jnp.zeros((B, T), jnp.int32), batch["targets_position"], 0)
-  cache = jax.tree.map(jnp.zeros_like, variables["cache"])
-  inputs = np.concatenate([np.zeros((B, 1), np.int32), batch["targets"][:, :-1]], axis=1)
+  rows = np.repeat(np.arange(B), K)  # beams of a sentence are adjacent rows
+  _, variables = decoder({"params": params}, jnp.zeros((B * K, T), jnp.int32), jnp.zeros((B * K, T), jnp.int32), 0,
+                         ("cache", "memory"))
+  cache, source_kv = variables["cache"], variables["memory"]
+  inputs = np.concatenate([np.zeros((B, 1), np.int32), batch["targets"][:, :-1]], axis=1)[rows]
   steps = []
   for i in range(T):
-    (logits, _), variables = decoder(inputs[:, i:i + 1], jnp.full((B, 1), i), i, cache)
+    (logits, _), variables = decoder({"params": params, "cache": cache, "memory": source_kv}, inputs[:, i:i + 1],
+                                     jnp.full((B * K, 1), i), i, ("cache",))
     cache = variables["cache"]
     steps.append(logits[:, 0])
-  np.testing.assert_allclose(np.stack(steps, 1), full, atol=1e-4, rtol=1e-4)
+  np.testing.assert_allclose(np.stack(steps, 1), np.asarray(full)[rows], atol=1e-4, rtol=1e-4)
+
+
+def test_translator_equals_beam_search_over_the_full_forward_pass(model_and_params):
+  """The Translator's cached decoding finds the same hypotheses as beam search whose every step runs the whole
+  model (no cache) over the prefix so far, and never emits PAD or UNK."""
+  cfg, params = model_and_params
+  B, K, T = 4, 3, 7
+  batch = random_batch(B, 8, seed=1)
+  model = Transformer(cfg)
+  src = {k: jnp.repeat(batch[k], K, axis=0) for k in ("inputs", "inputs_segmentation", "inputs_position")}
+
+  def step_fn(tokens, i, prefix):  # prefix [N, T, 1, 1]: the decoder inputs so far, reordered with the beams
+    prefix = prefix.at[:, i, 0, 0].set(tokens)
+    targets = jnp.concatenate([prefix[:, 1:, 0, 0], jnp.zeros((B * K, 1), jnp.int32)], axis=1)  # shifted back
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B * K, T))
+    logits, _ = model.apply({"params": params}, src | {"targets": targets, "targets_segmentation": jnp.ones_like(
+        targets), "targets_position": positions})
+    logits = logits[:, i].at[:, (PAD_ID, UNK_ID)].set(decode.NEG_INF)
+    return jax.nn.log_softmax(logits), prefix
+
+  expected, _ = jax.jit(lambda: decode.beam_search(step_fn, jnp.zeros((B * K, T, 1, 1), jnp.int32), B, K, T))()
+  got = decode.Translator(cfg, params, beam_size=K, max_len=T)(batch)
+  np.testing.assert_array_equal(got, np.asarray(expected[:, 0]))
+  assert not np.isin(got, [UNK_ID]).any()
 
 
 def test_translator_shapes_and_determinism(model_and_params):

@@ -1,12 +1,19 @@
 """Parallel text sources behind one interface: `load_corpus(config) -> {split: {lang: Pairs}}`.
 
-Sources (config key `data.source`):
+Sources (config key `data.source`; join several with '+', e.g. 'tatoeba+multi30k'):
   'tatoeba'  the shipped Tatoeba-112 corpus in data/tatoeba (112 languages to English, no download);
+  'multi30k' the shipped Multi30k task 1 in data/multi30k (deu, fra, ces to English), with its official splits:
+             train, val as dev, test_2016_flickr as test;
   'folder'   any folder of line-aligned `*.xx-eng.xx` / `*.xx-eng.eng` files (plain or .gz), `data.path`;
   'tsv'      one file of `lang<TAB>source<TAB>english` lines, `data.path`;
   'tfds'     a TFDS translation dataset by name/config, `data.tfds_name` (read through `tfds.data_source`,
              so TensorFlow is not needed; the dataset must be prepared in array_record format).
-Files and TSVs are split per language, deterministically (`split_corpus`); TFDS datasets keep their own splits.
+Files and TSVs are split per language, deterministically (`split_corpus`); Multi30k and TFDS datasets keep their
+own splits.
+
+A corpus maps stream names to pairs. A stream is named by its language code, or `lang.source` where two joined
+sources share the language ('deu.tatoeba', 'deu.multi30k'): each stream is sampled and scored on its own, and the
+source-language tag is the language's (`language_of`), shared by its streams.
 """
 
 from __future__ import annotations
@@ -18,7 +25,11 @@ import pathlib
 import re
 
 SPLITS = ("train", "dev", "test")
-SHIPPED = pathlib.Path(__file__).resolve().parents[2] / "data" / "tatoeba"
+SOURCES = ("tatoeba", "multi30k", "folder", "tsv", "tfds")
+SHIPPED = pathlib.Path(__file__).resolve().parents[2] / "data"
+# Multi30k's files and language codes -> ours (ISO 639-3, as Tatoeba's).
+MULTI30K_SPLITS = {"train": "train", "dev": "val", "test": "test_2016_flickr"}
+MULTI30K_LANGUAGES = {"de": "deu", "fr": "fra", "cs": "ces"}
 _PAIR_FILE = re.compile(r"^(?P<stem>.*\.)?(?P<src>[a-z]{2,3})-eng\.(?P<side>[a-z]{2,3})(?P<gz>\.gz)?$")
 
 
@@ -38,7 +49,12 @@ class Pairs:
     return len(self.src)
 
 
-Corpus = dict[str, Pairs]  # language code -> pairs
+Corpus = dict[str, Pairs]  # stream name (language code, or lang.source) -> pairs
+
+
+def language_of(stream: str) -> str:
+  """The language code of a stream name: 'deu.multi30k' -> 'deu'."""
+  return stream.split(".", 1)[0]
 
 
 def read_lines(path: pathlib.Path) -> tuple[list[str], int]:
@@ -165,28 +181,65 @@ def load_tfds(name: str, data_dir: str | None = None, source_key: str = "") -> d
   return splits
 
 
-def load_corpus(data_config) -> tuple[dict[str, Corpus], dict]:
-  """The configured source, split and filtered to `data.languages`; returns (splits, info)."""
-  source, empty = data_config.source, 0
+def load_multi30k(folder: pathlib.Path = SHIPPED / "multi30k") -> dict[str, Corpus]:
+  """Multi30k task 1 with its official splits (train, val -> dev, test_2016_flickr -> test), never re-split."""
+  splits = {}
+  for ours, theirs in MULTI30K_SPLITS.items():
+    english, _ = read_lines(folder / f"{theirs}.en.gz")
+    splits[ours] = {}
+    for code, lang in MULTI30K_LANGUAGES.items():
+      path = folder / f"{theirs}.{code}.gz"
+      src, _ = read_lines(path)
+      if len(src) != len(english):
+        raise DataError(f"{path} has {len(src)} lines but {theirs}.en.gz has {len(english)}")
+      splits[ours][lang], _ = _clean(src, english, str(path))
+  return splits
+
+
+def load_source(source: str, data_config) -> tuple[dict[str, Corpus], int]:
+  """One source's splits; returns (splits, empty lines skipped)."""
   if source == "tfds":
-    splits = load_tfds(data_config.tfds_name, data_config.tfds_data_dir or None, data_config.tfds_source_key)
-  elif source in ("tatoeba", "folder", "tsv"):
-    if source == "tsv":
-      corpus, empty = load_tsv(data_config.path)
-    else:
-      corpus, empty = load_folder(SHIPPED if source == "tatoeba" else data_config.path)
-    splits = split_corpus(corpus, data_config.dev_fraction, data_config.test_fraction, data_config.min_eval_pairs)
+    return load_tfds(data_config.tfds_name, data_config.tfds_data_dir or None, data_config.tfds_source_key), 0
+  if source == "multi30k":
+    return load_multi30k(), 0
+  if source == "tsv":
+    corpus, empty = load_tsv(data_config.path)
+  elif source in ("tatoeba", "folder"):
+    corpus, empty = load_folder(SHIPPED / "tatoeba" if source == "tatoeba" else data_config.path)
   else:
-    raise DataError(f"unknown data.source {source!r}; expected 'tatoeba', 'folder', 'tsv' or 'tfds'")
+    raise DataError(f"unknown data.source {source!r}; expected one of {SOURCES}, or several joined with '+'")
+  return split_corpus(corpus, data_config.dev_fraction, data_config.test_fraction, data_config.min_eval_pairs), empty
+
+
+def join(parts: dict[str, dict[str, Corpus]]) -> dict[str, Corpus]:
+  """{source: splits} -> one set of splits; a language two sources share becomes one stream per source."""
+  count: dict[str, int] = {}
+  for splits in parts.values():
+    for lang in splits["train"]:
+      count[lang] = count.get(lang, 0) + 1
+  return {name: {(lang if count.get(lang, 0) < 2 else f"{lang}.{source}"): pairs
+                 for source, splits in parts.items() for lang, pairs in splits[name].items()} for name in SPLITS}
+
+
+def load_corpus(data_config) -> tuple[dict[str, Corpus], dict]:
+  """The configured source(s), split and filtered to `data.languages`; returns (splits, info)."""
+  sources = data_config.source.split("+")
+  if len(set(sources)) != len(sources):
+    raise DataError(f"data.source={data_config.source!r} names a source twice")
+  loaded = {source: load_source(source, data_config) for source in sources}
+  splits = join({source: s for source, (s, _) in loaded.items()})
+  empty = sum(n for _, n in loaded.values())
   wanted = [lang.strip() for lang in data_config.languages.split(",") if lang.strip()]
   if wanted:
-    unknown = sorted(set(wanted) - set(splits["train"]))
+    streams = {w: [s for s in splits["train"] if w in (s, language_of(s))] for w in wanted}
+    unknown = sorted(w for w, found in streams.items() if not found)
     if unknown:
       raise DataError(f"unknown language code(s) {unknown} in data.languages; the corpus has "
                       f"{sorted(splits['train'])}")
-    splits = {name: {lang: c[lang] for lang in wanted} for name, c in splits.items()}
+    chosen = sorted({s for found in streams.values() for s in found})
+    splits = {name: {s: c[s] for s in chosen if s in c} for name, c in splits.items()}
   if sum(len(p) for p in splits["train"].values()) == 0:
-    raise DataError(f"the {source} corpus has no training pairs")
+    raise DataError(f"the {data_config.source} corpus has no training pairs")
   return splits, {"empty_lines_skipped": empty}
 
 

@@ -8,11 +8,12 @@ to equal segment ids, so packed pairs never see each other.
 from __future__ import annotations
 
 import dataclasses
-import os
+import io
 import pathlib
 
 import numpy as np
 
+from gshard_mt import files
 from gshard_mt.data.tokenizer import EOS_ID
 
 FIELDS = ("inputs", "targets")
@@ -49,10 +50,10 @@ class TokenizedSplit:
     return cls(list(languages), np.asarray(lang, np.int32), *flat(src), *flat(tgt))
 
   def save(self, path: pathlib.Path):
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}.npz")
     arrays = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "languages"}
-    np.savez(tmp, languages=np.array(self.languages), **arrays)
-    os.replace(tmp, path)
+    buffer = io.BytesIO()
+    np.savez(buffer, languages=np.array(self.languages), **arrays)
+    files.write_atomically(path, buffer.getvalue())
 
   @classmethod
   def load(cls, path: pathlib.Path):

@@ -2,6 +2,9 @@
 
 Fixed ids: PAD = 0, EOS = 1, UNK = 2 (no BOS: the decoder starts from PAD, as in Flax's wmt example). With
 `data.source_tags`, each source language gets a reserved piece `<xx>` that is prepended to its sentences.
+
+Every text comes back out unchanged: no normalisation, digits split one by one (so numbers are never rare), and
+characters outside the vocabulary fall back to their UTF-8 bytes (256 byte pieces), so UNK never appears.
 """
 
 from __future__ import annotations
@@ -14,9 +17,13 @@ import pathlib
 import numpy as np
 import sentencepiece as spm
 
-from gshard_mt.data.corpus import Corpus, DataError
+from gshard_mt import files
+from gshard_mt.data.corpus import Corpus, DataError, language_of
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+# Lossless: raw text in and out (no NFKC: it would turn "…" into "..." and references keep "…").
+TRAINER_OPTIONS = {"byte_fallback": True, "split_digits": True, "normalization_rule_name": "identity",
+                   "remove_extra_whitespaces": False}
 
 
 class Tokenizer:
@@ -30,9 +37,9 @@ class Tokenizer:
   def vocab_size(self) -> int:
     return self.sp.get_piece_size()
 
-  def tag_id(self, lang: str) -> int | None:
-    """Id of the reserved `<lang>` piece, or None when the model has no such tag."""
-    i = self.sp.piece_to_id(f"<{lang}>")
+  def tag_id(self, stream: str) -> int | None:
+    """Id of the reserved `<lang>` piece of a stream's language, or None when the model has no such tag."""
+    i = self.sp.piece_to_id(f"<{language_of(stream)}>")
     return None if i == UNK_ID else i
 
   def encode(self, texts: list[str], lang: str | None = None) -> list[list[int]]:
@@ -52,9 +59,10 @@ def train_or_load(train: Corpus, workdir: str | pathlib.Path, vocab_size: int, s
                   character_coverage: float = 0.9995, max_sentences: int = 1_000_000) -> Tokenizer:
   """The cached tokenizer for this training data and settings, training it first when missing."""
   languages = sorted(train)
-  tags = [f"<{lang}>" for lang in languages] if source_tags else []
+  tags = [f"<{lang}>" for lang in sorted({language_of(s) for s in languages})] if source_tags else []
   text = "".join(s + "\n" + t + "\n" for lang in languages for s, t in zip(train[lang].src, train[lang].tgt))
-  key = hashlib.sha256(f"{vocab_size}|{character_coverage}|{tags}|".encode() + text.encode()).hexdigest()[:12]
+  settings = f"{vocab_size}|{character_coverage}|{tags}|{TRAINER_OPTIONS}|"
+  key = hashlib.sha256(settings.encode() + text.encode()).hexdigest()[:12]
   model_path = pathlib.Path(workdir) / "tokenizer" / f"spm-{vocab_size}-{key}.model"
   if model_path.exists():
     return Tokenizer(model_path)
@@ -65,7 +73,7 @@ def train_or_load(train: Corpus, workdir: str | pathlib.Path, vocab_size: int, s
         sentence_iterator=iter(text.splitlines()), model_writer=model, model_type="unigram",
         vocab_size=vocab_size, character_coverage=character_coverage, pad_id=PAD_ID, eos_id=EOS_ID,
         unk_id=UNK_ID, bos_id=-1, control_symbols=tags, input_sentence_size=max_sentences,
-        shuffle_input_sentence=True, num_threads=os.cpu_count() or 1, minloglevel=2)
+        shuffle_input_sentence=True, num_threads=os.cpu_count() or 1, minloglevel=2, **TRAINER_OPTIONS)
   except RuntimeError as e:
     if "Vocabulary size too high" in str(e):
       raise DataError(f"data.vocab_size={vocab_size} is too large for this training data: {e}") from None
@@ -73,7 +81,5 @@ def train_or_load(train: Corpus, workdir: str | pathlib.Path, vocab_size: int, s
       raise DataError(f"data.vocab_size={vocab_size} is smaller than the characters this data needs; raise it or "
                       f"lower data.character_coverage={character_coverage}: {e}") from None
     raise
-  tmp = model_path.with_suffix(f".tmp{os.getpid()}")
-  tmp.write_bytes(model.getvalue())
-  os.replace(tmp, model_path)  # a killed run never leaves half a model under the final name
+  files.write_atomically(model_path, model.getvalue())
   return Tokenizer(model_path)
