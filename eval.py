@@ -32,8 +32,9 @@ def main(argv):
 
   languages = [lang.strip() for lang in args.languages.split(",") if lang.strip()] or None
   try:
-    scores = evaluate.evaluate(args.workdir, args.split, args.step, args.beam_size, args.alpha,
-                               args.max_decode_len, languages, args.baseline, args.batch_size, args.bootstrap)
+    scores = evaluate.evaluate(args.workdir, split=args.split, step=args.step, beam_size=args.beam_size,
+                               alpha=args.alpha, max_decode_len=args.max_decode_len, languages=languages,
+                               baseline=args.baseline, batch_size=args.batch_size, bootstrap_samples=args.bootstrap)
   except (evaluate.EvalError, config_lib.ConfigError, DataError) as e:
     sys.exit(f"eval error: {e}")
   print(report.summary(scores))

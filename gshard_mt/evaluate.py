@@ -8,11 +8,13 @@ bleu_by_language.png, into a temporary directory that is renamed into place only
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
 import shutil
 import time
+from typing import Any
 
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
@@ -61,26 +63,29 @@ def _baseline_scores(baseline: pathlib.Path, split: str) -> dict:
   return json.loads(runs[-1].read_text()) | {"path": str(runs[-1].parent)}
 
 
-def evaluate(workdir, split="test", step=None, beam_size=4, alpha=0.6, max_decode_len=None, languages=None,
-             baseline=None, batch_size=None, bootstrap_samples=0) -> dict:
-  """Decodes `split` with the checkpoint of `step` (default: the newest) and writes the scores; returns them."""
+@dataclasses.dataclass
+class Restored:
+  """A trained work directory, ready to decode: its config, data, model setup and the parameters of one step."""
+
+  workdir: pathlib.Path
+  config: Any
+  data: Any
+  model_cfg: Any
+  step: int
+  params: Any
+
+
+def restore(workdir, *, step: int | None = None, split: str = "test") -> Restored:
+  """Checks the work directory and restores the parameters of `step` (default: the newest checkpoint)."""
   workdir = pathlib.Path(workdir)
   config = config_lib.load_saved(workdir)
-  with checkpoint_lib.Checkpoints(workdir / "checkpoints") as ckpts:
-    steps = ckpts.steps()
-  if not steps:
-    raise EvalError(f"{workdir}/checkpoints has no checkpoint: train first (python train.py ... --workdir "
-                    f"{workdir})")
   if split not in ("dev", "test"):
     raise EvalError(f"--split must be dev or test, got {split!r}")
-  base = _baseline_scores(pathlib.Path(baseline), split) if baseline else None
+  with checkpoint_lib.Checkpoints(workdir / "checkpoints") as ckpts:
+    if not ckpts.steps():
+      raise EvalError(f"{workdir}/checkpoints has no checkpoint: train first (python train.py ... --workdir "
+                      f"{workdir})")
   data = pipeline.load(config, workdir)
-  tokens = data.tokens[split]
-  wanted = languages or sorted(data.text[split])
-  unknown = sorted(set(wanted) - set(tokens.languages))
-  if unknown:
-    raise EvalError(f"unknown language code(s) {unknown} for --languages; {workdir} has {tokens.languages}")
-
   from gshard_mt import train  # JAX-heavy; imported once the inputs have been checked
 
   setup = train.build(config, data.tokenizer.vocab_size)
@@ -93,56 +98,89 @@ def evaluate(workdir, split="test", step=None, beam_size=4, alpha=0.6, max_decod
     raise EvalError(f"the checkpoint in {ckpts.directory} does not match {workdir}/config.json "
                     f"({type(e).__name__}: {str(e).splitlines()[0][:300]})") from None
   step, state, _ = restored
-  max_len = max_decode_len or config.data.max_length
-  rows = batch_size or config.batch_size
-  translator = decode.Translator(setup.model_cfg, state.params, beam_size, alpha, max_len)
+  return Restored(workdir, config, data, setup.model_cfg, step, state.params)
 
-  lang_ids = {lang: pipeline.language_ids(tokens, lang) for lang in wanted}
-  ids = np.concatenate(list(lang_ids.values()))
-  ids = ids[np.argsort(tokens.src_len[ids], kind="stable")]  # similar lengths together
-  batches = list(pipeline.eval_batches(tokens, rows, config.data.max_length, ids))
-  translator(batches[0])  # compile outside the timing
+
+def decode_pairs(translator: decode.Translator, run: Restored, *, split: str, ids: np.ndarray, rows: int,
+                 progress: bool = True) -> tuple[dict[int, str], dict]:
+  """Translates the pairs `ids` of a split, similar lengths batched together (compiled before the clock starts);
+  returns ({pair id: detokenized hypothesis}, {'seconds', 'sentences', 'tokens'})."""
+  tokens = run.data.tokens[split]
+  ids = ids[np.argsort(tokens.src_len[ids], kind="stable")]
+  batches = list(pipeline.eval_batches(tokens, rows, run.config.data.max_length, ids))
+  translator(batches[0])
   hyp_by_id, out_tokens = {}, 0
   start = time.perf_counter()
-  for batch in tqdm(batches, desc=f"decode {split}", unit="batch"):
+  for batch in tqdm(batches, desc=f"decode {split}", unit="batch", disable=not progress):
     for pair, seq in zip(batch["index"], decode.cut_at_eos(translator(batch))):
       if pair >= 0:
-        hyp_by_id[int(pair)] = data.tokenizer.decode(seq)
+        hyp_by_id[int(pair)] = run.data.tokenizer.decode(seq)
         out_tokens += len(seq) + 1
-  seconds = time.perf_counter() - start
+  return hyp_by_id, {"seconds": time.perf_counter() - start, "sentences": len(hyp_by_id), "tokens": out_tokens}
 
-  train_pairs = {lang: len(data.text["train"][lang]) for lang in wanted}
+
+def score_languages(run: Restored, *, split: str, hyps: dict[str, list[str]], base: dict | None,
+                    bootstrap_samples: int) -> tuple[dict, dict]:
+  """Per language: BLEU, chrF++, resource bucket and, against a baseline, ΔBLEU (and a bootstrap p-value).
+  Returns (per-language scores, sacrebleu signatures)."""
+  train_pairs = {lang: len(run.data.text["train"][lang]) for lang in hyps}
   buckets = resource_buckets(train_pairs)
-  per_lang, hyps, bleu, chrf = {}, {}, BLEU(), CHRF(word_order=2)
-  for lang in wanted:
-    hyps[lang] = [hyp_by_id[int(i)] for i in lang_ids[lang]]
-    refs = data.text[split][lang].tgt
-    per_lang[lang] = score(hyps[lang], refs, bleu, chrf) | {"train_pairs": train_pairs[lang], "resource": buckets[lang]}
+  per_lang, bleu, chrf = {}, BLEU(), CHRF(word_order=2)
+  for lang, lines in hyps.items():
+    refs = run.data.text[split][lang].tgt
+    per_lang[lang] = score(lines, refs, bleu, chrf) | {"train_pairs": train_pairs[lang], "resource": buckets[lang]}
     if base and lang in base["languages"]:
       per_lang[lang]["delta_bleu"] = per_lang[lang]["bleu"] - base["languages"][lang]["bleu"]
       base_hyp_file = pathlib.Path(base["path"]) / f"hyp.{lang}.txt"
       if bootstrap_samples and base_hyp_file.exists():
         base_hyps = base_hyp_file.read_text().split("\n")[: len(refs)]
-        per_lang[lang]["bootstrap_p"] = paired_bootstrap(hyps[lang], base_hyps, refs, bootstrap_samples)
+        per_lang[lang]["bootstrap_p"] = paired_bootstrap(lines, base_hyps, refs, bootstrap_samples)
+  return per_lang, {"bleu": str(bleu.get_signature()), "chrf": str(chrf.get_signature())}
+
+
+def averages(per_lang: dict, base: dict | None) -> tuple[dict, dict]:
+  """Macro averages over all languages and over each resource bucket (ΔBLEU too, against a baseline)."""
+  keys = ("bleu", "chrf") + (("delta_bleu",) if base else ())
+
+  def mean(scores, key):
+    values = [s[key] for s in scores if key in s]
+    return float(np.mean(values)) if values else None
+
+  scores = list(per_lang.values())
+  overall = {k: mean(scores, k) for k in keys}
+  by_resource = {b: {k: mean([s for s in scores if s["resource"] == b], k) for k in keys}
+                 for b in BUCKETS if any(s["resource"] == b for s in scores)}
+  return overall, by_resource
+
+
+def evaluate(workdir, *, split="test", step=None, beam_size=4, alpha=0.6, max_decode_len=None, languages=None,
+             baseline=None, batch_size=None, bootstrap_samples=0) -> dict:
+  """Decodes `split` with the checkpoint of `step` (default: the newest) and writes the scores; returns them."""
+  base = _baseline_scores(pathlib.Path(baseline), split) if baseline else None
+  run = restore(workdir, step=step, split=split)
+  tokens = run.data.tokens[split]
+  wanted = languages or sorted(run.data.text[split])
+  unknown = sorted(set(wanted) - set(tokens.languages))
+  if unknown:
+    raise EvalError(f"unknown language code(s) {unknown} for --languages; {workdir} has {tokens.languages}")
+  max_len = max_decode_len or run.config.data.max_length
+  rows = batch_size or run.config.batch_size
+  translator = decode.Translator(run.model_cfg, run.params, beam_size, alpha, max_len)
+  lang_ids = {lang: pipeline.language_ids(tokens, lang) for lang in wanted}
+  hyp_by_id, speed = decode_pairs(translator, run, split=split, ids=np.concatenate(list(lang_ids.values())),
+                                  rows=rows)
+  hyps = {lang: [hyp_by_id[int(i)] for i in ids] for lang, ids in lang_ids.items()}
+  per_lang, signatures = score_languages(run, split=split, hyps=hyps, base=base, bootstrap_samples=bootstrap_samples)
+  overall, by_resource = averages(per_lang, base)
   scores = {
-      "workdir": str(workdir), "split": split, "step": step, "languages": per_lang,
-      "average": {k: float(np.mean([s[k] for s in per_lang.values()])) for k in ("bleu", "chrf")},
-      "by_resource": {b: {k: float(np.mean([s[k] for s in per_lang.values() if s["resource"] == b]))
-                          for k in ("bleu", "chrf")} for b in BUCKETS if b in buckets.values()},
-      "signatures": {"bleu": str(bleu.get_signature()), "chrf": str(chrf.get_signature())},
+      "workdir": str(run.workdir), "split": split, "step": run.step, "languages": per_lang, "average": overall,
+      "by_resource": by_resource, "signatures": signatures,
       "decoding": {"beam_size": beam_size, "alpha": alpha, "max_decode_len": max_len, "batch_size": rows,
-                   "eval_capacity_factor": config.moe.eval_capacity_factor, "sentences": len(hyp_by_id),
-                   "seconds": seconds, "sentences_per_s": len(hyp_by_id) / seconds,
-                   "tokens_per_s": out_tokens / seconds},
-  }
-  if base:
-    scores["baseline"] = base["path"]
-    deltas = [s["delta_bleu"] for s in per_lang.values() if "delta_bleu" in s]
-    scores["average"]["delta_bleu"] = float(np.mean(deltas)) if deltas else None
-    for b in scores["by_resource"]:
-      d = [s["delta_bleu"] for s in per_lang.values() if s["resource"] == b and "delta_bleu" in s]
-      scores["by_resource"][b]["delta_bleu"] = float(np.mean(d)) if d else None
-  out_dir = workdir / "eval" / f"{split}-{step}"
+                   "eval_capacity_factor": run.config.moe.eval_capacity_factor, "sentences": speed["sentences"],
+                   "seconds": speed["seconds"], "sentences_per_s": speed["sentences"] / speed["seconds"],
+                   "tokens_per_s": speed["tokens"] / speed["seconds"]},
+  } | ({"baseline": base["path"]} if base else {})
+  out_dir = run.workdir / "eval" / f"{split}-{run.step}"
   _write_atomically(out_dir, scores, hyps)
   return scores | {"output_dir": str(out_dir)}
 

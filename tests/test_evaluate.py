@@ -23,7 +23,7 @@ def trained(tmp_path_factory, tokenizer_dir):
 
 
 def test_train_then_eval_writes_scores_and_report(trained):
-  scores = evaluate.evaluate(trained, "test", beam_size=2, languages=LANGS, max_decode_len=10)
+  scores = evaluate.evaluate(trained, split="test", beam_size=2, languages=LANGS, max_decode_len=10)
   out = trained / "eval" / "test-6"
   assert scores["output_dir"] == str(out)
   for name in ("scores.json", "report.md", "bleu_by_language.png", "hyp.fra.txt", "hyp.ell.txt"):
@@ -40,8 +40,8 @@ def test_train_then_eval_writes_scores_and_report(trained):
 
 
 def test_baseline_gives_delta_bleu(trained):
-  evaluate.evaluate(trained, "dev", beam_size=1, languages=LANGS, max_decode_len=8)
-  scores = evaluate.evaluate(trained, "dev", beam_size=1, languages=LANGS, max_decode_len=8, baseline=trained,
+  evaluate.evaluate(trained, split="dev", beam_size=1, languages=LANGS, max_decode_len=8)
+  scores = evaluate.evaluate(trained, split="dev", beam_size=1, languages=LANGS, max_decode_len=8, baseline=trained,
                              bootstrap_samples=50)
   assert scores["average"]["delta_bleu"] == pytest.approx(0.0)  # the same system against itself
   assert all("delta_bleu" in s and "bootstrap_p" in s for s in scores["languages"].values())
@@ -65,20 +65,20 @@ def test_resource_buckets_keep_ties_together():
 
 def test_error_paths(trained, tmp_path):
   with pytest.raises(EvalError, match="unknown language code"):
-    evaluate.evaluate(trained, "test", languages=["fra", "zzz"])
+    evaluate.evaluate(trained, split="test", languages=["fra", "zzz"])
   with pytest.raises(EvalError, match="has no scores for the test split"):
-    evaluate.evaluate(trained, "test", languages=LANGS, baseline=tmp_path)
+    evaluate.evaluate(trained, split="test", languages=LANGS, baseline=tmp_path)
   with pytest.raises(EvalError, match="no checkpoint for step 5"):
-    evaluate.evaluate(trained, "test", step=5, languages=LANGS)
+    evaluate.evaluate(trained, split="test", step=5, languages=LANGS)
   empty = tmp_path / "untrained"
   shutil.copytree(trained, empty, ignore=shutil.ignore_patterns("checkpoints", "eval"))
   with pytest.raises(EvalError, match="has no checkpoint: train first"):
-    evaluate.evaluate(empty, "test")
+    evaluate.evaluate(empty, split="test")
   changed = tmp_path / "changed"
   shutil.copytree(trained, changed, ignore=shutil.ignore_patterns("eval"))
   config = json.loads((changed / "config.json").read_text())
   config["model"]["mlp_dim"] = 96
   (changed / "config.json").write_text(json.dumps(config))
   with pytest.raises(EvalError, match="does not match .*config.json"):
-    evaluate.evaluate(changed, "test", languages=LANGS)
+    evaluate.evaluate(changed, split="test", languages=LANGS)
   assert not (changed / "eval").exists()
