@@ -18,7 +18,7 @@ PYTHON_FOR_VENV := $(shell \
       if [ -x "$$p/bin/python3" ]; then echo "$$p/bin/python3"; exit 0; fi; done; fi)
 PY := $(VENV)/bin/python
 
-.PHONY: venv test train eval sweep bench inspect-data clean
+.PHONY: venv test test-fast lint train eval translate sweep bench inspect-data clean
 
 $(VENV)/.installed: pyproject.toml
 	@if [ -z "$(PYTHON_FOR_VENV)" ]; then echo "error: need Python >= 3.12 (python3.12 on PATH, or pyenv install 3.12)" >&2; exit 1; fi
@@ -32,21 +32,30 @@ venv: $(VENV)/.installed
 test: venv
 	$(PY) -m pytest -q tests
 
+test-fast: venv
+	$(PY) -m pytest -q tests/unit -m "not slow"
+
+lint: venv
+	$(PY) -m ruff check gshard_mt tests bench configs train.py eval.py
+
 train: venv
 	$(PY) train.py --config $(CONFIG) --workdir $(WORKDIR) $(ARGS)
 
 eval: venv
 	$(PY) eval.py --workdir $(WORKDIR) --split $(SPLIT) $(ARGS)
 
+translate: venv  # echo "Je suis content." | make -s translate ARGS="--src_lang fra" (@: no command echo on stdout)
+	@$(PY) translate.py --workdir $(WORKDIR) $(ARGS)
+
 sweep: venv
-	$(PY) -m gshard_mt.sweep --sweep $(SWEEP) $(ARGS)
+	$(PY) -m gshard_mt.tools.sweep --sweep $(SWEEP) $(ARGS)
 
 bench: venv
 	$(PY) bench/moe_layer.py --small
 	$(PY) bench/input_pipeline.py
 
 inspect-data: venv
-	$(PY) -m gshard_mt.data.inspect --config $(CONFIG)
+	$(PY) -m gshard_mt.tools.inspect_data --config $(CONFIG)
 
 clean:
 	rm -rf $(VENV) runs

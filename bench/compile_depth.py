@@ -1,5 +1,5 @@
 """Compile time of the training step against depth: layers are scanned in (dense, MoE) units, so a 36-layer model
-should compile about as fast as a 12-layer one (issue 4 asks for at most 1.5x).
+should compile about as fast as a 12-layer one (the goal: at most 1.5x).
 
   python bench/compile_depth.py [--config configs/base.py] [--layers 6,18]
 
@@ -24,7 +24,7 @@ def main():
   args = parser.parse_args()
   import jax
 
-  from gshard_mt import dryrun
+  from gshard_mt.tools import dryrun
 
   rows = []
   for n in (int(x) for x in args.layers.split(",")):

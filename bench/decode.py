@@ -9,7 +9,6 @@ per beam size, and prints the median; the ratio column is against greedy search 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -19,22 +18,20 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gshard_mt import decode, evaluate  # noqa: E402
+from gshard_mt import cli  # noqa: E402
+from gshard_mt.evaluation import decode, evaluate  # noqa: E402
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv):
+  parser = cli.parser(__doc__)
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--split", default="test", choices=("dev", "test"))
   parser.add_argument("--sentences", type=int, default=2000, help="0 = the whole split")
   parser.add_argument("--beams", default="1,4")
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--alpha", type=float, default=0.6)
-  args = parser.parse_args()
-  try:
-    run = evaluate.restore(args.workdir, split=args.split)
-  except evaluate.EvalError as e:
-    sys.exit(f"bench error: {e}")
+  args = parser.parse_args(argv)
+  run = evaluate.restore(args.workdir, split=args.split)
   n = len(run.data.tokens[args.split])
   ids = np.random.default_rng(0).permutation(n)[: args.sentences or n]
   rows = []
@@ -59,4 +56,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, prog="bench/decode.py")

@@ -6,7 +6,7 @@ with the number of devices). Compiles the same configuration for each device cou
 
 --layers reduces the depth (encoder = decoder = layers) to stay quick; experts are set to the largest device
 count and the mesh to one expert axis over all devices. Prints one JSON line per device count and a table with
-the ratio to the smallest count. --cpu_all_to_all keeps XLA's CPU all-to-all decomposer (gshard_mt.dryrun
+the ratio to the smallest count. --cpu_all_to_all keeps XLA's CPU all-to-all decomposer (gshard_mt.tools.dryrun
 switches it off), to show what it costs.
 """
 
@@ -32,7 +32,7 @@ def main():
   rows = []
   for n in counts:
     with tempfile.TemporaryDirectory() as out:
-      cmd = [sys.executable, "-m", "gshard_mt.dryrun", "--config", args.config, "--devices", str(n),
+      cmd = [sys.executable, "-m", "gshard_mt.tools.dryrun", "--config", args.config, "--devices", str(n),
              "--mesh", f"data=1,expert={n}", "--out", out, f"--config.moe.num_experts={max(counts)}",
              f"--config.model.num_encoder_layers={args.layers}", f"--config.model.num_decoder_layers={args.layers}",
              f"--config.batch_size={max(counts) * 4}"] + (["--cpu_all_to_all"] if args.cpu_all_to_all else [])

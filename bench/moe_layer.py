@@ -1,6 +1,6 @@
 """Forward + backward time of the MoE layer per dispatch implementation, against a dense FFN of hidden 2H.
 
-Reference shape (project guide, section 4): 16,384 tokens, M=1024, H=4096, E=32, top-2, capacity factor 1.25,
+Reference shape (bench/RESULTS.md): 16,384 tokens, M=1024, H=4096, E=32, top-2, capacity factor 1.25,
 bf16. The dense FFN of hidden 2H does the same useful FLOPs per token with no routing; every variant is reported
 as a ratio to it, measured in the same process.
 
@@ -22,7 +22,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from gshard_mt.moe import MoeFeedForward
+from gshard_mt.moe.config import MoeConfig
+from gshard_mt.moe.layer import MoeFeedForward
 
 
 class DenseFFN(nn.Module):
@@ -96,14 +97,15 @@ def main():
   for E in [int(e) for e in (args.experts or shape["experts"]).split(",")]:
     for S in [int(s) for s in (args.group_sizes or shape["group_sizes"]).split(",")]:
       for dispatch in args.dispatch.split(","):
-        layer = MoeFeedForward(num_experts=E, hidden_dim=H, group_size=S, train_capacity_factor=args.capacity_factor,
-                               dispatch=dispatch, dtype=dtype)
+        cfg = MoeConfig(num_experts=E, hidden_dim=H, group_size=S, train_capacity_factor=args.capacity_factor,
+                        second_expert_policy="all", dispatch=dispatch)
+        layer = MoeFeedForward(cfg, dtype=dtype)
         ms = time_fwd_bwd(layer, x, args.repeats)
         report(f"MoE {dispatch} dispatch, E={E}, G={N // S} (S={S})", ms, E=E, S=S, dispatch=dispatch)
 
   print(f"\n{N} tokens, M={M}, H={H}, {dtype.name}, capacity factor {args.capacity_factor}, "
         f"{jax.devices()[0].device_kind}, JAX {jax.__version__}, median of {args.repeats}")
-  print(f"| variant | median ms | useful TFLOP/s | ratio to dense 2H |\n|---|---|---|---|")
+  print("| variant | median ms | useful TFLOP/s | ratio to dense 2H |\n|---|---|---|---|")
   for r in rows:
     print(f"| {r['variant']} | {r['median_ms']:.2f} | {r['useful_tflops']} | {r['ratio_to_dense']:.2f} |")
 

@@ -7,7 +7,7 @@ bf16 computation. Compare with configs/dense_base.py (same FLOPs per token, no e
 and MFU go to runs/base/metrics.jsonl; the H100 figures are in bench/RESULTS.md.
 """
 
-from gshard_mt import defaults
+from gshard_mt.config import defaults
 
 
 def get_config():

@@ -1,6 +1,6 @@
 """GShard's MoE(128E, 36L): 37.5B parameters in the paper, on 128 devices (one expert each).
 
-  python -m gshard_mt.dryrun --config configs/moe_128e_36l.py --devices 128
+  python -m gshard_mt.tools.dryrun --config configs/moe_128e_36l.py --devices 128
 
 The same model as configs/moe_2048e_36l.py (read its docstring for the parameter count) with 128 experts.
 """

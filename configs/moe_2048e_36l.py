@@ -1,6 +1,6 @@
 """GShard's MoE(2048E, 36L): 600B parameters in the paper (2048 TPU v3 cores, 4 days).
 
-  python -m gshard_mt.dryrun --config configs/moe_2048e_36l.py --devices 2048   # plan it on one CPU machine
+  python -m gshard_mt.tools.dryrun --config configs/moe_2048e_36l.py --devices 2048   # plan it on one CPU machine
   python train.py --config configs/moe_2048e_36l.py --workdir gs://.../moe_2048e  # on a 2048-core pod
 
 Model dimension 1024, FFN hidden 8192, 16 heads, 36 layers (18 encoder + 18 decoder), a top-2 MoE layer in place
@@ -10,7 +10,7 @@ batch over the same devices (the paper's layout). jax.eval_shape counts 619.1B p
 E x 18 x 2 x 1024 x 8192 = E x 0.302B, so the count is 3.2% above the reported figure.
 """
 
-from gshard_mt import defaults
+from gshard_mt.config import defaults
 
 
 def get_config(num_experts: int = 2048):

@@ -1,6 +1,6 @@
 """GShard's MoE(512E, 36L): 150B parameters in the paper, on 512 devices (one expert each).
 
-  python -m gshard_mt.dryrun --config configs/moe_512e_36l.py --devices 512
+  python -m gshard_mt.tools.dryrun --config configs/moe_512e_36l.py --devices 512
 
 The same model as configs/moe_2048e_36l.py (read its docstring for the parameter count) with 512 experts.
 """

@@ -9,7 +9,7 @@ dev loss falling from ln(4000) = 8.3 at initialisation to about 5.0 at step 200 
 8,887 test sentences with beam 4 (about 2.5 minutes); BLEU is low (about 1) after so few steps.
 """
 
-from gshard_mt import defaults
+from gshard_mt.config import defaults
 
 
 def get_config():

@@ -24,6 +24,8 @@ import hashlib
 import pathlib
 import re
 
+from gshard_mt.errors import DataError
+
 SPLITS = ("train", "dev", "test")
 SOURCES = ("tatoeba", "multi30k", "folder", "tsv", "tfds")
 SHIPPED = pathlib.Path(__file__).resolve().parents[2] / "data"
@@ -32,9 +34,6 @@ MULTI30K_SPLITS = {"train": "train", "dev": "val", "test": "test_2016_flickr"}
 MULTI30K_LANGUAGES = {"de": "deu", "fr": "fra", "cs": "ces"}
 _PAIR_FILE = re.compile(r"^(?P<stem>.*\.)?(?P<src>[a-z]{2,3})-eng\.(?P<side>[a-z]{2,3})(?P<gz>\.gz)?$")
 
-
-class DataError(ValueError):
-  """Bad input data: the message names the file (and line) or the config key."""
 
 
 @dataclasses.dataclass

@@ -13,10 +13,12 @@ import pathlib
 
 import numpy as np
 
-from gshard_mt import files
 from gshard_mt.data.tokenizer import EOS_ID
+from gshard_mt.io import write_atomically
 
 FIELDS = ("inputs", "targets")
+BATCH_KEYS = tuple(f"{f}{suffix}" for f in FIELDS for suffix in ("", "_segmentation", "_position"))
+SOURCE_KEYS = BATCH_KEYS[:3]  # what encoding (and so decoding) reads
 
 
 @dataclasses.dataclass
@@ -53,7 +55,7 @@ class TokenizedSplit:
     arrays = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "languages"}
     buffer = io.BytesIO()
     np.savez(buffer, languages=np.array(self.languages), **arrays)
-    files.write_atomically(path, buffer.getvalue())
+    write_atomically(path, buffer.getvalue())
 
   @classmethod
   def load(cls, path: pathlib.Path):

@@ -3,7 +3,8 @@
 Training batch `i` is a pure function of (seed, i): resuming at step i sees exactly the batches an
 uninterrupted run would have seen, and the iterator state is just {'seed', 'next_index'}. Each process of a
 multi-host run builds only its own rows of that same global batch. A background thread prepares batches and puts
-them on the devices ahead of the step that needs them (seed 004: the host stays ahead of the devices).
+them on the devices ahead of the step that needs them (the host stays ahead of the devices, as in Pathways'
+asynchronous dispatch).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import logging
 import pathlib
 import queue
 import threading
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from gshard_mt.data import corpus as corpus_lib
-from gshard_mt.data import packing, sampling, tokenizer as tokenizer_lib
+from gshard_mt.data import packing, sampling
+from gshard_mt.data import tokenizer as tokenizer_lib
 
 log = logging.getLogger(__name__)
 

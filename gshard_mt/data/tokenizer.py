@@ -17,8 +17,9 @@ import pathlib
 import numpy as np
 import sentencepiece as spm
 
-from gshard_mt import files
-from gshard_mt.data.corpus import Corpus, DataError, language_of
+from gshard_mt.data.corpus import Corpus, language_of
+from gshard_mt.errors import DataError
+from gshard_mt.io import write_atomically
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 # Lossless: raw text in and out (no NFKC: it would turn "…" into "..." and references keep "…").
@@ -81,5 +82,5 @@ def train_or_load(train: Corpus, workdir: str | pathlib.Path, vocab_size: int, s
       raise DataError(f"data.vocab_size={vocab_size} is smaller than the characters this data needs; raise it or "
                       f"lower data.character_coverage={character_coverage}: {e}") from None
     raise
-  files.write_atomically(model_path, model.getvalue())
+  write_atomically(model_path, model.getvalue())
   return Tokenizer(model_path)

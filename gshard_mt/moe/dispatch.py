@@ -16,8 +16,6 @@ from flax import struct
 
 from gshard_mt.moe.gating import Routing
 
-DISPATCHERS = ("einsum", "index")
-
 
 @struct.dataclass
 class EinsumDispatcher:
@@ -67,10 +65,11 @@ class IndexDispatcher:
     return jnp.einsum("GSK,GSKM->GSM", self.routing.weight.astype(y.dtype), picked)
 
 
+DISPATCHERS = {"einsum": EinsumDispatcher, "index": IndexDispatcher}  # the automatic ones of MoeConfig.DISPATCHES
+
+
 def make_dispatcher(name: str, routing: Routing):
   """The dispatcher called `name` ('einsum' or 'index') for this routing."""
-  if name == "einsum":
-    return EinsumDispatcher(routing)
-  if name == "index":
-    return IndexDispatcher(routing)
-  raise ValueError(f"unknown dispatch {name!r}; expected one of {DISPATCHERS}")
+  if name not in DISPATCHERS:
+    raise ValueError(f"unknown dispatch {name!r}; expected one of {tuple(DISPATCHERS)}")
+  return DISPATCHERS[name](routing)

@@ -3,7 +3,7 @@
 Letters: G groups, S tokens per group, E experts, C expert capacity (slots per expert per group), K = 2 choices.
 The rules (float32 softmax, normalisation before any drop, top-1 before top-2 in the buffers, random second-expert
 policy decided before positions, padding left out of everything) are those of Lingvo's `Top2GatingOnLogits`,
-spelled out in the project guide, section 2.
+as GShard's Algorithm 1 and section 2.2 describe them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-SECOND_EXPERT_POLICIES = ("all", "random")
+from gshard_mt.moe.config import SECOND_EXPERT_POLICIES
 
 
 def expert_capacity(group_size: int, num_experts: int, capacity_factor: float, min_capacity: int = 4) -> int:
@@ -102,33 +102,18 @@ def top2_gating(
   valid = jnp.ones((G, S), bool) if padding_mask is None else padding_mask.astype(bool)
   num_valid = jnp.maximum(valid.sum(axis=1, keepdims=True), 1).astype(jnp.float32)  # [G, 1]
 
-  e1 = jnp.argmax(gates, axis=-1)
-  onehot1 = jax.nn.one_hot(e1, E, dtype=jnp.int32)  # GSE
-  # Gates are >= 0, so -1 removes e1 from the second argmax even when the other gates underflow to 0.
-  e2 = jnp.argmax(jnp.where(onehot1 > 0, -1.0, gates), axis=-1)
-  onehot2 = jax.nn.one_hot(e2, E, dtype=jnp.int32)
-  g1 = jnp.sum(gates * onehot1, axis=-1)
-  g2 = jnp.sum(gates * onehot2, axis=-1)
-  denom = g1 + g2 + 1e-9
-  g1, g2 = g1 / denom, g2 / denom
+  e1, e2, g1, g2 = top2_choices(gates)
+  onehot1, onehot2 = jax.nn.one_hot(e1, E, dtype=jnp.int32), jax.nn.one_hot(e2, E, dtype=jnp.int32)  # GSE
 
   # Auxiliary loss on the top-1 choices, before any capacity drop.
   density = jnp.sum(onehot1 * valid[..., None], axis=1) / num_valid  # GE
   proxy = jnp.sum(gates * valid[..., None], axis=1) / num_valid  # GE
   aux_loss = jnp.mean(density * proxy) * E * E
 
-  want1 = valid
   want2 = valid
   if second_expert_policy == "random":
     want2 = want2 & (jax.random.uniform(rng, (G, S)) < g2 / second_expert_threshold)
-
-  mask1 = onehot1 * want1[..., None]  # GSE
-  pos1 = jnp.cumsum(mask1, axis=1) - mask1  # exclusive: earlier tokens of the group with the same e1
-  mask1 = mask1 * (pos1 < C)
-  kept1_per_expert = jnp.sum(mask1, axis=1, keepdims=True)  # [G, 1, E]
-  mask2 = onehot2 * want2[..., None]
-  pos2 = jnp.cumsum(mask2, axis=1) - mask2 + kept1_per_expert  # top-2 slots follow the kept top-1 ones
-  mask2 = mask2 * (pos2 < C)
+  mask1, pos1, mask2, pos2 = assign_slots(onehot1 * valid[..., None], onehot2 * want2[..., None], C)
 
   kept = jnp.stack([mask1.sum(-1), mask2.sum(-1)], axis=-1) > 0  # GSK
   slot = jnp.stack([jnp.sum(pos1 * onehot1, -1), jnp.sum(pos2 * onehot2, -1)], axis=-1).astype(jnp.int32)
@@ -148,6 +133,31 @@ def top2_gating(
       num_experts=E,
       capacity=C,
   )
+
+
+def top2_choices(gates: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """gates [G, S, E] -> (e1, e2 int [G, S], g1, g2 f32 [G, S]): the two best experts and their gates, normalised
+  together (g1 + g2 = 1) before any capacity drop."""
+  e1 = jnp.argmax(gates, axis=-1)
+  onehot1 = jax.nn.one_hot(e1, gates.shape[-1], dtype=gates.dtype)
+  # Gates are >= 0, so -1 removes e1 from the second argmax even when the other gates underflow to 0.
+  e2 = jnp.argmax(jnp.where(onehot1 > 0, -1.0, gates), axis=-1)
+  g1 = jnp.take_along_axis(gates, e1[..., None], axis=-1)[..., 0]
+  g2 = jnp.take_along_axis(gates, e2[..., None], axis=-1)[..., 0]
+  denom = g1 + g2 + 1e-9
+  return e1, e2, g1 / denom, g2 / denom
+
+
+def assign_slots(want1: jax.Array, want2: jax.Array, capacity: int):
+  """Buffer positions (Algorithm 1): want1, want2 int [G, S, E] one-hot wanted top-1 / top-2 assignments ->
+  (kept1, pos1, kept2, pos2), each [G, S, E]. All top-1 assignments of a group come before any top-2 one, each in
+  sequence order; a top-1 position counts the earlier tokens with the same expert (overflowed ones too), a top-2
+  position follows that expert's kept top-1 assignments; positions >= capacity are dropped."""
+  pos1 = jnp.cumsum(want1, axis=1) - want1  # exclusive: earlier tokens of the group with the same e1
+  kept1 = want1 * (pos1 < capacity)
+  pos2 = jnp.cumsum(want2, axis=1) - want2 + jnp.sum(kept1, axis=1, keepdims=True)
+  kept2 = want2 * (pos2 < capacity)
+  return kept1, pos1, kept2, pos2
 
 
 def _routing_metrics(gates, valid, kept, want2, assigned, total_valid) -> dict:

@@ -14,15 +14,16 @@ import jax
 import jax.numpy as jnp
 
 from gshard_mt.moe import dispatch as dispatch_lib
-from gshard_mt.moe import gating
-from gshard_mt.moe import manual
+from gshard_mt.moe import gating, manual
+from gshard_mt.moe.config import MoeConfig
 
-# 'einsum' and 'index' are automatic (sharding constraints, XLA places the all-to-alls); 'shard_map' is manual.
-DISPATCH = dispatch_lib.DISPATCHERS + ("shard_map",)
-ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu}
+ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu}  # keys: moe.config.ACTIVATIONS (tested)
 
 # Logical axis names of the layer's tensors (G, S, E, C, M, H in the paper's letters).
+ME = ("embed", None)  # the router
 GSM = ("group", None, "embed")
+GSE = ("group", None, None)  # router logits
+GSEC = ("group", None, None, None)  # dispatch mask and combine weights
 EGCM = ("expert", "group", "capacity", "embed")
 EGCH = ("expert", "group", "capacity", "mlp")
 # The combine input is sharded by groups only: naming E here would let E keep the 'expert' mesh axis (the rules
@@ -70,38 +71,19 @@ class MoeFeedForward(nn.Module):
   batch, beams while decoding) is padded with masked tokens instead of being an error.
   """
 
-  num_experts: int
-  hidden_dim: int
-  group_size: int
-  train_capacity_factor: float = 1.25
-  eval_capacity_factor: float = 2.0
-  min_capacity: int = 4
-  second_expert_policy: str = "all"
-  second_expert_threshold: float = 0.5
-  dispatch: str = "index"
-  activation: str = "relu"
-  jitter_noise: float = 0.0
-  router_logit_cap: float = 0.0
+  cfg: MoeConfig
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
 
-  def _check_config(self):
-    if self.dispatch not in DISPATCH:
-      raise ValueError(f"unknown moe.dispatch {self.dispatch!r}; expected one of {DISPATCH}")
-    if self.activation not in ACTIVATIONS:
-      raise ValueError(f"unknown moe.activation {self.activation!r}; expected one of {tuple(ACTIVATIONS)}")
-    if self.second_expert_policy not in gating.SECOND_EXPERT_POLICIES:
-      raise ValueError(f"unknown moe.second_expert_policy {self.second_expert_policy!r}; "
-                       f"expected one of {gating.SECOND_EXPERT_POLICIES}")
-
   @nn.compact
   def __call__(self, x: jax.Array, padding_mask: jax.Array | None = None, *, deterministic: bool = True):
-    self._check_config()
+    """x [B, L, M], padding_mask [B, L] -> (y [B, L, M], stats); tokens are routed in G groups of S."""
+    cfg = self.cfg.validate()
     B, L, M = x.shape
-    E, H = self.num_experts, self.hidden_dim
-    G, S = groups_of(B * L, self.group_size, pad=deterministic)
+    E, H = cfg.num_experts, cfg.hidden_dim
+    G, S = groups_of(B * L, cfg.group_size, pad=deterministic)
     pad = G * S - B * L
-    wg = self.param("wg", nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", None)),
+    wg = self.param("wg", nn.with_logical_partitioning(nn.initializers.lecun_normal(), ME),
                     (M, E), jnp.float32)
     expert_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=1, out_axis=2,
                                                    batch_axis=(0,))
@@ -116,31 +98,31 @@ class MoeFeedForward(nn.Module):
     x = nn.with_logical_constraint(x.reshape(G, S, M), GSM)
     mask = None if mask is None else mask.reshape(G, S)
     router_in = x.astype(jnp.float32)
-    if not deterministic and self.jitter_noise > 0:
-      eps = self.jitter_noise
+    if not deterministic and cfg.jitter_noise > 0:
+      eps = cfg.jitter_noise
       router_in = router_in * jax.random.uniform(self.make_rng("gating"), router_in.shape, jnp.float32,
                                                  1.0 - eps, 1.0 + eps)
-    logits = gating.cap_logits(jnp.einsum("GSM,ME->GSE", router_in, wg), self.router_logit_cap)
+    logits = gating.cap_logits(jnp.einsum("GSM,ME->GSE", router_in, wg), cfg.router_logit_cap)
 
-    random = self.second_expert_policy == "random" and not deterministic
-    factor = self.eval_capacity_factor if deterministic else self.train_capacity_factor
+    random = cfg.second_expert_policy == "random" and not deterministic
+    factor = cfg.eval_capacity_factor if deterministic else cfg.train_capacity_factor
     routing = gating.top2_gating(
         logits,
-        gating.expert_capacity(S, E, factor, self.min_capacity),
+        gating.expert_capacity(S, E, factor, cfg.min_capacity),
         second_expert_policy="random" if random else "all",
-        second_expert_threshold=self.second_expert_threshold,
+        second_expert_threshold=cfg.second_expert_threshold,
         rng=self.make_rng("gating") if random else None,
         padding_mask=mask)
 
     x, wi, wo = x.astype(self.dtype), wi.astype(self.dtype), wo.astype(self.dtype)
-    if self.dispatch == "shard_map":
+    if cfg.dispatch == "shard_map":
       y = manual.moe_shard_map(x, routing, wi, wo,
-                               functools.partial(expert_ffn, activation=self.activation, constrain=False),
+                               functools.partial(expert_ffn, activation=cfg.activation, constrain=False),
                                group_spec=nn.logical_to_mesh_axes(GSM), expert_spec=nn.logical_to_mesh_axes(EMH))
     else:
-      dispatcher = dispatch_lib.make_dispatcher(self.dispatch, routing)
+      dispatcher = dispatch_lib.make_dispatcher(cfg.dispatch, routing)
       expert_in = nn.with_logical_constraint(dispatcher.dispatch(x), EGCM)  # G -> E reshard: an all-to-all
-      expert_out = expert_ffn(expert_in, wi, wo, self.activation)
+      expert_out = expert_ffn(expert_in, wi, wo, cfg.activation)
       expert_out = nn.with_logical_constraint(expert_out.transpose(1, 0, 2, 3), GECM)  # E -> G: an all-to-all
       y = nn.with_logical_constraint(dispatcher.combine(expert_out), GSM)
     stats = {"aux_loss": routing.aux_loss, "z_loss": routing.z_loss, "metrics": routing.metrics}

@@ -6,7 +6,7 @@ its own [E, G/n_g, C, M] buffers, and one all-to-all over the expert axis trades
 its experts' slots from every group of its expert-axis peers. A second all-to-all sends the outputs back. With H
 split over a model axis, each device computes a partial expert output and one psum over that axis completes it.
 
-`check_vma=True` types every value as device-varying or device-invariant along each mesh axis (seed 000), so the
+`check_vma=True` types every value as device-varying or device-invariant along each mesh axis, so the
 transposes are the efficient ones: the forward psum over 'model' transposes to a no-op, and the only all-reduces
 of the backward pass are the ones the math needs (the expert-weight gradients summed over the axes the weights are
 replicated on, and the cotangent of the model-replicated buffers summed over 'model').
@@ -15,7 +15,7 @@ replicated on, and the cotangent of the model-replicated buffers summed over 'mo
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +53,7 @@ def moe_shard_map(x: jax.Array, routing: Routing, wi: jax.Array, wo: jax.Array,
   model_axis = model_axes[0] if model_axes and sizes.get(model_axes[0], 1) > 1 else None
 
   def per_device(x, expert_index, slot, weight, kept, wi, wo):
+    """One device's shards: x [G', S, M], routing fields [G', S, K], wi [E', M, H'], wo [E', H', M] -> [G', S, M]."""
     local = Routing(expert_index, slot, weight, kept, aux_loss=None, z_loss=None, metrics={},
                     num_experts=routing.num_experts, capacity=routing.capacity)
     dispatcher = IndexDispatcher(local)
@@ -70,7 +71,9 @@ def moe_shard_map(x: jax.Array, routing: Routing, wi: jax.Array, wo: jax.Array,
   if not manual_axes:  # one device (or no mesh): the per-device program is the whole program
     return per_device(x, routing.expert_index, routing.slot, routing.weight, routing.kept, wi, wo)
 
-  def spec(*entries):  # size-1 axes stay automatic: a psum over one device is still an all-reduce in the HLO
+  def spec(*entries):
+    """A PartitionSpec over the manual axes only: size-1 axes stay automatic (a psum over one device is still an
+    all-reduce in the HLO)."""
     return P(*(tuple(a for a in _axes(e) if a in manual_axes) or None for e in entries))
 
   G = x.shape[0]

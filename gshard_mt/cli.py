@@ -1,0 +1,46 @@
+"""What every command shares: logging, loading a config file with `--config.key=value` overrides, and user
+errors (a bad config, corpus or work directory) printed as one line with exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+
+from gshard_mt.errors import UserError
+
+QUIET = ("absl", "jax._src.xla_bridge", "orbax")
+
+
+def setup_logging():
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  for name in QUIET:
+    logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def parser(doc: str, *, config: bool = False) -> argparse.ArgumentParser:
+  """An argument parser showing the module docstring; with config=True it has --config (a config file)."""
+  p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+  if config:
+    p.add_argument("--config", required=True, help="a Python config file with get_config()")
+  return p
+
+
+def parse_with_overrides(p: argparse.ArgumentParser, argv: list[str]):
+  """(args, config): the parsed arguments, and the config file loaded with the `--config.key=value` overrides."""
+  from gshard_mt import config as config_lib
+
+  rest, overrides = config_lib.split_overrides(argv)
+  args = p.parse_args(rest)
+  return args, config_lib.load(args.config, overrides)
+
+
+def run(main: Callable[[list[str]], object], argv: list[str] | None = None, prog: str | None = None):
+  """Runs main(argv) with logging set up; a UserError ends the program with its message and status 2."""
+  setup_logging()
+  try:
+    return main(sys.argv[1:] if argv is None else argv)
+  except UserError as e:
+    print(f"{prog or sys.argv[0]}: error: {e}", file=sys.stderr)
+    sys.exit(2)

@@ -1,0 +1,203 @@
+"""Config files (Python files with `get_config()`), dotted command-line overrides, validation, saving.
+
+  python train.py --config configs/tiny.py --workdir runs/tiny --config.moe.num_experts=16
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib.util
+import json
+import pathlib
+
+import ml_collections
+
+from gshard_mt.data.corpus import SOURCES
+from gshard_mt.errors import ConfigError
+from gshard_mt.io import write_atomically
+from gshard_mt.model.transformer import EMBEDDING_SCHEMES
+from gshard_mt.moe.config import MoeConfig
+from gshard_mt.parallel import mesh as mesh_lib
+from gshard_mt.parallel import rules as rules_lib
+
+CHOICES = {
+    "nonfinite": ("stop", "skip"),
+    "model.positions": ("sinusoidal", "learned"),
+    "model.embedding": tuple(EMBEDDING_SCHEMES),
+    "model.dtype": ("float32", "bfloat16"),
+    "optimizer.name": ("adafactor", "adam"),
+    "optimizer.schedule": ("rsqrt", "constant"),
+    "partitioning": ("data", "expert", "expert_model"),
+}
+
+
+def load_module(path: str | pathlib.Path, needs: str):
+  """A Python file (a config or a sweep) as a module, which must define `needs`."""
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise ConfigError(f"{path}: file not found")
+  spec = importlib.util.spec_from_file_location(f"_gshard_{path.stem}", path)
+  module = importlib.util.module_from_spec(spec)
+  try:
+    spec.loader.exec_module(module)
+  except (SyntaxError, ImportError, NameError) as e:
+    raise ConfigError(f"{path}: cannot be loaded ({type(e).__name__}: {e})") from None
+  if not hasattr(module, needs):
+    raise ConfigError(f"{path} has no {needs}")
+  return module
+
+
+def load_file(path: str | pathlib.Path, **kwargs) -> ml_collections.ConfigDict:
+  """`get_config(**kwargs)` of a config file."""
+  return load_module(path, "get_config").get_config(**kwargs)
+
+
+def _parse_value(key: str, text: str, current):
+  if isinstance(current, bool):
+    if text.lower() in ("true", "1", "yes"):
+      return True
+    if text.lower() in ("false", "0", "no"):
+      return False
+    raise ConfigError(f"--config.{key}={text}: expected true or false")
+  if isinstance(current, str):
+    return text
+  try:
+    value = ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    if text.lower() in ("inf", "infinity", "nan"):
+      value = float(text.lower())
+    else:
+      raise ConfigError(f"--config.{key}={text}: expected a {type(current).__name__}") from None
+  if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+    value = float(value)
+  if type(value) is not type(current):
+    raise ConfigError(f"--config.{key}={text}: expected a {type(current).__name__}, got {type(value).__name__}")
+  return value
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> ml_collections.ConfigDict:
+  """Sets `key.sub=value` strings, typed like the existing value; an unknown key is an error."""
+  flat = flatten(config)
+  for key, text in overrides.items():
+    if key not in flat:
+      close = difflib.get_close_matches(key, list(flat), n=3)
+      raise ConfigError(f"unknown config key {key!r}" + (f"; did you mean {', '.join(close)}?" if close else ""))
+    node = config
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = _parse_value(key, text, flat[key])
+  return config
+
+
+def flatten(config, prefix="") -> dict:
+  out = {}
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      out.update(flatten(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
+  """Raises ConfigError for an impossible combination, before anything is built or compiled."""
+  flat = flatten(config)
+  for key, allowed in CHOICES.items():
+    if flat.get(key) not in allowed:
+      raise ConfigError(f"{key}={flat.get(key)!r}: expected one of {allowed}")
+  sources = str(config.data.source).split("+")
+  if any(s not in SOURCES for s in sources) or len(set(sources)) != len(sources):
+    raise ConfigError(f"data.source={config.data.source!r}: expected one of {SOURCES}, or several different ones "
+                      "joined with '+' (e.g. 'tatoeba+multi30k')")
+  for key in ("batch_size", "num_train_steps", "log_every", "checkpoint_every", "keep_checkpoints",
+              "model.emb_dim", "model.num_heads", "model.head_dim", "model.mlp_dim", "data.max_length",
+              "data.vocab_size"):
+    if not isinstance(flat[key], int) or flat[key] <= 0:
+      raise ConfigError(f"{key}={flat[key]!r}: expected a positive integer")
+  if not config.data.temperature > 0:
+    raise ConfigError(f"data.temperature={config.data.temperature}: expected > 0 (inf for uniform)")
+  _validate_moe(config)
+  if num_devices is not None:
+    _validate_mesh(config, num_devices)
+
+
+def _validate_moe(config):
+  interval = config.model.moe_interval
+  if interval < 0:
+    raise ConfigError(f"model.moe_interval={interval}: expected >= 0 (0 = dense)")
+  moe = MoeConfig.from_config(config.moe).validate(used=interval > 0)
+  for key in ("num_encoder_layers", "num_decoder_layers"):
+    if interval and config.model[key] % interval:
+      raise ConfigError(f"model.{key}={config.model[key]} is not a multiple of model.moe_interval={interval}")
+  tokens = config.batch_size * config.data.max_length
+  if interval and tokens > moe.group_size and tokens % moe.group_size:
+    raise ConfigError(f"moe.group_size={moe.group_size} does not divide the {tokens} tokens of a batch "
+                      f"(batch_size={config.batch_size} x data.max_length={config.data.max_length})")
+  expert_axis = config.mesh.expert * mesh_lib.dcn_shape(config)[1]
+  if interval and expert_axis > 1 and moe.num_experts % expert_axis:
+    raise ConfigError(f"moe.num_experts={moe.num_experts} is not divisible by the expert axis, "
+                      f"mesh.expert={config.mesh.expert} x dcn_mesh.expert={config.dcn_mesh.expert}")
+
+
+def _validate_mesh(config, num_devices: int):
+  """The batch rows and the MoE groups must split over the mesh axes the rules give 'batch' and 'group'."""
+  sizes = dict(zip(mesh_lib.MESH_AXES, mesh_lib.mesh_shape(config, num_devices)))
+  batch_devices = rules_lib.devices_of("batch", rules_lib.rules(config), sizes)
+  if config.batch_size % batch_devices:
+    raise ConfigError(f"batch_size={config.batch_size} does not split over the {batch_devices} devices of the "
+                      "mesh axes the batch is split over")
+  groups = max(config.batch_size * config.data.max_length // config.moe.group_size, 1)
+  group_devices = rules_lib.devices_of("group", rules_lib.rules(config), sizes)
+  if config.model.moe_interval and groups % group_devices:
+    raise ConfigError(f"the {groups} MoE groups of a batch (batch_size x data.max_length / moe.group_size) do "
+                      f"not split over the {group_devices} devices of the mesh axes the groups are split over; "
+                      "lower moe.group_size or raise batch_size")
+
+
+def load(path, overrides: dict[str, str] | None = None, num_devices=None) -> ml_collections.ConfigDict:
+  config = apply_overrides(load_file(path), overrides or {})
+  validate(config, num_devices)
+  return config
+
+
+def split_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+  """Separates `--config.key=value` (or `--config.key value`) arguments from the others."""
+  rest, overrides, i = [], {}, 0
+  while i < len(argv):
+    arg = argv[i]
+    if arg.startswith("--config."):
+      if "=" in arg:
+        key, value = arg[len("--config."):].split("=", 1)
+      elif i + 1 < len(argv):
+        key, value, i = arg[len("--config."):], argv[i + 1], i + 1
+      else:
+        raise ConfigError(f"{arg} needs a value")
+      overrides[key] = value
+    else:
+      rest.append(arg)
+    i += 1
+  return rest, overrides
+
+
+def save(config: ml_collections.ConfigDict, workdir: str | pathlib.Path):
+  """Writes workdir/config.json atomically; a resumed run must have the same model, moe and data keys."""
+  path = pathlib.Path(workdir) / "config.json"
+  if path.exists():
+    old = flatten(ml_collections.ConfigDict(json.loads(path.read_text())))
+    new = flatten(config)
+    changed = [k for k in new if k.split(".")[0] in ("model", "moe", "data") and old.get(k) != new[k]
+               and k != "data.prefetch"]
+    if changed:
+      raise ConfigError(f"{path} was written for a different run: " + ", ".join(
+          f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in changed) + "; use a new --workdir")
+  path.parent.mkdir(parents=True, exist_ok=True)
+  write_atomically(path, config.to_json(indent=2))
+
+
+def load_saved(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
+  path = pathlib.Path(workdir) / "config.json"
+  if not path.is_file():
+    raise ConfigError(f"{path} not found: is {workdir} a gshard_mt work directory?")
+  return ml_collections.ConfigDict(json.loads(path.read_text()))

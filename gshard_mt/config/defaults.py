@@ -1,0 +1,91 @@
+"""Every configuration key with its default. The files in configs/ start from `get_config()` here and change a
+few keys; README.md documents the keys. The `moe` keys, defaults and comments are those of
+`gshard_mt.moe.config.MoeConfig`."""
+
+import dataclasses
+
+import ml_collections
+
+from gshard_mt.moe.config import MoeConfig
+
+
+def get_config():
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.batch_size = 64  # global rows per step; each row packs several pairs
+  c.num_train_steps = 1000
+  c.log_every = 50
+  c.eval_every = 500  # dev loss and perplexity
+  c.eval_batches = 20  # dev batches per evaluation (0 = all)
+  c.checkpoint_every = 500
+  c.keep_checkpoints = 3
+  c.nonfinite = "stop"  # 'stop': stop with a message naming the step; 'skip': skip the update
+
+  c.data = ml_collections.ConfigDict()
+  c.data.source = "tatoeba"  # 'tatoeba', 'multi30k' (both shipped), 'folder', 'tsv', 'tfds'; join with '+'
+  c.data.path = ""  # folder or TSV file for 'folder' / 'tsv'
+  c.data.tfds_name = ""  # e.g. 'wmt19_translate/de-en'
+  c.data.tfds_data_dir = ""
+  c.data.tfds_source_key = ""  # '' = the non-English language of the Translation feature
+  c.data.languages = ""  # comma-separated codes; '' = all
+  c.data.dev_fraction = 0.1
+  c.data.test_fraction = 0.1
+  c.data.min_eval_pairs = 5
+  c.data.vocab_size = 8000
+  c.data.character_coverage = 0.9995
+  c.data.source_tags = True  # prepend a <xx> source-language tag
+  c.data.temperature = 5.0  # language sampling p ~ n^(1/T); 1 = proportional, inf = uniform
+  c.data.max_length = 64  # tokens per row and side (pairs longer than this are filtered from training)
+  c.data.seed = 0
+  c.data.prefetch = 2  # batches prepared ahead, on the devices
+
+  c.model = ml_collections.ConfigDict()
+  c.model.emb_dim = 512  # M
+  c.model.num_heads = 8
+  c.model.head_dim = 64
+  c.model.mlp_dim = 2048  # hidden size of the dense FFNs
+  c.model.num_encoder_layers = 6
+  c.model.num_decoder_layers = 6
+  c.model.moe_interval = 2  # every 2nd FFN is MoE; 0 = dense baseline
+  c.model.share_embeddings = True  # one input embedding for source and target
+  c.model.tied_logits = False  # output logits through the target embedding (its input token then starts high)
+  c.model.embedding = "vaswani"  # embedding scale scheme (model.EMBEDDING_SCHEMES): 'vaswani' or 't5'
+  c.model.positions = "sinusoidal"  # or 'learned'
+  c.model.max_position = 512  # for learned positions
+  c.model.dropout_rate = 0.1
+  c.model.attention_dropout_rate = 0.0
+  c.model.dtype = "bfloat16"  # computation; parameters are float32
+  c.model.remat = False  # rematerialise each layer unit in the backward pass
+  c.model.scan_layers = True  # compile one layer unit, not one per layer
+
+  c.moe = ml_collections.ConfigDict(dataclasses.asdict(MoeConfig()))  # its fields, defaults and comments
+
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.name = "adafactor"  # or 'adam'
+  c.optimizer.learning_rate = 1.0  # peak = learning_rate / sqrt(max(step, warmup)) for adafactor's schedule
+  c.optimizer.schedule = "rsqrt"  # reciprocal square root after linear warmup; or 'constant'
+  c.optimizer.warmup_steps = 1000
+  c.optimizer.grad_clip_norm = 1.0
+  c.optimizer.weight_decay = 0.0
+  c.optimizer.label_smoothing = 0.1
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = -1  # -1 = all devices not used by the other axes
+  c.mesh.expert = 1
+  c.mesh.model = 1
+  # Multi-slice (TPU slices joined by the data-centre network, or GPU hosts): how many slices each axis spans.
+  # Each axis is then mesh.<axis> x dcn_mesh.<axis> devices long, and `mesh` describes one slice.
+  c.dcn_mesh = ml_collections.ConfigDict()
+  c.dcn_mesh.data = 1
+  c.dcn_mesh.expert = 1
+  c.dcn_mesh.model = 1
+  c.partitioning = "expert"  # logical axis rules: 'data', 'expert' or 'expert_model'
+
+  # Multi-process runs: every process runs the same command with its own process_id (or, with auto=True, JAX
+  # reads them from the cluster: TPU pods, SLURM, ...). One process on one host needs none of this.
+  c.distributed = ml_collections.ConfigDict()
+  c.distributed.auto = False  # jax.distributed.initialize() with the cluster's own settings
+  c.distributed.coordinator_address = ""  # host:port of process 0
+  c.distributed.num_processes = 1
+  c.distributed.process_id = 0
+  return c

@@ -1,0 +1,1 @@
+"""The input pipeline: `corpus` (sources), `tokenizer`, `sampling` (temperature), `packing`, `pipeline`."""

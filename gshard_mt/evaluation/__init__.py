@@ -1,0 +1,1 @@
+"""Evaluation: `decode` (beam search), `evaluate` (BLEU and chrF++ per language), `report`."""

@@ -1,0 +1,73 @@
+"""Readable forms of evaluation scores: a Markdown report, a console summary and a BLEU-per-language plot."""
+
+from __future__ import annotations
+
+import pathlib
+
+COLOURS = {"high": "#1f77b4", "medium": "#ff7f0e", "low": "#2ca02c"}
+
+
+def _fmt(x, spec=".1f", signed=False):
+  return "-" if x is None else format(x, ("+" if signed else "") + spec)
+
+
+def markdown(scores: dict) -> str:
+  d, avg = scores["decoding"], scores["average"]
+  has_delta = "baseline" in scores
+  lines = [f"# {scores['split']} split, step {scores['step']} ({scores['workdir']})", "",
+           f"Average over {len(scores['languages'])} languages: BLEU {avg['bleu']:.2f}, chrF++ {avg['chrf']:.2f}"
+           + (f", ΔBLEU {_fmt(avg.get('delta_bleu'), '.2f', True)} against {scores['baseline']}" if has_delta else ""),
+           "", f"Decoding: beam {d['beam_size']}, α {d['alpha']}, max length {d['max_decode_len']}, "
+           f"{d['sentences_per_s']:.1f} sentences/s, {d['tokens_per_s']:.0f} tokens/s"
+           + (f"; parameters averaged over steps {d['averaged_steps']}" if d.get("averaged_steps") else ""), "",
+           "| resource | BLEU | chrF++ |" + (" ΔBLEU |" if has_delta else ""),
+           "|---|---|---|" + ("---|" if has_delta else "")]
+  for bucket, s in scores["by_resource"].items():
+    lines.append(f"| {bucket} | {s['bleu']:.2f} | {s['chrf']:.2f} |"
+                 + (f" {_fmt(s.get('delta_bleu'), '.2f', True)} |" if has_delta else ""))
+  lines += ["", "| language | train pairs | resource | sentences | BLEU | chrF++ |" + (" ΔBLEU |" if has_delta else ""),
+            "|---|---|---|---|---|---|" + ("---|" if has_delta else "")]
+  for lang, s in sorted(scores["languages"].items(), key=lambda kv: -kv[1]["bleu"]):
+    lines.append(f"| {lang} | {s['train_pairs']} | {s['resource']} | {s['sentences']} | {s['bleu']:.2f} | "
+                 f"{s['chrf']:.2f} |" + (f" {_fmt(s.get('delta_bleu'), '.2f', True)} |" if has_delta else ""))
+  lines += ["", f"BLEU: `{scores['signatures']['bleu']}`", f"chrF++: `{scores['signatures']['chrf']}`", ""]
+  return "\n".join(lines)
+
+
+def summary(scores: dict, show: int = 5) -> str:
+  """A few console lines: average, the best and worst languages."""
+  ranked = sorted(scores["languages"].items(), key=lambda kv: -kv[1]["bleu"])
+  avg = scores["average"]
+  out = [f"{scores['split']} step {scores['step']}: average BLEU {avg['bleu']:.2f}, chrF++ {avg['chrf']:.2f} over "
+         f"{len(ranked)} languages" + (f", ΔBLEU {_fmt(avg.get('delta_bleu'), '.2f', True)}" if "baseline" in scores
+                                       else ""),
+         f"{'lang':6}{'BLEU':>7}{'chrF++':>8}  resource"]
+  shown = ranked if len(ranked) <= 2 * show else ranked[:show] + [("...", None)] + ranked[-show:]
+  for lang, s in shown:
+    out.append("..." if s is None else f"{lang:6}{s['bleu']:>7.2f}{s['chrf']:>8.2f}  {s['resource']}")
+  d = scores["decoding"]
+  out.append(f"decoding: {d['sentences_per_s']:.1f} sentences/s, {d['tokens_per_s']:.0f} tokens/s")
+  return "\n".join(out)
+
+
+def plot(scores: dict, path: pathlib.Path):
+  """Bars of BLEU (ΔBLEU with a baseline) per language, sorted, coloured by resource size."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  from matplotlib.patches import Patch
+
+  key = "delta_bleu" if "baseline" in scores else "bleu"
+  items = sorted(((lang, s.get(key) or 0.0, s["resource"]) for lang, s in scores["languages"].items()),
+                 key=lambda t: -t[1])
+  fig, ax = plt.subplots(figsize=(max(6, 0.14 * len(items) + 2), 4))
+  ax.bar(range(len(items)), [v for _, v, _ in items], color=[COLOURS[r] for _, _, r in items])
+  ax.set_xticks(range(len(items)), [lang for lang, _, _ in items], rotation=90, fontsize=6)
+  ax.set_ylabel("ΔBLEU" if key == "delta_bleu" else "BLEU")
+  ax.set_title(f"{scores['split']} split, step {scores['step']}: {'ΔBLEU' if key == 'delta_bleu' else 'BLEU'} "
+               "per language")
+  ax.legend(handles=[Patch(color=c, label=f"{b} resource") for b, c in COLOURS.items()], fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)

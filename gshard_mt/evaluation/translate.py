@@ -1,0 +1,189 @@
+"""Translation of arbitrary sentences with a trained work directory: one line in, its translation out, in order.
+
+  python translate.py --workdir runs/tiny --src_lang fra < sentences.fra > sentences.eng
+  printf 'fra\tJe suis content.\ndeu\tIch bin froh.\n' | python translate.py --workdir runs/tiny
+
+Input lines are UTF-8 `text`, or `lang<TAB>text` when languages are mixed (--src_lang is then the language of the
+lines without a tab). Decoding is eval.py's: the same restore (and checkpoint averaging), tokenizer, padded batches
+and `Translator`, so a sentence gets the same hypothesis from both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import itertools
+import pathlib
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from typing import BinaryIO, TextIO
+
+import numpy as np
+
+from gshard_mt.data import pipeline
+from gshard_mt.data.corpus import language_of
+from gshard_mt.data.packing import TokenizedSplit
+from gshard_mt.errors import DataError, UserError, WorkdirError
+from gshard_mt.evaluation import decode
+from gshard_mt.evaluation.evaluate import Restored, restore
+
+WINDOW_BATCHES = 8  # batches of lines read ahead and sorted by length together (similar lengths decode together)
+
+
+@dataclasses.dataclass(frozen=True)
+class Line:
+  """One input line: its number (from 1), its source language (None: no tag) and its text ('' when empty)."""
+
+  number: int
+  lang: str | None
+  text: str
+
+
+def source_languages(run: Restored) -> list[str]:
+  """The source languages of a work directory: those of its training streams (each has a `<xx>` tag)."""
+  return sorted({language_of(stream) for stream in run.data.tokens["train"].languages})
+
+
+def check_language(lang: str, known: list[str], where: str) -> str:
+  """`lang` when the model knows it; else a WorkdirError naming `where` and the known languages."""
+  if lang not in known:
+    raise WorkdirError(f"{where}: unknown source language {lang!r}; this model knows {', '.join(known)}")
+  return lang
+
+
+def parse_line(raw: bytes, number: int, *, default: str | None, known: list[str], name: str = "<stdin>",
+               tagged: bool = True) -> Line:
+  """One input line (`text` or `lang<TAB>text`, newline included or not), decoded and checked: invalid UTF-8, an
+  unknown language, or (for a model with source tags) a non-empty line without one is a DataError or
+  WorkdirError naming `name:number`. Text is stripped, as the corpus readers strip it."""
+  try:
+    text = raw.rstrip(b"\n").rstrip(b"\r").decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise DataError(f"{name}:{number}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
+  lang = default
+  if "\t" in text:
+    lang, text = text.split("\t", 1)
+    lang = lang.strip()
+  where = f"{name}:{number}"
+  if lang is not None:
+    check_language(lang, known, where)
+  text = text.strip()
+  if text and lang is None and tagged:
+    raise WorkdirError(f"{where}: no source language: start the line with 'lang<TAB>' or give --src_lang (this "
+                       f"model knows {', '.join(known)})")
+  return Line(number, lang, text)
+
+
+class LineTranslator:
+  """Translates parsed lines with eval.py's pieces: Tokenizer.encode, padded batches (`pipeline.eval_batches`),
+  `Translator.by_pair` and Tokenizer.decode. Over-long lines are truncated to the model's maximum length, with a
+  warning naming the line."""
+
+  def __init__(self, run: Restored, translator: decode.Translator, rows: int, *, name: str = "<stdin>",
+               warn: Callable[[str], None] = print):
+    self.tokenizer, self.translator, self.rows = run.data.tokenizer, translator, rows
+    self.max_length, self.name, self.warn = run.config.data.max_length, name, warn
+
+  def encode(self, lines: list[Line]) -> list[list[int]]:
+    """Token ids of each line (its source tag first, EOS last), warning about those over the maximum length."""
+    ids: list[list[int]] = [[] for _ in lines]
+    by_lang: dict[str | None, list[int]] = {}
+    for k, line in enumerate(lines):
+      by_lang.setdefault(line.lang, []).append(k)
+    for lang, ks in by_lang.items():
+      for k, seq in zip(ks, self.tokenizer.encode([lines[k].text for k in ks], lang)):
+        ids[k] = seq
+    for line, seq in zip(lines, ids):
+      if len(seq) > self.max_length:
+        self.warn(f"{self.name}:{line.number}: {len(seq)} tokens, more than the model's maximum of "
+                  f"{self.max_length} (data.max_length): truncated to the first {self.max_length}")
+    return ids
+
+  def batches(self, lines: list[Line]) -> Iterator[dict[int, str]]:
+    """Yields, batch by batch, {position in `lines`: translation}; empty lines first, as empty translations.
+    Similar lengths are batched together."""
+    empty = {k: "" for k, line in enumerate(lines) if not line.text}
+    if empty:
+      yield empty
+    todo = [k for k, line in enumerate(lines) if line.text]
+    if not todo:
+      return
+    ids = self.encode([lines[k] for k in todo])
+    split = TokenizedSplit.from_lists(["input"], np.zeros(len(ids)), ids, [[] for _ in ids])
+    order = np.argsort(split.src_len, kind="stable")
+    for batch in pipeline.eval_batches(split, self.rows, self.max_length, order):
+      yield {todo[pair]: one_line(self.tokenizer.decode(seq)) for pair, seq in self.translator.by_pair(batch).items()}
+
+
+def one_line(text: str) -> str:
+  """A translation as one output line: carriage returns and newlines (byte pieces can make them) become spaces."""
+  return text.replace("\r", " ").replace("\n", " ")
+
+
+def translate_stream(raw_lines: Iterable[bytes], sink: TextIO, translator: LineTranslator, *, window: int,
+                     parse: Callable[[bytes, int], Line]) -> int:
+  """Reads `window` lines at a time, translates them and writes one line per input line, in input order, flushing
+  after every batch (so it works in a pipe); returns the number of lines."""
+  count = 0
+  for chunk in itertools.batched(raw_lines, window):
+    lines = [parse(raw, count + k + 1) for k, raw in enumerate(chunk)]  # the whole window is checked first
+    count += len(lines)
+    done: dict[int, str] = {}
+    written = 0
+    for result in translator.batches(lines):
+      done.update(result)
+      while written in done:
+        sink.write(done.pop(written) + "\n")
+        written += 1
+      sink.flush()
+  return count
+
+
+def _warn(message: str):
+  print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _opened(path: str | None, mode: str, default):
+  if path is None:
+    yield default
+    return
+  try:
+    file = open(path, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": "\n"}))
+  except OSError as e:
+    raise DataError(f"{path}: cannot open ({e.strerror})") from None
+  with file:
+    yield file
+
+
+def translate(workdir, *, input_path: str | None = None, output_path: str | None = None, src_lang: str | None = None,
+              step: int | None = None, average_last: int | None = None, beam_size: int = 4, alpha: float = 0.6,
+              max_decode_len: int | None = None, batch_size: int | None = None,
+              stdin: BinaryIO | None = None, stdout: TextIO | None = None) -> int:
+  """translate.py: translates the lines of `input_path` (default: standard input) into `output_path` (default:
+  standard output); returns the number of lines. From a terminal, each line is translated as it arrives."""
+  stdin = stdin or sys.stdin.buffer
+  for flag, value in (("--batch_size", batch_size), ("--beam_size", beam_size), ("--max_decode_len", max_decode_len)):
+    if value is not None and value < 1:
+      raise UserError(f"{flag} must be at least 1, got {value}")
+  name = input_path or "<stdin>"
+  if input_path is not None and not pathlib.Path(input_path).is_file():
+    raise DataError(f"{input_path}: file not found (--input)")
+  run = restore(workdir, step=step, average_last=average_last)
+  known = source_languages(run)
+  if src_lang is not None:
+    check_language(src_lang, known, "--src_lang")
+  with _opened(input_path, "rb", stdin) as source:
+    interactive = source.isatty()
+    rows = 1 if interactive else batch_size or run.config.batch_size
+    translator = decode.Translator(run.model_cfg, run.params, beam_size, alpha,
+                                   max_decode_len or run.config.data.max_length)
+    lines = LineTranslator(run, translator, rows, name=name, warn=_warn)
+    parse = functools.partial(parse_line, default=src_lang, known=known, name=name,
+                              tagged=bool(run.config.data.source_tags))
+    if stdout is None and output_path is None:
+      sys.stdout.reconfigure(encoding="utf-8", newline="\n")  # input is UTF-8, so is the output
+    with _opened(output_path, "w", stdout or sys.stdout) as sink:
+      return translate_stream(iter(source.readline, b""), sink, lines, parse=parse,
+                              window=rows if interactive else rows * WINDOW_BATCHES)

@@ -1,0 +1,143 @@
+"""The Transformer's building blocks: pure attention math, and the attention and dense FFN modules.
+
+Letters: B batch (rows), Q query positions, K key positions, A attention heads, D head dim, M model dim, F dense
+FFN hidden. Every parameter carries logical axes ('embed', 'heads', 'kv', 'mlp') that the partitioning rules map
+onto the mesh (`gshard_mt.parallel.rules`): with the 'expert_model' rules, heads and F are split over 'model'.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+NEG_INF = -1e10  # additive mask: exp(NEG_INF - max) is exactly 0 in float32 and bfloat16
+
+
+def sinusoidal(positions: jax.Array, dim: int) -> jax.Array:
+  """[B, L] integer positions -> [B, L, dim] sinusoidal encodings (sin on the first half, cos on the second)."""
+  half = dim // 2
+  freq = np.exp(-np.log(10_000.0) * np.arange(half) / max(half - 1, 1))
+  angle = positions[..., None].astype(jnp.float32) * freq
+  return jnp.concatenate([jnp.sin(angle), jnp.cos(angle)], axis=-1)
+
+
+def attention_bias(q_segments: jax.Array, k_segments: jax.Array, causal: bool, dtype=jnp.float32) -> jax.Array:
+  """[B, Q], [B, K] segment ids (0 = padding) -> [B, 1, Q, K] additive bias: 0 where allowed, NEG_INF elsewhere."""
+  allowed = (q_segments[:, :, None] == k_segments[:, None, :]) & (k_segments[:, None, :] > 0)
+  if causal:
+    allowed &= jnp.tril(jnp.ones((q_segments.shape[1], k_segments.shape[1]), bool))
+  return jnp.where(allowed, 0.0, NEG_INF).astype(dtype)[:, None]
+
+
+def source_bias(k_segments: jax.Array) -> jax.Array:
+  """[B, K] source segment ids -> [B, 1, 1, K]: every query row of a sentence may see its real source tokens."""
+  return jnp.where(k_segments > 0, 0.0, NEG_INF)[:, None, None, :]
+
+
+def shift_right(targets: jax.Array, segments: jax.Array) -> jax.Array:
+  """[B, L] targets -> [B, L] decoder inputs: moved one step right, PAD (as BOS) at each packed pair's start."""
+  shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+  prev_segments = jnp.pad(segments, ((0, 0), (1, 0)))[:, :-1]
+  return jnp.where(segments == prev_segments, shifted, 0)
+
+
+def attention_probs(q: jax.Array, k: jax.Array, bias: jax.Array) -> jax.Array:
+  """q [B, Q, A, D] (already scaled), k [B, K, A, D], bias broadcastable to [B, A, Q, K] -> float32 softmax
+  [B, A, Q, K]."""
+  logits = jnp.einsum("BQAD,BKAD->BAQK", q, k).astype(jnp.float32) + bias
+  return jax.nn.softmax(logits, axis=-1)
+
+
+def per_sentence(q: jax.Array, sentences: int) -> jax.Array:
+  """q [N, Q, A, D] with N = sentences x beams rows (a sentence's beams adjacent) -> [sentences, beams*Q, A, D]:
+  the beams of a sentence become query positions of that sentence, so they share its source keys and values."""
+  N, Q, A, D = q.shape
+  return q.reshape(sentences, N // sentences * Q, A, D)
+
+
+def param(module: nn.Module, name: str, shape: tuple, names: tuple, init=None):
+  """A float32 parameter with logical axis names (LeCun normal unless `init` is given)."""
+  init = init or nn.initializers.lecun_normal()
+  return module.param(name, nn.with_logical_partitioning(init, names), shape, jnp.float32)
+
+
+def layer_norm(name: str) -> nn.LayerNorm:
+  """LayerNorm over M whose scale and bias carry the 'embed' axis."""
+  return nn.LayerNorm(name=name, scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))
+
+
+class Attention(nn.Module):
+  """Multi-head attention: x [B, Q, M] attends to kv [B, K, M] -> [B, Q, M].
+
+  While decoding (decode=True), self-attention caches its keys and values step by step (collection 'cache',
+  reordered with the beams), and cross-attention computes the source's keys and values once per sentence
+  (collection 'memory', [B, K, A, D] for B sentences, never reordered): the beams of a sentence attend to them
+  as query positions of that sentence (`per_sentence`).
+  """
+
+  num_heads: int
+  head_dim: int
+  dtype: Any = jnp.float32
+  dropout_rate: float = 0.0
+  is_cross: bool = False
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, x, kv, bias, *, deterministic: bool, decode_step=None):
+    A, D, M, dt = self.num_heads, self.head_dim, x.shape[-1], self.dtype
+    init = nn.initializers.variance_scaling(1.0, "fan_in", "normal", in_axis=0, out_axis=(1, 2))
+    wq, wk, wv = (param(self, n, (M, A, D), ("embed", "heads", "kv"), init) for n in ("query", "key", "value"))
+    wo = param(self, "out", (A, D, M), ("heads", "kv", "embed"),
+               nn.initializers.variance_scaling(1.0, "fan_in", "normal", in_axis=(0, 1), out_axis=2))
+    q = jnp.einsum("BQM,MAD->BQAD", x.astype(dt), wq.astype(dt)) * D ** -0.5
+    project = lambda w: jnp.einsum("BKM,MAD->BKAD", kv.astype(dt), w.astype(dt))  # noqa: E731
+    if self.decode and self.is_cross:
+      k = self.variable("memory", "key", project, wk).value
+      v = self.variable("memory", "value", project, wv).value
+      rows = q.shape[0]
+      q = per_sentence(q, k.shape[0])
+    else:
+      k, v = project(wk), project(wv)
+      if self.decode:
+        k, v, bias = self._update_cache(k, v, bias, decode_step)
+    probs = nn.Dropout(self.dropout_rate)(attention_probs(q, k, bias), deterministic=deterministic)
+    out = jnp.einsum("BAQK,BKAD->BQAD", probs.astype(dt), v)
+    if self.decode and self.is_cross:
+      out = out.reshape(rows, -1, A, D)
+    return jnp.einsum("BQAD,ADM->BQM", out, wo.astype(dt))
+
+  def _update_cache(self, k, v, bias, step):
+    """Writes one step's k, v [B, 1, A, D] at `step` of the [B, max_len, A, D] cache; returns the cache and a
+    bias that hides its future. An init call with the full-length shape creates the cache."""
+    is_new = not self.has_variable("cache", "key")
+    ck = self.variable("cache", "key", jnp.zeros, k.shape, k.dtype)
+    cv = self.variable("cache", "value", jnp.zeros, v.shape, v.dtype)
+    if is_new:
+      return k, v, bias
+    ck.value = jax.lax.dynamic_update_slice_in_dim(ck.value, k, step, axis=1)
+    cv.value = jax.lax.dynamic_update_slice_in_dim(cv.value, v, step, axis=1)
+    seen = jnp.arange(ck.value.shape[1]) <= step
+    return ck.value, cv.value, jnp.where(seen, 0.0, NEG_INF)[None, None, None, :]
+
+
+class DenseFFN(nn.Module):
+  """x [B, L, M] -> relu(x wi [M, F]) wo [F, M] -> [B, L, M]."""
+
+  mlp_dim: int
+  dtype: Any = jnp.float32
+  dropout_rate: float = 0.0
+
+  @nn.compact
+  def __call__(self, x, *, deterministic: bool):
+    M, F, dt = x.shape[-1], self.mlp_dim, self.dtype
+    wi = param(self, "wi", (M, F), ("embed", "mlp"))
+    wo = param(self, "wo", (F, M), ("mlp", "embed"))
+    h = jax.nn.relu(jnp.einsum("BLM,MF->BLF", x.astype(dt), wi.astype(dt)))
+    h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
+    h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+    return jnp.einsum("BLF,FM->BLM", h, wo.astype(dt))

@@ -1,0 +1,245 @@
+"""The GShard encoder-decoder Transformer: pre-LN layers, a MoE FFN in place of every `moe_interval`-th FFN.
+
+Letters: B batch (rows), L positions (Ls on the source side), M model dim, V vocabulary, U layer units; the
+attention and FFN letters are in `layers`. Layers come in units of `moe_interval` layers whose last one is MoE
+(one dense layer when the model is dense); the units are stacked with `nn.scan`, so compile time does not grow
+with depth. Packed rows are handled by segment ids (attention only within a pair) and per-pair positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from gshard_mt.data.packing import BATCH_KEYS
+from gshard_mt.model.layers import Attention, DenseFFN, attention_bias, layer_norm, shift_right, sinusoidal, source_bias
+from gshard_mt.moe.config import MoeConfig
+from gshard_mt.moe.layer import MoeFeedForward
+
+BLM = ("batch", "length", "embed")
+# Embedding schemes: (initial std, input multiplier, tied-logits multiplier), each as a power of M. Both real
+# schemes give the residual stream unit-variance token embeddings and unit-variance logits at initialisation, so
+# the first loss is ln V; they differ in how large Adam's steps are relative to the embedding (sections 3.2 and
+# 3.4 of Vaswani et al. 2017 give the second).
+EMBEDDING_SCHEMES = {
+    "t5": (0.0, 0.0, -0.5),  # T5 and Flax's examples/wmt: std 1, logits scaled down
+    "vaswani": (-0.5, 0.5, 0.0),  # Vaswani et al., tensor2tensor, fairseq: std M^-0.5, inputs scaled up
+    # Mixtures of the two, kept to reproduce the comparison in bench/RESULTS.md: inputs sqrt(M) times too large
+    # (initial loss grows with M), and logits sqrt(M) times too small (slow start).
+    "sqrt_input": (0.0, 0.5, -0.5),
+    "small_logits": (-0.5, 0.5, -0.5),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """The model's hyper-parameters (hashable, so modules can hold it)."""
+
+  vocab_size: int
+  emb_dim: int = 512
+  num_heads: int = 8
+  head_dim: int = 64
+  mlp_dim: int = 2048
+  num_encoder_layers: int = 6
+  num_decoder_layers: int = 6
+  moe_interval: int = 2
+  share_embeddings: bool = True
+  tied_logits: bool = False
+  embedding: str = "vaswani"  # a key of EMBEDDING_SCHEMES
+  positions: str = "sinusoidal"
+  max_position: int = 512
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.0
+  dtype: Any = jnp.float32
+  remat: bool = False
+  scan_layers: bool = True
+  moe: MoeConfig = MoeConfig()
+
+  @classmethod
+  def from_config(cls, config, vocab_size: int) -> TransformerConfig:
+    """From a config's `model` and `moe` sections (every `model` key is a field here; dtype by name)."""
+    model = dict(config.model) | {"dtype": jnp.dtype(config.model.dtype)}
+    return cls(vocab_size=vocab_size, moe=MoeConfig.from_config(config.moe), **model)
+
+  @property
+  def unit_size(self) -> int:
+    """Layers per scanned unit: `moe_interval` (the last one MoE), or 1 for a dense model."""
+    return max(self.moe_interval, 1)
+
+
+@struct.dataclass
+class LayerInputs:
+  """What every layer of a stack sees besides its input x (broadcast to all scanned units)."""
+
+  self_bias: jax.Array  # [B, 1, L, L]
+  token_mask: jax.Array  # [B, L], True for real tokens (MoE routing skips the others)
+  memory: jax.Array | None = None  # [B, Ls, M] encoder output (decoder only; None for later decoding steps)
+  cross_bias: jax.Array | None = None  # [B, 1, L, Ls], or [B, 1, 1, Ls] per sentence while decoding
+  decode_step: jax.Array | None = None  # the position being decoded
+
+
+class Layer(nn.Module):
+  """One pre-LN layer: self-attention, [cross-attention,] then a dense or MoE FFN, each with a residual."""
+
+  cfg: TransformerConfig
+  is_decoder: bool
+  use_moe: bool
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, x, inputs: LayerInputs, *, deterministic: bool):
+    """x [B, L, M] -> (x [B, L, M], MoE stats or {})."""
+    cfg = self.cfg
+    drop = nn.Dropout(cfg.dropout_rate)
+    attention = dict(num_heads=cfg.num_heads, head_dim=cfg.head_dim, dtype=cfg.dtype,
+                     dropout_rate=cfg.attention_dropout_rate, decode=self.decode)
+    h = layer_norm("pre_self_attention")(x)
+    h = Attention(**attention, name="self_attention")(h, h, inputs.self_bias, deterministic=deterministic,
+                                                       decode_step=inputs.decode_step)
+    x = x + drop(h, deterministic=deterministic).astype(x.dtype)
+    if self.is_decoder:
+      h = layer_norm("pre_cross_attention")(x)
+      h = Attention(**attention, is_cross=True, name="cross_attention")(h, inputs.memory, inputs.cross_bias,
+                                                                        deterministic=deterministic)
+      x = x + drop(h, deterministic=deterministic).astype(x.dtype)
+    h = layer_norm("pre_ffn")(x)
+    stats = {}
+    if self.use_moe:
+      h, stats = MoeFeedForward(cfg.moe, dtype=cfg.dtype, name="moe")(h, inputs.token_mask,
+                                                                      deterministic=deterministic)
+    else:
+      h = DenseFFN(cfg.mlp_dim, cfg.dtype, cfg.dropout_rate, name="ffn")(h, deterministic=deterministic)
+    x = x + drop(h, deterministic=deterministic).astype(x.dtype)
+    return nn.with_logical_constraint(x, BLM), stats
+
+
+class Unit(nn.Module):
+  """`unit_size` layers, the last one MoE unless the model is dense; the body of the layer scan."""
+
+  cfg: TransformerConfig
+  is_decoder: bool
+  deterministic: bool
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, x, inputs: LayerInputs):
+    """x [B, L, M] -> (x [B, L, M], the unit's MoE stats)."""
+    n = self.cfg.unit_size
+    stats = {}
+    for i in range(n):
+      use_moe = self.cfg.moe_interval > 0 and i == n - 1
+      x, s = Layer(self.cfg, self.is_decoder, use_moe, self.decode, name=f"layer_{i}")(
+          x, inputs, deterministic=self.deterministic)
+      stats = s or stats
+    return x, stats
+
+
+class Stack(Unit):
+  """The encoder or decoder: `num_layers / unit_size` Units of the same settings, scanned (or looped), then a
+  final layer norm."""
+
+  num_layers: int = 0
+
+  @nn.compact
+  def __call__(self, x, inputs: LayerInputs):
+    """x [B, L, M] -> (x [B, L, M], MoE stats stacked over the units [U, ...])."""
+    cfg = self.cfg
+    num_units = self.num_layers // cfg.unit_size
+    unit = nn.remat(Unit, static_argnums=()) if cfg.remat else Unit
+    if cfg.scan_layers:
+      scanned = nn.scan(unit, variable_axes={"params": 0, "cache": 0, "memory": 0},
+                        split_rngs={"params": True, "dropout": True, "gating": True},
+                        in_axes=(nn.broadcast,), length=num_units,
+                        metadata_params={nn.PARTITION_NAME: "layers"})
+      x, stats = scanned(cfg, self.is_decoder, self.deterministic, self.decode, name="units")(x, inputs)
+    else:
+      per_unit = []
+      for u in range(num_units):
+        x, s = unit(cfg, self.is_decoder, self.deterministic, self.decode, name=f"unit_{u}")(x, inputs)
+        per_unit.append(s)
+      stats = jax.tree.map(lambda *s: jnp.stack(s), *per_unit) if per_unit and per_unit[0] else {}
+    return layer_norm("final_norm")(x), stats
+
+
+class Transformer(nn.Module):
+  """Encoder-decoder translation model. `__call__(batch)` -> (logits [B, L, V] float32, MoE stats)."""
+
+  cfg: TransformerConfig
+  deterministic: bool = True
+  decode: bool = False
+
+  def setup(self):
+    """Embeddings (token [V, M], optional learned positions), the untied logits [M, V], the two stacks."""
+    cfg = self.cfg
+    embed_init = nn.with_logical_partitioning(nn.initializers.normal(self._scales[0]), ("vocab", "embed"))
+    self.src_embed = nn.Embed(cfg.vocab_size, cfg.emb_dim, embedding_init=embed_init, name="embed")
+    self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embed(
+        cfg.vocab_size, cfg.emb_dim, embedding_init=embed_init, name="target_embed")
+    if not cfg.tied_logits:
+      self.logits_kernel = self.param("logits", nn.with_logical_partitioning(
+          nn.initializers.lecun_normal(), ("embed", "vocab")), (cfg.emb_dim, cfg.vocab_size))
+    if cfg.positions == "learned":
+      self.position_table = self.param("positions", nn.with_logical_partitioning(
+          nn.initializers.normal(0.02), (None, "embed")), (cfg.max_position, cfg.emb_dim))
+    self.encoder = Stack(cfg, False, self.deterministic, num_layers=cfg.num_encoder_layers, name="encoder")
+    self.decoder = Stack(cfg, True, self.deterministic, self.decode, num_layers=cfg.num_decoder_layers,
+                         name="decoder")
+    self.dropout = nn.Dropout(cfg.dropout_rate)
+
+  @property
+  def _scales(self) -> tuple[float, float, float]:
+    """(initial embedding std, input multiplier, tied-logits multiplier) of `cfg.embedding`."""
+    return tuple(self.cfg.emb_dim ** e for e in EMBEDDING_SCHEMES[self.cfg.embedding])
+
+  def _embed(self, table, tokens, positions):
+    x = table(tokens) * self._scales[1]
+    if self.cfg.positions == "learned":
+      x = x + jnp.take(self.position_table, positions, axis=0)
+    else:
+      x = x + sinusoidal(positions, self.cfg.emb_dim)
+    return nn.with_logical_constraint(self.dropout(x, deterministic=self.deterministic), BLM)
+
+  def encode(self, inputs, segments, positions):
+    """[B, Ls] tokens -> (memory [B, Ls, M], stats)."""
+    x = self._embed(self.src_embed, inputs, positions)
+    return self.encoder(x, LayerInputs(attention_bias(segments, segments, causal=False), segments > 0))
+
+  def decode_logits(self, memory, src_segments, decoder_inputs, segments, positions, decode_step=None):
+    """Decoder over [B, L] inputs (or one step of them when decoding) -> (logits [B, L, V] float32, stats)."""
+    x = self._embed(self.tgt_embed, decoder_inputs, positions)
+    # While decoding, the cache masks the future and N = B x beams rows attend to the B sentences' sources.
+    cross_bias = source_bias(src_segments) if self.decode else attention_bias(segments, src_segments, causal=False)
+    y, stats = self.decoder(x, LayerInputs(attention_bias(segments, segments, causal=True), segments > 0, memory,
+                                           cross_bias, decode_step))
+    if self.cfg.tied_logits:
+      logits = self.tgt_embed.attend(y.astype(jnp.float32)) * self._scales[2]
+    else:
+      logits = jnp.einsum("BLM,MV->BLV", y.astype(jnp.float32), self.logits_kernel)
+    return nn.with_logical_constraint(logits, ("batch", "length", "vocab")), stats
+
+  def __call__(self, batch):
+    memory, enc_stats = self.encode(batch["inputs"], batch["inputs_segmentation"], batch["inputs_position"])
+    decoder_inputs = shift_right(batch["targets"], batch["targets_segmentation"])
+    logits, dec_stats = self.decode_logits(memory, batch["inputs_segmentation"], decoder_inputs,
+                                           batch["targets_segmentation"], batch["targets_position"])
+    return logits, {"encoder": enc_stats, "decoder": dec_stats}
+
+
+def dummy_batch(batch_size: int, length: int) -> dict:
+  """An all-ones batch (positions 0, 1, ...) of the right shapes and dtypes, for initialisation and shapes."""
+  ones = jnp.ones((batch_size, length), jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch_size, length))
+  return {key: positions if key.endswith("_position") else ones for key in BATCH_KEYS}
+
+
+def count_params(config, vocab_size: int | None = None) -> int:
+  """Parameters of the model a config describes, from shapes alone (nothing is allocated)."""
+  cfg = TransformerConfig.from_config(config, vocab_size or config.data.vocab_size)
+  shapes = jax.eval_shape(lambda: Transformer(cfg).init(jax.random.key(0), dummy_batch(1, 8)))
+  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(shapes)))

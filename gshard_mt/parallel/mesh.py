@@ -1,0 +1,68 @@
+"""The device mesh: its axes, its shape from the config (in-slice ICI and across-slice DCN), and building it."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+from jax.experimental import mesh_utils
+
+from gshard_mt.errors import ConfigError
+
+MESH_AXES = ("data", "expert", "model")
+
+
+def dcn_shape(config) -> tuple[int, int, int]:
+  """(data, expert, model): how many slices (the DCN granules: TPU slices, or processes) each mesh axis spans."""
+  dcn = tuple(config.dcn_mesh[a] for a in ("data", "expert", "model"))
+  if any(not isinstance(v, int) or v < 1 for v in dcn):
+    raise ConfigError(f"dcn_mesh sizes must be positive integers, got {dict(config.dcn_mesh)}")
+  return dcn
+
+
+def ici_shape(config, num_devices: int) -> tuple[int, int, int]:
+  """(data, expert, model) within one slice; mesh.data = -1 takes the devices the other axes leave."""
+  slices = math.prod(dcn_shape(config))
+  if num_devices % slices:
+    raise ConfigError(f"dcn_mesh asks for {slices} slices, which does not divide the {num_devices} devices")
+  num_devices //= slices
+  where = f"the {num_devices} devices" + (f" of each of the {slices} slices (dcn_mesh)" if slices > 1 else "")
+  expert, model, data = config.mesh.expert, config.mesh.model, config.mesh.data
+  if expert < 1 or model < 1 or (data < 1 and data != -1):
+    raise ConfigError(f"mesh sizes must be positive (mesh.data may be -1), got data={data} expert={expert} "
+                      f"model={model}")
+  if data == -1:
+    if num_devices % (expert * model):
+      raise ConfigError(f"mesh.expert={expert} x mesh.model={model} does not divide {where}")
+    data = num_devices // (expert * model)
+  if data * expert * model != num_devices:
+    raise ConfigError(f"mesh data={data} x expert={expert} x model={model} = {data * expert * model} does not "
+                      f"match {where}")
+  return data, expert, model
+
+
+def mesh_shape(config, num_devices: int) -> tuple[int, int, int]:
+  """(data, expert, model) sizes of the whole mesh: the in-slice (ICI) sizes times the DCN sizes."""
+  return tuple(i * d for i, d in zip(ici_shape(config, num_devices), dcn_shape(config)))
+
+
+def make_mesh(config, devices=None) -> jax.sharding.Mesh:
+  """The ('data', 'expert', 'model') mesh; with dcn_mesh > 1 a hybrid one whose slices are contiguous blocks,
+  so only the axes that span slices cross the slow network (Pathways' islands of accelerators, Barham et al. 2022)."""
+  devices = list(devices if devices is not None else jax.devices())
+  axis_types = (jax.sharding.AxisType.Auto,) * 3
+  dcn = dcn_shape(config)
+  if dcn == (1, 1, 1):
+    return jax.make_mesh(mesh_shape(config, len(devices)), MESH_AXES, axis_types=axis_types,
+                         devices=devices)
+  ici = ici_shape(config, len(devices))
+  # TPU devices say which slice they are on; elsewhere (GPU hosts, CPU tests) a process is a slice.
+  by_slice = len({getattr(d, "slice_index", None) for d in devices}) > 1
+  granules = len({d.slice_index if by_slice else d.process_index for d in devices})
+  if granules != math.prod(dcn):
+    raise ConfigError(
+        f"dcn_mesh data={dcn[0]} x expert={dcn[1]} x model={dcn[2]} asks for {math.prod(dcn)} slices, but the "
+        f"{len(devices)} devices are on {granules} {'slices' if by_slice else 'processes'} (one process is one slice "
+        "off TPU)")
+  array = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, process_is_granule=not by_slice)
+  return jax.sharding.Mesh(array, MESH_AXES, axis_types=axis_types)

@@ -1,0 +1,1 @@
+"""Command-line tools: the dry run, the sharding report, sweeps, data inspection, and reading compiled HLO."""

@@ -1,0 +1,115 @@
+"""Runs a sweep: one training run per point, each in its own work directory, then a results table.
+
+  python -m gshard_mt.tools.sweep --sweep configs/sweeps/experts.py [--root runs/sweeps/experts] [--print_only]
+                            [--eval]  [-- extra train.py arguments applied to every point]
+
+A sweep file defines BASE (a config file) and get_sweep() -> list of {'name': ..., 'config.key': value, ...}.
+Points already finished are not run again (their work directory resumes at the last step).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import pathlib
+import shlex
+import subprocess
+import sys
+
+from gshard_mt import cli
+from gshard_mt import config as config_lib
+from gshard_mt.errors import ConfigError
+from gshard_mt.io import write_atomically
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def load_sweep(path: pathlib.Path) -> tuple[str, list[dict]]:
+  """(the base config file, the points) of a sweep file, each point's overrides checked against the base."""
+  module = config_lib.load_module(path, "get_sweep")
+  points = module.get_sweep()
+  names = [p.get("name") for p in points]
+  if None in names or len(set(names)) != len(names):
+    raise ConfigError(f"{path}: every sweep point needs a unique 'name', got {names}")
+  for p in points:  # a bad key fails here, before anything runs
+    config_lib.load(ROOT / module.BASE, {k: _text(v) for k, v in p.items() if k != "name"})
+  return module.BASE, points
+
+
+def _text(value) -> str:
+  return "inf" if isinstance(value, float) and math.isinf(value) else str(value)
+
+
+def command(base: str, workdir: pathlib.Path, point: dict, extra: list[str]) -> list[str]:
+  overrides = [f"--config.{k}={_text(v)}" for k, v in point.items() if k != "name"]
+  return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / base), "--workdir", str(workdir),
+          *overrides, *extra]
+
+
+def summarize(workdir: pathlib.Path, point: dict) -> dict:
+  """Parameters, final dev loss, tokens/s and (if evaluated) average BLEU of one finished point."""
+  from gshard_mt.model.transformer import count_params
+
+  row = {"name": point["name"], **{k: v for k, v in point.items() if k != "name"}}
+  config = config_lib.load_saved(workdir)
+  row["parameters"] = count_params(config)
+  metrics = [json.loads(line) for line in open(workdir / "metrics.jsonl")] if (
+      workdir / "metrics.jsonl").exists() else []
+  dev = [m for m in metrics if "dev_loss" in m]
+  train_rows = [m for m in metrics if "tokens_per_s" in m]
+  row["step"] = max((m["step"] for m in metrics), default=0)
+  row["dev_loss"] = dev[-1]["dev_loss"] if dev else None
+  row["tokens_per_s"] = train_rows[-1]["tokens_per_s"] if train_rows else None
+  scores = sorted(workdir.glob("eval/*/scores.json"))
+  row["bleu"] = json.loads(scores[-1].read_text())["average"]["bleu"] if scores else None
+  return row
+
+
+def write_tables(rows: list[dict], root: pathlib.Path):
+  keys = list(dict.fromkeys(k for r in rows for k in r))
+  table = io.StringIO(newline="")
+  writer = csv.DictWriter(table, keys)
+  writer.writeheader()
+  writer.writerows(rows)
+  write_atomically(root / "results.csv", table.getvalue())
+  fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
+  lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+  lines += ["| " + " | ".join(fmt(r.get(k)) for k in keys) + " |" for r in rows]
+  write_atomically(root / "results.md", "\n".join(lines) + "\n")
+  return "\n".join(lines)
+
+
+def main(argv):
+  extra = argv[argv.index("--") + 1:] if "--" in argv else []
+  argv = argv[: argv.index("--")] if "--" in argv else argv
+  parser = cli.parser(__doc__)
+  parser.add_argument("--sweep", required=True)
+  parser.add_argument("--root", default=None, help="default: runs/sweeps/<sweep file name>")
+  parser.add_argument("--print_only", action="store_true", help="print the commands instead of running them")
+  parser.add_argument("--eval", action="store_true", help="also run eval.py (test split) on each point")
+  args = parser.parse_args(argv)
+  sweep = pathlib.Path(args.sweep)
+  base, points = load_sweep(sweep)
+  root = pathlib.Path(args.root or ROOT / "runs" / "sweeps" / sweep.stem)
+  rows = []
+  for point in points:
+    workdir = root / point["name"]
+    cmd = command(base, workdir, point, extra)
+    if args.print_only:
+      print(shlex.join(cmd))
+      continue
+    print(f"== {point['name']}: {shlex.join(cmd)}", flush=True)
+    subprocess.run(cmd, check=True)
+    if args.eval:
+      subprocess.run([sys.executable, str(ROOT / "eval.py"), "--workdir", str(workdir)], check=True)
+    rows.append(summarize(workdir, point))
+  if rows:
+    root.mkdir(parents=True, exist_ok=True)
+    print(write_tables(rows, root))
+    print(f"wrote {root}/results.csv and results.md")
+
+
+if __name__ == "__main__":
+  cli.run(main, prog="python -m gshard_mt.tools.sweep")

@@ -1,0 +1,201 @@
+"""The training program: one readable loop around a jitted train step.
+
+  python train.py --config configs/tiny.py --workdir runs/tiny [--config.key=value ...]
+
+Re-running the same command resumes from the newest checkpoint. SIGTERM saves a checkpoint and exits.
+Updates whose loss or gradient is not finite are skipped on the device; with `nonfinite='stop'` the run then stops
+at the next log or checkpoint step, naming the step, and no checkpoint after it is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import pathlib
+import signal
+import time
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from tqdm import tqdm
+
+from gshard_mt import config as config_lib
+from gshard_mt.data import pipeline
+from gshard_mt.model.transformer import Transformer
+from gshard_mt.parallel import distributed
+from gshard_mt.training import checkpoint as checkpoint_lib
+from gshard_mt.training import metrics as metrics_lib
+from gshard_mt.training.setup import Setup, build
+from gshard_mt.training.step import eval_step
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteError(RuntimeError):
+  """The loss or the gradient was not finite."""
+
+
+def evaluate_loss(setup: Setup, params, data: pipeline.Data, config, split="dev") -> dict:
+  """Token-level nll, perplexity and accuracy on (up to `config.eval_batches` batches of) a split."""
+  step = jax.jit(functools.partial(eval_step, model=Transformer(setup.model_cfg, deterministic=True)))
+  totals = np.zeros(3)
+  tokens = data.tokens[split]
+  ids = np.random.default_rng(0).permutation(len(tokens))  # a fixed mix of all languages, even when capped
+  batches = pipeline.eval_batches(tokens, config.batch_size, config.data.max_length, ids)
+  with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+    for i, batch in enumerate(batches):
+      if config.eval_batches and i >= config.eval_batches:
+        break
+      batch.pop("index")
+      local = distributed.process_rows(batch)
+      totals += np.array(jax.device_get(step(params, distributed.global_batch(local, setup.mesh, setup.rules))))
+  nll = totals[0] / max(totals[2], 1)
+  return {f"{split}_loss": nll, f"{split}_perplexity": float(np.exp(min(nll, 50))),
+          f"{split}_accuracy": totals[1] / max(totals[2], 1)}
+
+
+class StepLogger:
+  """Keeps each step's metrics on the device until a log step, then fetches, checks and writes their mean."""
+
+  def __init__(self, config, writer: metrics_lib.Writer, bar, flops_per_token: float, checkpoint_dir):
+    self.config, self.writer, self.bar, self.flops_per_token = config, writer, bar, flops_per_token
+    self.checkpoint_dir = checkpoint_dir
+    self.pending: list = []
+    self.last: dict = {}
+    self.last_saved = None
+    self.started = time.perf_counter()
+    self.start_timer()
+
+  def start_timer(self):
+    """Called after the first step has run, so that compilation is not counted in the step times."""
+    self.timer, self.timed_steps = time.perf_counter(), 0
+
+  def add(self, step_metrics, first: bool = False):
+    self.pending.append(step_metrics)
+    self.timed_steps += 1
+    if first:  # one sync after compilation, which the step times then leave out
+      jax.block_until_ready(step_metrics["loss"])
+      self.start_timer()
+
+  def log_dev(self, step: int, dev: dict):
+    dev = dev | {"wall_s": time.perf_counter() - self.started}
+    self.writer.write(step, dev)
+    self.last.update(dev)
+    tqdm.write(f"step {step}: dev loss {dev['dev_loss']:.3f}, perplexity {dev['dev_perplexity']:.1f}")
+
+  def flush(self, step: int, packing_efficiency: float):
+    if not self.pending:
+      return
+    values = jax.device_get(self.pending)  # the only host sync of the loop
+    bad = [step - len(values) + i + 1 for i, v in enumerate(values) if not v["finite"]]
+    if bad and self.config.nonfinite == "stop":
+      last_good = self.last_saved if self.last_saved is not None else "(none)"
+      raise NonFiniteError(f"non-finite loss or gradient at step {bad[0]} (update skipped); last good "
+                           f"checkpoint: {self.checkpoint_dir}/{last_good}")
+    now = time.perf_counter()
+    seconds = (now - self.timer) / max(self.timed_steps, 1)
+    tokens = float(np.mean([v["source_tokens"] + v["target_tokens"] for v in values]))
+    last = {k: float(np.mean([v[k] for v in values])) for k in values[-1] if k != "finite"}
+    last.update(learning_rate=float(values[-1]["learning_rate"]), skipped_updates=len(bad), step_time=seconds,
+                wall_s=now - self.started,
+                tokens_per_s=tokens / seconds, packing_efficiency=packing_efficiency,
+                mfu=metrics_lib.mfu(self.flops_per_token * tokens / seconds, jax.devices()[0].device_kind,
+                                    jax.device_count()))
+    self.writer.write(step, last)
+    self.bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{last['tokens_per_s']:.0f}")
+    self.last = last
+    self.pending, self.timer, self.timed_steps = [], now, 0
+
+
+@contextlib.contextmanager
+def preemption_notice():
+  """Yields a list that becomes non-empty once the run should stop and save. One process: a SIGTERM handler.
+  Several: JAX's preemption service sees a SIGTERM on any process and names a step that every process stops at
+  (`reached`), so all of them save the same checkpoint together."""
+  flag: list = []
+  previous = None if jax.process_count() > 1 else signal.signal(signal.SIGTERM, lambda *_: flag.append(True))
+  try:
+    yield flag
+  finally:
+    if previous is not None:
+      signal.signal(signal.SIGTERM, previous)
+
+
+def reached_preemption_point(step: int) -> bool:
+  return jax.process_count() > 1 and multihost_utils.reached_preemption_sync_point(step)
+
+
+def prepare(config, workdir: pathlib.Path) -> pipeline.Data:
+  """Checks and saves the config, then loads the data (process 0 first: it trains and caches the tokenizer)."""
+  config_lib.validate(config, jax.device_count())
+  if jax.process_index() == 0:
+    config_lib.save(config, workdir)
+  if jax.process_count() > 1:
+    if jax.process_index() == 0:
+      pipeline.load(config, workdir)
+    multihost_utils.sync_global_devices("gshard_mt: data prepared")
+  return pipeline.load(config, workdir)
+
+
+def restore_or_init(setup: Setup, ckpts: checkpoint_lib.Checkpoints, batches, seed: int):
+  """The newest readable checkpoint (moving the batches to where it stopped), or a fresh state."""
+  restored = ckpts.restore(setup.abstract_target())
+  if not restored:
+    return setup.init_state(seed)
+  step, state, data_state = restored
+  batches.set_state(data_state)
+  log.info("resumed from %s at step %d", ckpts.directory, step)
+  return state
+
+
+def train_and_evaluate(config, workdir: str | pathlib.Path) -> dict:
+  """Trains (resuming when the work directory has checkpoints); returns the last logged metrics."""
+  workdir = pathlib.Path(workdir)
+  data = prepare(config, workdir)
+  setup = build(config, data.tokenizer.vocab_size)
+  ckpts = checkpoint_lib.Checkpoints(workdir / "checkpoints", config.checkpoint_every, config.keep_checkpoints)
+  batches = data.train_batches(config, jax.process_index(), jax.process_count())
+  state = restore_or_init(setup, ckpts, batches, config.seed)
+  step = start = int(jax.device_get(state.step))
+  step_fn = setup.jit_train_step(Transformer(setup.model_cfg, deterministic=False), config)
+  is_main = jax.process_index() == 0
+  bar = tqdm(total=config.num_train_steps, initial=start, disable=not is_main, desc="train", unit="step")
+  logger = StepLogger(config, metrics_lib.Writer(workdir, enabled=is_main), bar,
+                      6 * metrics_lib.active_params(state.params, config.moe.num_experts), ckpts.directory)
+  logger.last_saved = ckpts.latest()
+  feed = pipeline.prefetch(batches, config.data.prefetch,
+                           lambda item: (item[0], distributed.global_batch(item[1], setup.mesh, setup.rules)))
+
+  def save(step, next_index):
+    logger.flush(step, batches.packing_efficiency)  # checks for non-finite steps before anything is written
+    ckpts.save(step, state, {"seed": batches.seed, "next_index": next_index}, force=True)
+    logger.last_saved = step
+
+  try:
+    with preemption_notice() as preempted, jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+      while step < config.num_train_steps and not preempted:
+        index, batch = next(feed)
+        state, step_metrics = step_fn(state, batch)
+        logger.add(step_metrics, first=step == start)  # the first step's sync keeps compilation out of timings
+        step += 1
+        bar.update(1)
+        if reached_preemption_point(step):
+          preempted.append(True)
+        last = step == config.num_train_steps
+        if step % config.log_every == 0 or last:
+          logger.flush(step, batches.packing_efficiency)
+        if ckpts.should_save(step) or last:
+          save(step, index + 1)
+        if config.eval_every and (step % config.eval_every == 0 or last):
+          logger.log_dev(step, evaluate_loss(setup, state.params, data, config))
+      if preempted:
+        log.warning("SIGTERM: saving a checkpoint at step %d and exiting", step)
+        if logger.last_saved != step:
+          save(step, step)
+  finally:
+    for close in (feed.close, bar.close, ckpts.wait, ckpts.close, logger.writer.close):
+      close()
+  return {"step": step, **logger.last, "preempted": bool(preempted)}

@@ -1,0 +1,73 @@
+"""What training, evaluation and the dry run build from a config: the train state, the optimizer, the mesh and
+the state's shardings, all without allocating anything until asked."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch
+from gshard_mt.parallel import mesh as mesh_lib
+from gshard_mt.parallel import rules as rules_lib
+from gshard_mt.parallel import shardings
+from gshard_mt.training import checkpoint as checkpoint_lib
+from gshard_mt.training.optimizer import make_optimizer
+from gshard_mt.training.step import TrainState, train_step
+
+
+@dataclasses.dataclass
+class Setup:
+  """What training and evaluation build from a config: model, optimizer, mesh, shardings, abstract state."""
+
+  model_cfg: TransformerConfig
+  mesh: jax.sharding.Mesh
+  rules: list
+  tx: optax.GradientTransformation
+  abstract_state: TrainState
+  state_shardings: TrainState
+
+  def init_state(self, seed: int) -> TrainState:
+    init = functools.partial(_init_state, self.model_cfg, self.tx, seed)
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      return jax.jit(init, out_shardings=self.state_shardings)()
+
+  def jit_train_step(self, model: Transformer, config):
+    """The jitted train step with the state's and the batch's shardings fixed (the state is donated)."""
+    return jax.jit(functools.partial(train_step, model=model, tx=self.tx, config=config),
+                   in_shardings=(self.state_shardings, shardings.batch_shardings(self.mesh, self.rules)),
+                   out_shardings=(self.state_shardings, None), donate_argnums=0)
+
+  def abstract_target(self):
+    """The abstract state with its shardings: what a checkpoint restores into."""
+    return checkpoint_lib.abstract_with_shardings(self.abstract_state, self.state_shardings)
+
+
+def _init_state(model_cfg, tx, seed, boxed=False):
+  """The initial state; boxed=True keeps the parameters' logical axes (and leaves out the optimizer state)."""
+  key = jax.random.key(seed)
+  variables = Transformer(model_cfg).init({"params": key}, dummy_batch(1, 8))
+  params = variables["params"] if boxed else nn.unbox(variables["params"])
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=None if boxed else tx.init(params),
+                    rng=jax.random.key_data(jax.random.fold_in(key, 1)))
+
+
+def build(config, vocab_size: int, devices=None) -> Setup:
+  """Model, optimizer, mesh and the shardings of the train state, all without allocating anything."""
+  model_cfg = TransformerConfig.from_config(config, vocab_size)
+  mesh = mesh_lib.make_mesh(config, devices)
+  rules = rules_lib.rules(config)
+  tx = make_optimizer(config.optimizer)
+  boxed = jax.eval_shape(functools.partial(_init_state, model_cfg, tx, 0, True)).params
+  abstract = jax.eval_shape(functools.partial(_init_state, model_cfg, tx, 0))
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  state_shardings = TrainState(
+      step=replicated, params=shardings.param_shardings(boxed, mesh, rules), rng=replicated,
+      opt_state=shardings.optimizer_shardings(tx, abstract.opt_state, boxed, mesh, rules))
+  return Setup(model_cfg, mesh, rules, tx, abstract, state_shardings)
+
+

@@ -1,0 +1,18 @@
+"""What the tests share besides fixtures: the repository root and a small config that compiles in seconds."""
+
+import pathlib
+
+from gshard_mt import config as config_lib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LANGUAGES = "fra,deu,spa,ell,kab"
+
+
+def small_config(**overrides):
+  """configs/tiny.py shrunk to compile and run in seconds on a CPU."""
+  values = {"batch_size": "8", "num_train_steps": "6", "log_every": "1", "eval_every": "0", "eval_batches": "2",
+            "checkpoint_every": "3", "data.languages": LANGUAGES, "data.vocab_size": "600", "data.max_length": "24",
+            "model.emb_dim": "32", "model.num_heads": "2", "model.head_dim": "16", "model.mlp_dim": "64",
+            "moe.num_experts": "4", "moe.hidden_dim": "64", "moe.group_size": "64", "data.prefetch": "1"}
+  values.update({k: str(v) for k, v in overrides.items()})
+  return config_lib.load(ROOT / "configs" / "tiny.py", values)

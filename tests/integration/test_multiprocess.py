@@ -1,0 +1,90 @@
+"""Two processes x 4 CPU devices train with the same losses as one process x 8 devices (jax.distributed on
+localhost), each process feeding its own rows and all of them writing the checkpoints; a hybrid mesh with one
+process per slice does the same; a SIGTERM to one process stops both at the same step with a checkpoint."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import ROOT
+
+pytestmark = pytest.mark.slow  # trains, compiles for many devices or starts processes
+
+OVERRIDES = {"num_train_steps": 3, "checkpoint_every": 3, "eval_every": 0, "log_every": 1, "batch_size": 8,
+             "data.languages": "fra,deu,spa,ell,kab", "data.vocab_size": 600, "data.max_length": 24,
+             "model.emb_dim": 32, "model.num_heads": 2, "model.head_dim": 16, "model.mlp_dim": 64,
+             "moe.num_experts": 8, "moe.hidden_dim": 64, "moe.group_size": 24, "data.prefetch": 1,
+             "mesh.data": 2, "mesh.expert": 4}
+ENV = dict(os.environ, PYTHONPATH=str(ROOT))
+
+
+def command(workdir, **extra):
+  args = {**OVERRIDES, **extra}
+  return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"), "--workdir",
+          str(workdir)] + [f"--config.{k}={v}" for k, v in args.items()]
+
+
+def losses(workdir):
+  return [json.loads(line)["loss"] for line in open(workdir / "metrics.jsonl") if '"loss"' in line]
+
+
+def start_two_processes(workdir, **extra) -> list[subprocess.Popen]:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  return [subprocess.Popen(command(workdir, **{"distributed.coordinator_address": f"localhost:{port}",
+                                               "distributed.num_processes": 2, "distributed.process_id": i},
+                                   **extra),
+                           env=dict(ENV, JAX_NUM_CPU_DEVICES="4"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True) for i in range(2)]
+
+
+def finish(workers) -> list[str]:
+  outputs = [w.communicate(timeout=600)[0] for w in workers]
+  for w, out in zip(workers, outputs):
+    assert w.returncode == 0, out[-3000:]
+  return outputs
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, tokenizer_dir):
+  workdir = tmp_path_factory.mktemp("single")
+  shutil.copytree(tokenizer_dir, workdir / "tokenizer")
+  proc = subprocess.run(command(workdir), env=dict(ENV, JAX_NUM_CPU_DEVICES="8"), capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+  assert len(losses(workdir)) == 3
+  return workdir
+
+
+# "hybrid": each process is one slice of a dcn_mesh, one data row of 4 expert devices.
+@pytest.mark.parametrize("mesh", [{}, {"dcn_mesh.data": 2, "mesh.data": 1}], ids=["flat", "hybrid"])
+def test_two_processes_match_one(tmp_path, tokenizer_dir, one_process, mesh):
+  shutil.copytree(tokenizer_dir, tmp_path / "tokenizer")
+  finish(start_two_processes(tmp_path, **mesh))
+  assert len(losses(tmp_path)) == 3
+  for a, b in zip(losses(tmp_path), losses(one_process)):
+    assert abs(a - b) < 1e-5
+  assert (tmp_path / "checkpoints" / "3").is_dir()
+
+
+def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path, tokenizer_dir):
+  shutil.copytree(tokenizer_dir, tmp_path / "tokenizer")
+  workers = start_two_processes(tmp_path, num_train_steps=100000, checkpoint_every=100000)
+  deadline = time.time() + 300
+  while not (tmp_path / "metrics.jsonl").exists() or len(losses(tmp_path)) < 2:  # training is under way
+    assert time.time() < deadline and all(w.poll() is None for w in workers)
+    time.sleep(0.5)
+  workers[1].send_signal(signal.SIGTERM)  # not process 0, which logs
+  outputs = finish(workers)
+  saved = [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
+  assert len(saved) == 1 and 2 <= saved[0] < 100000, saved
+  for out in outputs:
+    assert f"SIGTERM: saving a checkpoint at step {saved[0]}" in out

@@ -1,0 +1,119 @@
+"""End-to-end training on the shipped corpus: exact resumption, preemption, corrupt checkpoints, non-finite guard."""
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from gshard_mt.data import pipeline
+from gshard_mt.training import checkpoint as checkpoint_lib
+from gshard_mt.training import loop
+from gshard_mt.training.setup import build
+from tests.helpers import LANGUAGES, ROOT, small_config
+
+pytestmark = pytest.mark.slow  # trains, compiles for many devices or starts processes
+
+
+def losses(workdir):
+  rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+  return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def restore_params(workdir, step):
+  with ocp.StandardCheckpointer() as ckpt:
+    return ckpt.restore(workdir / "checkpoints" / str(step) / "state")["params"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, tokenizer_dir):
+  workdir = tmp_path_factory.mktemp("uninterrupted")
+  shutil.copytree(tokenizer_dir, workdir / "tokenizer")
+  result = loop.train_and_evaluate(small_config(eval_every=6), workdir)
+  return workdir, result
+
+
+def test_runs_and_writes_everything(uninterrupted):
+  workdir, result = uninterrupted
+  assert result["step"] == 6 and np.isfinite(result["dev_loss"])
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["3", "6"]
+  rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+  assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4, 5, 6]
+  first = rows[0]
+  for key in ("nll", "accuracy", "aux_loss", "z_loss", "learning_rate", "grad_norm", "tokens_per_s", "step_time",
+              "packing_efficiency", "moe/encoder_0/top1_dropped", "moe/decoder_0/load_cv"):
+    assert key in first, key
+  assert any("dev_perplexity" in r for r in rows)
+  assert (workdir / "config.json").exists() and list((workdir / "tensorboard").iterdir())
+
+
+def test_resume_is_exact(uninterrupted, workdir):
+  reference, _ = uninterrupted
+  loop.train_and_evaluate(small_config(num_train_steps=3, eval_every=6), workdir)
+  assert sorted(losses(workdir)) == [1, 2, 3]
+  loop.train_and_evaluate(small_config(eval_every=6), workdir)  # resumes at step 3
+  assert losses(workdir) == losses(reference)  # bit for bit
+  for a, b in zip(jax.tree.leaves(restore_params(workdir, 6)), jax.tree.leaves(restore_params(reference, 6))):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_truncated_latest_checkpoint_falls_back(uninterrupted, tmp_path, caplog):
+  workdir = tmp_path / "copy"
+  shutil.copytree(uninterrupted[0], workdir)
+  for path in (workdir / "checkpoints" / "6" / "state").rglob("*"):
+    if path.is_file():
+      path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 3])
+  config = small_config()
+  data = pipeline.load(config, workdir)
+  setup = build(config, data.tokenizer.vocab_size)
+  with caplog.at_level(logging.WARNING), checkpoint_lib.Checkpoints(workdir / "checkpoints") as ckpts:
+    step, state, data_state = ckpts.restore(setup.abstract_target())
+  assert step == 3 and data_state["next_index"] == 3 and int(state.step) == 3
+  assert "checkpoints/6 cannot be restored" in caplog.text
+
+
+def test_nonfinite_stop_names_the_step_and_writes_no_checkpoint(workdir):
+  with pytest.raises(loop.NonFiniteError, match=r"at step 1 .*last good checkpoint: .*\(none\)"):
+    loop.train_and_evaluate(small_config(**{"moe.aux_loss_weight": "nan"}), workdir)
+  assert not (workdir / "checkpoints").exists() or not os.listdir(workdir / "checkpoints")
+
+
+def test_nonfinite_skip_keeps_the_parameters(workdir):
+  config = small_config(**{"moe.aux_loss_weight": "nan", "nonfinite": "skip", "num_train_steps": 3})
+  result = loop.train_and_evaluate(config, workdir)
+  assert result["skipped_updates"] == 1  # per logged step, each skipped
+  setup = build(config, pipeline.load(config, workdir).tokenizer.vocab_size)
+  initial = setup.init_state(config.seed).params
+  for a, b in zip(jax.tree.leaves(restore_params(workdir, 3)), jax.tree.leaves(initial)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_sigterm_saves_a_checkpoint_that_resumes(workdir):
+  args = [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"), "--workdir",
+          str(workdir)] + [f"--config.{k}={v}" for k, v in {
+              "num_train_steps": 10_000, "checkpoint_every": 10_000, "eval_every": 0, "log_every": 1,
+              "batch_size": 8, "data.languages": LANGUAGES, "data.vocab_size": 600, "data.max_length": 24,
+              "model.emb_dim": 32, "model.num_heads": 2, "model.head_dim": 16, "model.mlp_dim": 64,
+              "moe.num_experts": 4, "moe.hidden_dim": 64, "moe.group_size": 64, "data.prefetch": 1}.items()]
+  proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  metrics = workdir / "metrics.jsonl"
+  deadline = time.time() + 240
+  while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+    assert proc.poll() is None, proc.stdout.read()
+    time.sleep(0.5)
+  proc.send_signal(signal.SIGTERM)
+  out, _ = proc.communicate(timeout=120)
+  assert proc.returncode == 0, out
+  assert "SIGTERM: saving a checkpoint" in out
+  steps = [int(s) for s in os.listdir(workdir / "checkpoints")]
+  assert len(steps) == 1 and steps[0] >= 3
+  result = loop.train_and_evaluate(small_config(num_train_steps=steps[0] + 1, log_every=1), workdir)
+  assert result["step"] == steps[0] + 1 and np.isfinite(result["loss"])

@@ -1,0 +1,39 @@
+"""What every command shares: a user error ends it with one line and status 2; anything else is a bug."""
+
+import pytest
+
+from gshard_mt import cli
+from gshard_mt.errors import ConfigError, DataError, WorkdirError
+
+
+@pytest.mark.parametrize("error", [ConfigError("moe.num_experts=3: bad"), DataError("x.de:4: invalid UTF-8"),
+                                   WorkdirError("runs/x/config.json not found")])
+def test_user_errors_exit_2_with_one_line(error, capsys):
+  def main(argv):
+    raise error
+
+  with pytest.raises(SystemExit) as exit_info:
+    cli.run(main, [], prog="tool")
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert err == f"tool: error: {error}\n"
+
+
+def test_other_errors_are_not_hidden():
+  def main(argv):
+    raise RuntimeError("a bug")
+
+  with pytest.raises(RuntimeError, match="a bug"):
+    cli.run(main, [])
+
+
+def test_config_with_overrides(tmp_path):
+  from tests.helpers import ROOT
+
+  parser = cli.parser("doc", config=True)
+  parser.add_argument("--workdir")
+  args, config = cli.parse_with_overrides(parser, ["--config", str(ROOT / "configs" / "tiny.py"), "--workdir", "w",
+                                                   "--config.moe.num_experts=8"])
+  assert args.workdir == "w" and config.moe.num_experts == 8
+  with pytest.raises(ConfigError, match="unknown config key 'moe.num_expert'"):
+    cli.parse_with_overrides(parser, ["--config", str(ROOT / "configs" / "tiny.py"), "--config.moe.num_expert=8"])

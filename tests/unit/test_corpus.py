@@ -1,0 +1,117 @@
+"""Corpus sources: the shipped Tatoeba-112, folders, TSV, TFDS, splits, and their errors."""
+
+import gzip
+
+import pytest
+
+from gshard_mt.data import corpus
+from gshard_mt.errors import DataError
+from tests.helpers import small_config
+
+
+@pytest.fixture(scope="module")
+def shipped():
+  return corpus.load_folder(corpus.SHIPPED / "tatoeba")
+
+
+def test_shipped_corpus_is_complete(shipped):
+  data, empty = shipped
+  assert len(data) == 112 and empty == 0
+  assert sum(len(p) for p in data.values()) == 88_877  # no duplicates in the shipped corpus
+  assert (corpus.SHIPPED / "tatoeba" / "README.md").exists()
+
+
+def test_split_is_deterministic_and_disjoint(shipped):
+  data, _ = shipped
+  a, b = corpus.split_corpus(data), corpus.split_corpus(data)
+  for lang in ("fra", "kab", "tha", "yue"):
+    pairs = {name: set(zip(a[name][lang].src, a[name][lang].tgt)) for name in corpus.SPLITS}
+    assert not (pairs["train"] & pairs["dev"]) and not (pairs["train"] & pairs["test"])
+    assert not (pairs["dev"] & pairs["test"])
+    assert sum(len(p) for p in pairs.values()) == len(data[lang])
+    assert a["test"][lang].src == b["test"][lang].src
+    assert a["test"][lang].src == data[lang].src[-len(a["test"][lang]):]  # the last 10%
+    assert len(a["dev"][lang]) >= 5 and len(a["test"][lang]) >= 5
+
+
+def write_pair(folder, lang, src_lines, tgt_lines, gz=False):
+  for side, lines in ((lang, src_lines), ("eng", tgt_lines)):
+    path = folder / f"corpus.{lang}-eng.{side}{'.gz' if gz else ''}"
+    raw = "".join(line + "\n" for line in lines).encode()
+    path.write_bytes(gzip.compress(raw) if gz else raw)
+
+
+def test_folder_source_skips_empty_lines_and_duplicates(tmp_path):
+  write_pair(tmp_path, "xx", ["a", "", "b", "a"], ["A", "B", "", "A"])
+  write_pair(tmp_path, "yy", ["c", "d"], ["C", "D"], gz=True)
+  data, empty = corpus.load_folder(tmp_path)
+  assert data["xx"].src == ["a"] and data["xx"].tgt == ["A"] and empty == 2
+  assert data["yy"].src == ["c", "d"]
+
+
+def test_tsv_source(tmp_path):
+  path = tmp_path / "pairs.tsv"
+  path.write_text("fra\tbonjour\thello\n\ndeu\thallo\thello\nfra\tmerci\tthanks\n")
+  data, empty = corpus.load_tsv(path)
+  assert data["fra"].src == ["bonjour", "merci"] and data["deu"].tgt == ["hello"] and empty == 1
+  path.write_text("fra\tbonjour\thello\nfra\tonly two fields\n")
+  with pytest.raises(DataError, match=r"pairs.tsv:2: expected 3 tab-separated fields"):
+    corpus.load_tsv(path)
+
+
+def test_bad_files_give_clear_errors(tmp_path):
+  write_pair(tmp_path, "xx", ["a", "b"], ["A"])
+  with pytest.raises(DataError, match=r"corpus.xx-eng.xx has 2 lines but .*corpus.xx-eng.eng has 1"):
+    corpus.load_folder(tmp_path)
+  (tmp_path / "corpus.xx-eng.eng").write_bytes(b"A\n\xff\xfeB\n")
+  with pytest.raises(DataError, match=r"corpus.xx-eng.eng:2: invalid UTF-8"):
+    corpus.load_folder(tmp_path)
+  (tmp_path / "corpus.xx-eng.eng").unlink()
+  with pytest.raises(DataError, match="no English side corpus.xx-eng.eng"):
+    corpus.load_folder(tmp_path)
+  with pytest.raises(DataError, match="data folder not found"):
+    corpus.load_folder(tmp_path / "missing")
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  with pytest.raises(DataError, match="no `\\*.xx-eng.xx`"):
+    corpus.load_folder(empty)
+  with pytest.raises(DataError, match="file not found"):
+    corpus.read_lines(tmp_path / "nope.txt")
+
+
+def test_config_level_errors(tmp_path):
+  with pytest.raises(DataError, match=r"unknown language code\(s\) \['zzz'\] in data.languages"):
+    corpus.load_corpus(small_config(**{"data.languages": "fra,zzz"}).data)
+  write_pair(tmp_path, "xx", [""] * 3, ["A"] * 3)
+  with pytest.raises(DataError, match="xx has 0 usable pairs"):
+    corpus.load_corpus(small_config(**{"data.source": "folder", "data.path": str(tmp_path),
+                                       "data.languages": ""}).data)
+  with pytest.raises(DataError, match="unknown TFDS dataset data.tfds_name='no_such_dataset_xyz'"):
+    corpus.load_corpus(small_config(**{"data.source": "tfds", "data.tfds_name": "no_such_dataset_xyz",
+                                       "data.tfds_data_dir": str(tmp_path), "data.languages": ""}).data)
+
+
+def test_tfds_source_without_tensorflow(tmp_path):
+  import tensorflow_datasets as tfds
+
+  class TinyDeEnTranslate(tfds.core.GeneratorBasedBuilder):
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+      return tfds.core.DatasetInfo(builder=self, features=tfds.features.Translation(languages=["de", "en"]))
+
+    def _split_generators(self, dl_manager):
+      return {"train": self._generate_examples(30), "validation": self._generate_examples(4, "v"),
+              "test": self._generate_examples(5, "t")}
+
+    def _generate_examples(self, n, prefix=""):
+      for i in range(n):
+        yield f"{prefix}{i}", {"de": f"{prefix}hallo {i}", "en": f"{prefix}hello {i}"}
+
+  TinyDeEnTranslate(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
+  splits, _ = corpus.load_corpus(small_config(**{"data.source": "tfds", "data.tfds_name": "tiny_de_en_translate",
+                                                 "data.tfds_data_dir": str(tmp_path), "data.languages": ""}).data)
+  assert len(splits["train"]["de"]) == 30 and len(splits["dev"]["de"]) == 4 and len(splits["test"]["de"]) == 5
+  assert sorted(splits["test"]["de"].tgt) == sorted(f"thello {i}" for i in range(5))
+  i = splits["train"]["de"].src.index("hallo 7")
+  assert splits["train"]["de"].tgt[i] == "hello 7"

@@ -1,0 +1,193 @@
+"""Decoding: incremental decoding equals the full forward pass, beam 1 equals greedy, EOS and max length."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gshard_mt.data.packing import SOURCE_KEYS
+from gshard_mt.data.tokenizer import EOS_ID, PAD_ID, UNK_ID
+from gshard_mt.evaluation import decode
+from gshard_mt.model.transformer import Transformer, dummy_batch
+from gshard_mt.training.setup import build
+from tests.helpers import small_config
+
+V, L = 12, 9
+
+
+def table_step_fn(seed, eos_bias=0.0):
+  """A toy decoder: log-probs depend on the previous token and the position; the cache counts calls per row."""
+  table = jax.random.normal(jax.random.key(seed), (V, L, V)) * 3.0
+  table = table.at[:, :, EOS_ID].add(eos_bias).at[:, :, PAD_ID].set(-1e9)
+
+  def step_fn(tokens, i, cache):
+    return jax.nn.log_softmax(table[tokens, i]), jax.tree.map(lambda c: c + 1, cache)
+
+  return step_fn
+
+
+def toy_cache(n):
+  return {"calls": jnp.zeros((n, 1, 1, 1))}  # [..., N, len, A, D] like the model's
+
+
+def greedy_reference(step_fn, batch_size, max_len):
+  """Step by step in Python: argmax until EOS."""
+  out = np.zeros((batch_size, max_len), np.int32)
+  for b in range(batch_size):
+    prev = PAD_ID
+    for i in range(max_len):
+      lp, _ = step_fn(jnp.full((batch_size,), prev, jnp.int32), i, toy_cache(batch_size))
+      prev = int(jnp.argmax(lp[b]))
+      out[b, i] = prev
+      if prev == EOS_ID:
+        break
+  return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_matches_reference_and_beam_one_equals_greedy(seed):
+  step_fn = table_step_fn(seed, eos_bias=1.0)
+  greedy = np.asarray(jax.jit(lambda: decode.greedy_search(step_fn, toy_cache(3), 3, L))())
+  np.testing.assert_array_equal(greedy, greedy_reference(step_fn, 3, L))
+  beam, _ = jax.jit(lambda: decode.beam_search(step_fn, toy_cache(3), 3, 1, L, alpha=0.0))()
+  np.testing.assert_array_equal(np.asarray(beam[:, 0]), greedy)
+
+
+def sequence_logprob(step_fn, seq):
+  total, prev = 0.0, PAD_ID
+  for i, tok in enumerate(seq):
+    lp, _ = step_fn(jnp.array([prev], jnp.int32), i, toy_cache(1))
+    total += float(lp[0, tok])
+    prev = tok
+    if tok == EOS_ID:
+      break
+  return total
+
+
+def test_beam_search_finds_at_least_as_good_hypotheses():
+  for seed in range(4):
+    step_fn = table_step_fn(seed, eos_bias=1.0)
+    tokens, scores = jax.jit(lambda f=step_fn: decode.beam_search(f, toy_cache(8), 2, 4, L, alpha=0.0))()
+    greedy = np.asarray(jax.jit(lambda f=step_fn: decode.greedy_search(f, toy_cache(2), 2, L))())
+    for b in range(2):
+      best = list(np.asarray(tokens[b, 0]))
+      assert EOS_ID in best
+      np.testing.assert_allclose(float(scores[b, 0]), sequence_logprob(step_fn, best), rtol=1e-4, atol=1e-4)
+      assert sequence_logprob(step_fn, best) >= sequence_logprob(step_fn, list(greedy[b])) - 1e-4
+      assert float(scores[b, 0]) >= float(scores[b, 1])
+
+
+def test_stops_at_eos_and_respects_max_len():
+  always_eos = table_step_fn(0, eos_bias=100.0)
+  out = np.asarray(decode.greedy_search(always_eos, toy_cache(2), 2, L))
+  assert (out[:, 0] == EOS_ID).all() and (out[:, 1:] == PAD_ID).all()
+  never_eos = table_step_fn(0, eos_bias=-100.0)
+  out = np.asarray(decode.greedy_search(never_eos, toy_cache(2), 2, 5))
+  assert out.shape == (2, 5) and EOS_ID not in out
+  tokens, _ = decode.beam_search(never_eos, toy_cache(6), 2, 3, 5)
+  assert tokens.shape == (2, 3, 5) and EOS_ID not in np.asarray(tokens)
+
+
+def test_length_penalty():
+  assert decode.length_penalty(1, 0.0) == 1.0
+  assert decode.length_penalty(7, 1.0) == pytest.approx(2.0)
+  assert decode.cut_at_eos(np.array([[5, 6, EOS_ID, 7], [5, 0, 0, 0]])) == [[5, 6], [5, 0, 0, 0]]
+
+
+@pytest.fixture(scope="module")
+def model_and_params():
+  config = small_config(**{"model.dropout_rate": "0.0"})
+  setup = build(config, 600)
+  return setup.model_cfg, setup.init_state(0).params
+
+
+def random_batch(B, T, vocab=600, seed=0):
+  rng = np.random.default_rng(seed)
+  batch = {k: np.array(v) for k, v in dummy_batch(B, T).items()}
+  batch["inputs"] = rng.integers(3, vocab, (B, T)).astype(np.int32)
+  batch["targets"] = rng.integers(3, vocab, (B, T)).astype(np.int32)
+  batch["inputs_segmentation"][1, T - 3:] = 0  # a padded source: its keys must stay masked while decoding
+  return batch
+
+
+def test_incremental_decoding_equals_full_forward(model_and_params):
+  """Step-by-step decoding (self-attention cache, source keys/values computed once, 2 beams per sentence sharing
+  them) gives the logits of the full forward pass."""
+  cfg, params = model_and_params
+  B, K, T = 3, 2, 10
+  batch = random_batch(B, T)
+  full, _ = jax.jit(Transformer(cfg).apply)({"params": params}, batch)
+  model = Transformer(cfg, decode=True)
+  src_segments = batch["inputs_segmentation"]
+  memory, _ = model.apply({"params": params}, batch["inputs"], src_segments, batch["inputs_position"],
+                          method=Transformer.encode)
+
+  @functools.partial(jax.jit, static_argnums=4)
+  def decoder(variables, tokens, positions, step, mutable):
+    return model.apply(variables, memory, src_segments, tokens, jnp.ones_like(tokens), positions,
+                       decode_step=step, method=Transformer.decode_logits, mutable=mutable)
+
+  rows = np.repeat(np.arange(B), K)  # beams of a sentence are adjacent rows
+  _, variables = decoder({"params": params}, jnp.zeros((B * K, T), jnp.int32), jnp.zeros((B * K, T), jnp.int32), 0,
+                         ("cache", "memory"))
+  cache, source_kv = variables["cache"], variables["memory"]
+  inputs = np.concatenate([np.zeros((B, 1), np.int32), batch["targets"][:, :-1]], axis=1)[rows]
+  steps = []
+  for i in range(T):
+    (logits, _), variables = decoder({"params": params, "cache": cache, "memory": source_kv}, inputs[:, i:i + 1],
+                                     jnp.full((B * K, 1), i), i, ("cache",))
+    cache = variables["cache"]
+    steps.append(logits[:, 0])
+  np.testing.assert_allclose(np.stack(steps, 1), np.asarray(full)[rows], atol=1e-4, rtol=1e-4)
+
+
+def full_forward_step_fn(cfg, params, batch, rows, T):
+  """A decoding step that reruns the whole model (no cache) over the prefix so far; the 'cache' is the prefix
+  [N, T, 1, 1], which beam search reorders with the beams."""
+  model = Transformer(cfg)
+  src = {k: jnp.repeat(batch[k], rows // batch["inputs"].shape[0], axis=0) for k in SOURCE_KEYS}
+
+  def step_fn(tokens, i, prefix):
+    prefix = prefix.at[:, i, 0, 0].set(tokens)
+    targets = jnp.concatenate([prefix[:, 1:, 0, 0], jnp.zeros((rows, 1), jnp.int32)], axis=1)  # shifted back
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (rows, T))
+    logits, _ = model.apply({"params": params}, src | {"targets": targets, "targets_segmentation": jnp.ones_like(
+        targets), "targets_position": positions})
+    logits = logits[:, i].at[:, (PAD_ID, UNK_ID)].set(decode.NEG_INF)
+    return jax.nn.log_softmax(logits), prefix
+
+  return step_fn, jnp.zeros((rows, T, 1, 1), jnp.int32)
+
+
+def test_translator_equals_beam_search_over_the_full_forward_pass(model_and_params):
+  """The Translator's cached decoding (source keys and values once per sentence) finds the same hypotheses as
+  beam search whose every step runs the whole model over the prefix, and never emits PAD or UNK."""
+  cfg, params = model_and_params
+  B, K, T = 4, 3, 7
+  batch = random_batch(B, 8, seed=1)
+  step_fn, prefix = full_forward_step_fn(cfg, params, batch, B * K, T)
+  expected, _ = jax.jit(lambda: decode.beam_search(step_fn, prefix, B, K, T))()
+  got = decode.Translator(cfg, params, beam_size=K, max_len=T)(batch)
+  np.testing.assert_array_equal(got, np.asarray(expected[:, 0]))
+  assert UNK_ID not in got
+
+
+def test_translator_beam_one_is_greedy_search_over_the_full_forward_pass(model_and_params):
+  cfg, params = model_and_params
+  B, T = 5, 7
+  batch = random_batch(B, 8, seed=2)
+  step_fn, prefix = full_forward_step_fn(cfg, params, batch, B, T)
+  expected = jax.jit(lambda: decode.greedy_search(step_fn, prefix, B, T))()
+  np.testing.assert_array_equal(decode.Translator(cfg, params, beam_size=1, max_len=T)(batch), expected)
+
+
+def test_translator_shapes_and_determinism(model_and_params):
+  cfg, params = model_and_params
+  batch = {k: np.asarray(v) for k, v in dummy_batch(5, 8).items()}  # 5 rows x 4 beams: groups get padded
+  for beam in (1, 4):
+    translator = decode.Translator(cfg, params, beam_size=beam, max_len=7)
+    out = translator(batch)
+    assert out.shape == (5, 7) and (out != PAD_ID).any()
+    np.testing.assert_array_equal(out, translator(batch))

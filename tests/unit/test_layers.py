@@ -1,0 +1,59 @@
+"""Model building blocks: masks, shift right, attention probabilities, beams grouped per sentence."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gshard_mt.model import layers
+
+
+def test_attention_bias_masks_other_segments_padding_and_the_future():
+  segments = jnp.array([[1, 1, 2, 0]])
+  bias = np.asarray(layers.attention_bias(segments, segments, causal=True))[0, 0]
+  allowed = bias == 0
+  expected = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]], bool)
+  np.testing.assert_array_equal(allowed, expected)
+  assert (bias[~allowed] == layers.NEG_INF).all()
+  full = np.asarray(layers.attention_bias(segments, segments, causal=False))[0, 0] == 0
+  np.testing.assert_array_equal(full, np.array([[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]], bool))
+
+
+def test_source_bias_hides_padding_only():
+  bias = np.asarray(layers.source_bias(jnp.array([[1, 1, 0], [1, 0, 0]])))
+  assert bias.shape == (2, 1, 1, 3)
+  np.testing.assert_array_equal(bias[:, 0, 0] == 0, [[True, True, False], [True, False, False]])
+
+
+def test_shift_right_starts_each_packed_pair_from_pad():
+  targets = jnp.array([[5, 6, 7, 8, 9, 0]])
+  segments = jnp.array([[1, 1, 1, 2, 2, 0]])
+  np.testing.assert_array_equal(layers.shift_right(targets, segments), [[0, 5, 6, 0, 8, 0]])
+
+
+def test_attention_probs_against_numpy():
+  rng = np.random.default_rng(0)
+  q, k = rng.normal(size=(2, 3, 2, 4)), rng.normal(size=(2, 5, 2, 4))
+  bias = np.where(rng.random((2, 1, 3, 5)) < 0.3, layers.NEG_INF, 0.0)
+  bias[..., 0] = 0.0  # every query sees at least one key
+  logits = np.einsum("bqad,bkad->baqk", q, k) + bias
+  expected = np.exp(logits - logits.max(-1, keepdims=True))
+  expected /= expected.sum(-1, keepdims=True)
+  np.testing.assert_allclose(layers.attention_probs(jnp.asarray(q), jnp.asarray(k), jnp.asarray(bias)), expected,
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_per_sentence_groups_adjacent_beams_as_queries():
+  q = jnp.arange(6 * 1 * 2 * 3).reshape(6, 1, 2, 3)  # 2 sentences x 3 beams, one step
+  grouped = layers.per_sentence(q, 2)
+  assert grouped.shape == (2, 3, 2, 3)
+  np.testing.assert_array_equal(grouped[1, 2], q[5, 0])  # sentence 1, beam 2 is row 5
+  np.testing.assert_array_equal(grouped.reshape(q.shape), q)
+
+
+def test_dense_ffn_is_relu_mlp():
+  ffn = layers.DenseFFN(mlp_dim=8)
+  x = jax.random.normal(jax.random.key(0), (2, 3, 4))
+  params = ffn.init(jax.random.key(1), x, deterministic=True)
+  wi, wo = (np.asarray(params["params"][n].value) for n in ("wi", "wo"))
+  expected = np.maximum(np.asarray(x) @ wi, 0) @ wo
+  np.testing.assert_allclose(ffn.apply(params, x, deterministic=True), expected, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,41 @@
+"""MoeConfig: one place for the MoE options, their defaults, choices and checks."""
+
+import dataclasses
+
+import pytest
+
+from gshard_mt.config import defaults
+from gshard_mt.errors import ConfigError
+from gshard_mt.moe import config as moe_config
+from gshard_mt.moe import dispatch, layer
+from gshard_mt.moe.config import MoeConfig
+
+
+def test_the_config_files_moe_section_is_exactly_moe_config():
+  assert dict(defaults.get_config().moe) == dataclasses.asdict(MoeConfig())
+  assert MoeConfig.from_config(defaults.get_config().moe) == MoeConfig()
+
+
+def test_choices_are_what_the_layer_implements():
+  assert tuple(layer.ACTIVATIONS) == moe_config.ACTIVATIONS
+  assert set(dispatch.DISPATCHERS) | {"shard_map"} == set(moe_config.DISPATCHES)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(dispatch="gather"), "moe.dispatch='gather': expected one of"),
+    (dict(activation="tanh"), "moe.activation='tanh'"),
+    (dict(second_expert_policy="best"), "moe.second_expert_policy='best'"),
+    (dict(group_size=0), "moe.group_size=0: expected a positive integer"),
+    (dict(num_experts=2.5), "moe.num_experts=2.5: expected a positive integer"),
+    (dict(train_capacity_factor=0.0), "moe.train_capacity_factor=0.0: expected > 0"),
+    (dict(num_experts=1), "moe.num_experts=1: top-2 gating needs at least 2 experts"),
+])
+def test_checks_name_the_key(change, message):
+  with pytest.raises(ConfigError, match=message):
+    dataclasses.replace(MoeConfig(), **change).validate()
+
+
+def test_a_dense_model_checks_only_the_choices():
+  MoeConfig(num_experts=1).validate(used=False)
+  with pytest.raises(ConfigError, match="moe.dispatch"):
+    MoeConfig(dispatch="x").validate(used=False)

@@ -1,0 +1,163 @@
+"""The MoE layer: every dispatch path agrees, dropped tokens pass through, gradients reach the router, errors."""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from gshard_mt.errors import ConfigError
+from gshard_mt.moe import gating, manual
+from gshard_mt.moe.config import MoeConfig
+from gshard_mt.moe.dispatch import EinsumDispatcher, IndexDispatcher
+from gshard_mt.moe.gating import expert_capacity
+from gshard_mt.moe.layer import MoeFeedForward
+
+B, L, M, H, E = 4, 16, 8, 16, 4
+
+
+def make_layer(dtype=jnp.float32, **kw):
+  defaults = dict(num_experts=E, hidden_dim=H, group_size=16, train_capacity_factor=1.0, eval_capacity_factor=1.0,
+                  min_capacity=1, second_expert_policy="all")
+  return MoeFeedForward(MoeConfig(**{**defaults, **kw}), dtype=dtype)
+
+
+@functools.cache
+def inputs():
+  x = jax.random.normal(jax.random.key(0), (B, L, M))
+  mask = jnp.arange(L)[None, :] < jnp.array([16, 12, 9, 5])[:, None]
+  params = nn.unbox(make_layer().init(jax.random.key(1), x, mask))
+  return x, mask, params
+
+
+def loss_and_grads(dispatch, params, x, mask, **kw):
+  layer = make_layer(dispatch=dispatch, **kw)
+
+  def loss(params, x):
+    y, stats = layer.apply(params, x, mask, deterministic=False, rngs={"gating": jax.random.key(5)})
+    return jnp.sum(jnp.sin(y) * x) + stats["aux_loss"] + 0.1 * stats["z_loss"], y
+
+  (value, y), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(params, x)
+  return value, y, grads
+
+
+@pytest.mark.parametrize("dispatch,policy", [("index", "all"), ("index", "random"), ("shard_map", "random")])
+def test_dispatch_matches_einsum_outputs_and_gradients(dispatch, policy):
+  # shard_map on one device runs its per-device program whole (8 fake devices: test_partitioning).
+  x, mask, params = inputs()
+  ref = loss_and_grads("einsum", params, x, mask, second_expert_policy=policy, jitter_noise=0.1)
+  got = loss_and_grads(dispatch, params, x, mask, second_expert_policy=policy, jitter_noise=0.1)
+  np.testing.assert_allclose(got[0], ref[0], rtol=1e-5)
+  np.testing.assert_allclose(got[1], ref[1], atol=1e-5)
+  for g, r in zip(jax.tree.leaves(got[2]), jax.tree.leaves(ref[2])):
+    np.testing.assert_allclose(g, r, atol=1e-5, rtol=1e-5)
+  # The gradient reaches the router weights.
+  assert float(jnp.abs(got[2][0]["params"]["wg"]).max()) > 1e-4
+
+
+def test_dispatchers_agree_on_dispatched_buffers():
+  logits = jax.random.normal(jax.random.key(2), (3, 20, 5)) * 2
+  routing = gating.top2_gating(logits, 3)
+  x = jax.random.normal(jax.random.key(3), (3, 20, 6))
+  y = jax.random.normal(jax.random.key(4), (3, 5, 3, 6))
+  np.testing.assert_allclose(IndexDispatcher(routing).dispatch(x), EinsumDispatcher(routing).dispatch(x), atol=1e-6)
+  np.testing.assert_allclose(IndexDispatcher(routing).combine(y), EinsumDispatcher(routing).combine(y), atol=1e-6)
+
+
+@pytest.mark.parametrize("dispatch", ["einsum", "index", "shard_map"])
+def test_token_dropped_by_both_experts_gets_zero_output(dispatch):
+  x, mask, params = inputs()
+  layer = make_layer(dispatch=dispatch, eval_capacity_factor=0.125)
+  C = expert_capacity(16, E, 0.125, min_capacity=1)
+  assert C == 1  # most tokens overflow
+  apply = jax.jit(lambda p, x, m: layer.apply(p, x, m, deterministic=True))
+  y, stats = apply(params, x, mask)
+  routing = jax.jit(lambda p, x, m: gating.top2_gating(
+      jnp.einsum("GSM,ME->GSE", x.reshape(-1, 16, M), p["params"]["wg"]), C, padding_mask=m.reshape(-1, 16)))(
+          params, x, mask)
+  unrouted = ~np.asarray(routing.kept).any(-1).reshape(B, L)
+  assert unrouted.sum() > B * L / 2
+  np.testing.assert_array_equal(np.asarray(y)[unrouted], 0.0)
+  np.testing.assert_array_equal(np.asarray(y)[~np.asarray(mask)], 0.0)  # padding is never dispatched
+  assert float(stats["metrics"]["unrouted"]) > 0.5
+
+
+def test_capacity_factors_train_and_eval():
+  x, mask, params = inputs()
+  layer = make_layer(train_capacity_factor=0.5, eval_capacity_factor=4.0)
+  _, train = layer.apply(params, x, mask, deterministic=False, rngs={"gating": jax.random.key(0)})
+  _, evals = layer.apply(params, x, mask, deterministic=True)
+  assert expert_capacity(16, E, 4.0, 1) == 32  # room for every assignment
+  assert float(evals["metrics"]["top1_dropped"]) == 0.0 and float(evals["metrics"]["top2_dropped"]) == 0.0
+  assert float(train["metrics"]["top1_dropped"]) > 0.0
+
+
+def test_jitter_noise_only_in_training_and_logit_cap():
+  x, mask, params = inputs()
+  plain, noisy = make_layer(), make_layer(jitter_noise=0.5)
+  y0, _ = plain.apply(params, x, mask, deterministic=True)
+  y1, _ = noisy.apply(params, x, mask, deterministic=True)
+  np.testing.assert_array_equal(y0, y1)
+  rngs = {"gating": jax.random.key(9)}
+  t0, _ = plain.apply(params, x, mask, deterministic=False, rngs=rngs)
+  t1, _ = noisy.apply(params, x, mask, deterministic=False, rngs=rngs)
+  t2, _ = noisy.apply(params, x, mask, deterministic=False, rngs=rngs)
+  assert not np.allclose(t0, t1)
+  np.testing.assert_array_equal(t1, t2)  # same rng, same noise
+  big = jax.tree.map(lambda p: p * 100.0, params)
+  _, uncapped = make_layer().apply(big, x, mask)
+  _, capped = make_layer(router_logit_cap=2.0).apply(big, x, mask)
+  assert float(capped["z_loss"]) < float(uncapped["z_loss"])
+  assert float(capped["metrics"]["router_entropy"]) > float(uncapped["metrics"]["router_entropy"])
+
+
+def test_bf16_compute_keeps_router_in_float32():
+  """The experts compute in bf16, but the router sees the float32 input: its losses and statistics agree with
+  the float32 layer's to float32 precision (a bf16 router would be off by about 1e-3)."""
+  x, mask, params = inputs()
+  y, stats = make_layer(dtype=jnp.bfloat16).apply(params, x, mask)
+  ref, ref_stats = make_layer().apply(params, x, mask)
+  assert y.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(y, np.float32), ref, atol=0.1)
+  for value, expected in ((stats["aux_loss"], ref_stats["aux_loss"]), (stats["z_loss"], ref_stats["z_loss"]),
+                          (stats["metrics"]["router_entropy"], ref_stats["metrics"]["router_entropy"])):
+    assert value.dtype == jnp.float32
+    np.testing.assert_allclose(value, expected, rtol=1e-6)
+
+
+def test_evaluation_pads_groups_that_do_not_divide():
+  x, mask, params = inputs()
+  roomy = dict(eval_capacity_factor=8.0)  # nothing dropped, so the grouping cannot change any output
+  one_group, _ = make_layer(group_size=64, **roomy).apply(params, x, mask)
+  padded, _ = make_layer(group_size=24, **roomy).apply(params, x, mask)  # 3 groups, the last one padded
+  np.testing.assert_allclose(padded, one_group, atol=1e-6)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(group_size=24), "group_size=24 does not divide the 64 tokens"),
+    (dict(dispatch="scatter"), "moe.dispatch='scatter': expected one of"),
+    (dict(second_expert_policy="top"), "moe.second_expert_policy='top': expected one of"),
+    (dict(activation="swish"), "moe.activation='swish': expected one of"),
+])
+def test_layer_config_errors(kw, message):
+  x, mask, _ = inputs()
+  with pytest.raises((ValueError, ConfigError), match=message):  # training: groups must divide the batch exactly
+    make_layer(**kw).init({"params": jax.random.key(0), "gating": jax.random.key(1)}, x, mask,
+                          deterministic=False)
+
+
+@pytest.mark.parametrize("group_spec,expert_spec,message", [
+    (P("data", None, None), P("expert", None, None), "needs the groups split over the expert axis 'expert'"),
+    (P(("data", "expert"), None, None), P(("data", "expert"), None, None), "experts on one mesh axis"),
+    (P(("data", "expert"), None, None), P("expert", "data", None), "M unsplit"),
+])
+def test_shard_map_rejects_layouts_it_cannot_run(group_spec, expert_spec, message):
+  x, _, params = inputs()
+  routing = gating.top2_gating(jnp.zeros((4, 16, E)), 8)
+  mesh = jax.sharding.AbstractMesh((2, 4), ("data", "expert"))
+  with jax.sharding.use_abstract_mesh(mesh), pytest.raises(ValueError, match=message):
+    manual.moe_shard_map(x.reshape(4, 16, M), routing, params["params"]["wi"], params["params"]["wo"], None,
+                         group_spec=group_spec, expert_spec=expert_spec)

@@ -1,0 +1,73 @@
+"""The input pipeline: deterministic, resumable, per-process batches at the sampling rates; prefetching."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from gshard_mt.data import pipeline
+from tests.helpers import small_config
+
+
+def test_batches_are_deterministic_and_resumable(data):
+  config = small_config()
+  a, b = data.train_batches(config), data.train_batches(config)
+  first = [next(a) for _ in range(4)]
+  b.set_state({"seed": config.data.seed, "next_index": 2})
+  for (i, x), (j, y) in zip(first[2:], [next(b) for _ in range(2)]):
+    assert i == j
+    for k in x:
+      np.testing.assert_array_equal(x[k], y[k])
+  assert a.get_state() == {"seed": config.data.seed, "next_index": 4}
+  other_seed = small_config(**{"data.seed": 1})
+  assert not np.array_equal(data.train_batches(other_seed).batch(0)["inputs"], first[0][1]["inputs"])
+  with pytest.raises(ValueError, match="seed"):
+    b.set_state({"seed": 99, "next_index": 0})
+
+
+def test_each_process_builds_its_own_rows_of_the_same_global_batch(data):
+  config = small_config()
+  whole = data.train_batches(config).batch(3)
+  parts = [data.train_batches(config, process_index=p, process_count=2).batch(3) for p in range(2)]
+  assert parts[0]["inputs"].shape == (config.batch_size // 2, config.data.max_length)
+  for key in whole:
+    np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), whole[key])
+  with pytest.raises(ValueError, match="does not divide over 3 processes"):
+    data.train_batches(config, process_index=0, process_count=3)
+
+
+def test_language_frequencies_follow_the_rates(data):
+  config = small_config()
+  batches = data.train_batches(config)
+  split = data.tokens["train"]
+  tag_to_lang = {data.tokenizer.tag_id(lang): i for i, lang in enumerate(split.languages)}
+  counts = np.zeros(len(split.languages))
+  for i in range(150):
+    b = batches.batch(i)
+    starts = (b["inputs_position"] == 0) & (b["inputs_segmentation"] > 0)
+    for tag in b["inputs"][starts]:
+      counts[tag_to_lang[int(tag)]] += 1
+  expected = np.array([data.rates[lang] for lang in split.languages])
+  observed = counts / counts.sum()
+  # Packing favours short pairs a little; within 20% relative of the temperature rates.
+  np.testing.assert_allclose(observed, expected, rtol=0.2)
+
+
+def test_prefetch_keeps_order_and_raises():
+  assert list(pipeline.prefetch(iter(range(10)), 3, lambda x: x * 2)) == [2 * i for i in range(10)]
+
+  def broken():
+    yield 1
+    raise RuntimeError("source failed")
+
+  with pytest.raises(RuntimeError, match="source failed"):
+    list(pipeline.prefetch(broken(), 2))
+
+
+def test_prefetch_close_joins_its_thread():
+  before = set(threading.enumerate())
+  feed = pipeline.prefetch(iter(range(1000)), 2)
+  assert next(feed) == 0
+  assert len(set(threading.enumerate()) - before) == 1  # the producer, blocked on a full queue
+  feed.close()
+  assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
