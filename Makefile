@@ -36,7 +36,7 @@ test-fast: venv
 	$(PY) -m pytest -q tests/unit -m "not slow"
 
 lint: venv
-	$(PY) -m ruff check gshard_mt tests bench configs train.py eval.py
+	$(PY) -m ruff check gshard_mt tests bench configs train.py eval.py translate.py
 
 train: venv
 	$(PY) train.py --config $(CONFIG) --workdir $(WORKDIR) $(ARGS)
