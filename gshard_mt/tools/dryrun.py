@@ -41,6 +41,38 @@ def parse_mesh(text: str) -> dict[str, int]:
   return out
 
 
+def fit_group_size(config, num_devices: int) -> int | None:
+  """When the MoE groups of a batch do not split over the mesh axes the rules give 'group', sets
+  `config.moe.group_size` to the largest size below the configured one that divides the batch's tokens into a
+  multiple of those devices; returns the new size (None: the configured one works, or nothing smaller does)."""
+  from gshard_mt.parallel import mesh as mesh_lib
+  from gshard_mt.parallel import rules as rules_lib
+
+  tokens = config.batch_size * config.data.max_length
+  sizes = dict(zip(mesh_lib.MESH_AXES, mesh_lib.mesh_shape(config, num_devices)))
+  devices = rules_lib.devices_of("group", rules_lib.rules(config), sizes)
+
+  def fits(size):
+    return tokens % size == 0 and (tokens // size) % devices == 0
+
+  if not config.model.moe_interval or fits(config.moe.group_size):
+    return None
+  size = next((s for s in range(min(config.moe.group_size, tokens), 0, -1) if fits(s)), None)
+  if size is not None:
+    config.moe.group_size = size
+  return size
+
+
+def load_for(config_path: str, overrides: dict, num_devices: int):
+  """The config for a plan on `num_devices`, its MoE group size fitted to the mesh (said on stderr) if needed."""
+  config = config_lib.load(config_path, overrides)
+  before = config.moe.group_size
+  if (size := fit_group_size(config, num_devices)) is not None:
+    print(f"moe.group_size={before} does not split over this mesh; using moe.group_size={size}", file=sys.stderr)
+  config_lib.validate(config, num_devices)
+  return config
+
+
 def dry_run(config, devices) -> dict:
   """Lowers and compiles one training step for `devices` from abstract values; returns the report."""
   import flax.linen as nn
@@ -115,7 +147,7 @@ def main(argv):
   parsed = parser.parse_args(args)
   for key, value in parse_mesh(parsed.mesh).items():
     overrides[f"mesh.{key}"] = str(value)
-  config = config_lib.load(parsed.config, overrides, num_devices=parsed.devices)
+  config = load_for(parsed.config, overrides, parsed.devices)
   if not parsed.cpu_all_to_all:  # read when the CPU backend starts, below
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {NO_CPU_ALL_TO_ALL_DECOMPOSER}".strip()
   import jax

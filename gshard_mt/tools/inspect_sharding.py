@@ -107,15 +107,15 @@ def report(config, devices) -> tuple[str, bool]:
 
 def main(argv):
   args, overrides = config_lib.split_overrides(argv)
-  from gshard_mt.tools.dryrun import parse_mesh
+  from gshard_mt.tools.dryrun import load_for, parse_mesh
 
   parser = cli.parser(__doc__, config=True)
   parser.add_argument("--mesh", default="", help="e.g. data=2,expert=4")
   parsed = parser.parse_args(args)
   overrides.update({f"mesh.{k}": str(v) for k, v in parse_mesh(parsed.mesh).items()})
-  config = config_lib.load(parsed.config, overrides)
-  devices = max(config.mesh.data, 1) * config.mesh.expert * config.mesh.model  # data=-1: one data slice
-  config_lib.validate(config, devices)
+  mesh = config_lib.load(parsed.config, overrides).mesh
+  devices = max(mesh.data, 1) * mesh.expert * mesh.model  # data=-1: one data slice
+  config = load_for(parsed.config, overrides, devices)
   import jax
 
   jax.config.update("jax_num_cpu_devices", devices)  # fake CPU devices where there are too few real ones

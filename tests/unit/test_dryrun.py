@@ -1,0 +1,35 @@
+"""Planning helpers of the dry run: the --mesh argument and fitting the MoE group size to a mesh."""
+
+import pytest
+
+from gshard_mt import config as config_lib
+from gshard_mt.errors import ConfigError
+from gshard_mt.tools import dryrun
+from tests.helpers import ROOT
+
+TINY = ROOT / "configs" / "tiny.py"  # 16 rows x 48 tokens = 768 tokens, group size 256: 3 groups
+
+
+def test_parse_mesh():
+  assert dryrun.parse_mesh("data=2,expert=4") == {"data": 2, "expert": 4}
+  with pytest.raises(ConfigError, match="expected data=N,expert=N,model=N"):
+    dryrun.parse_mesh("experts=4")
+
+
+@pytest.mark.parametrize("mesh, devices, expected", [
+    ({"mesh.data": "2", "mesh.expert": "4"}, 8, 96),  # 3 groups cannot split over 8 devices: 8 groups of 96
+    ({"mesh.data": "1", "mesh.expert": "1"}, 1, None),  # the configured size works
+    ({"mesh.data": "4", "mesh.expert": "1", "partitioning": "data"}, 4, 192),  # 4 groups of 192 over data
+    ({"mesh.data": "1", "mesh.expert": "2", "partitioning": "data"}, 2, None),  # groups are not split over expert
+])
+def test_fit_group_size(mesh, devices, expected):
+  config = config_lib.load(TINY, mesh)
+  assert dryrun.fit_group_size(config, devices) == expected
+  assert config.moe.group_size == (expected or 256)
+  config_lib.validate(config, devices)  # what the dry run then compiles is valid
+
+
+def test_load_for_says_which_size_it_chose(capsys):
+  config = dryrun.load_for(TINY, {"mesh.data": "2", "mesh.expert": "4"}, 8)
+  assert config.moe.group_size == 96
+  assert "moe.group_size=256 does not split over this mesh; using moe.group_size=96" in capsys.readouterr().err
