@@ -98,13 +98,15 @@ class StepLogger:
     now = time.perf_counter()
     seconds = (now - self.timer) / max(self.timed_steps, 1)
     tokens = float(np.mean([v["source_tokens"] + v["target_tokens"] for v in values]))
-    last = {k: float(np.mean([v[k] for v in values])) for k in values[-1] if k != "finite"}
+    vectors = {k for k in values[-1] if np.ndim(values[-1][k]) == 1}  # per-expert loads
+    last = {k: float(np.mean([v[k] for v in values])) for k in values[-1] if k != "finite" and k not in vectors}
     last.update(learning_rate=float(values[-1]["learning_rate"]), skipped_updates=len(bad), step_time=seconds,
                 wall_s=now - self.started,
                 tokens_per_s=tokens / seconds, packing_efficiency=packing_efficiency,
                 mfu=metrics_lib.mfu(self.flops_per_token * tokens / seconds, jax.devices()[0].device_kind,
                                     jax.device_count()))
     self.writer.write(step, last)
+    self.writer.write_vectors(step, {k: np.mean([v[k] for v in values], axis=0) for k in sorted(vectors)})
     self.bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{last['tokens_per_s']:.0f}")
     self.last = last
     self.pending, self.timer, self.timed_steps = [], now, 0

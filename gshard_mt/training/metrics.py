@@ -21,8 +21,9 @@ PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "TPU v3": 123e12, 
 def moe_summary(stats: dict) -> dict:
   """{'encoder'|'decoder': layer stats stacked over MoE layers [U]} -> flat scalars per MoE layer.
 
-  For each layer: dropped fraction of top-1 and top-2 assignments, and the expert load's min / max / coefficient
-  of variation (load = fraction of kept assignments per expert; 1/E each when balanced).
+  For each layer: dropped fraction of top-1 and top-2 assignments, the expert load's min / max / coefficient
+  of variation (load = fraction of kept assignments per expert; 1/E each when balanced), and the load itself
+  (`.../load`, [E]; the step logger writes it to expert_load.jsonl, not with the scalars).
   """
   out = {}
   for side, s in stats.items():
@@ -37,6 +38,7 @@ def moe_summary(stats: dict) -> dict:
       out[f"{prefix}/load_min"] = load[u].min()
       out[f"{prefix}/load_max"] = load[u].max()
       out[f"{prefix}/load_cv"] = cv[u]
+      out[f"{prefix}/load"] = load[u]
   return out
 
 
@@ -88,6 +90,16 @@ class Writer:
       f.write(json.dumps(row) + "\n")
       f.flush()
       os.fsync(f.fileno())
+
+  def write_vectors(self, step: int, vectors: dict):
+    """Appends {'step', name: [values]} to workdir/expert_load.jsonl; TensorBoard gets each as a histogram."""
+    if not self.enabled or not vectors:
+      return
+    row = {"step": int(step)} | {k: [float(x) for x in v] for k, v in vectors.items()}
+    for k, v in vectors.items():
+      self.tb.add_histogram(k, v, step)
+    with open(self.path.with_name("expert_load.jsonl"), "a") as f:
+      f.write(json.dumps(row) + "\n")
 
   def close(self):
     if self.tb is not None:

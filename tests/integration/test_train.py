@@ -53,6 +53,11 @@ def test_runs_and_writes_everything(uninterrupted):
     assert key in first, key
   assert any("dev_perplexity" in r for r in rows)
   assert (workdir / "config.json").exists() and list((workdir / "tensorboard").iterdir())
+  loads = [json.loads(line) for line in open(workdir / "expert_load.jsonl")]
+  assert [r["step"] for r in loads] == [1, 2, 3, 4, 5, 6]
+  for layer in ("moe/encoder_0/load", "moe/decoder_0/load"):
+    assert len(loads[-1][layer]) == 4 and sum(loads[-1][layer]) == pytest.approx(1.0, abs=1e-5)
+    assert min(loads[-1][layer]) == pytest.approx(rows[5][f"{layer}_min"], abs=1e-6)  # the logged summary
 
 
 def test_resume_is_exact(uninterrupted, workdir):
