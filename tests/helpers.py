@@ -6,13 +6,23 @@ from gshard_mt import config as config_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LANGUAGES = "fra,deu,spa,ell,kab"
+# configs/tiny.py shrunk to compile and run in seconds on a CPU: the overrides of `small_config`, and of the
+# command lines of the tests that start train.py (`small_args`).
+SMALL = {"batch_size": "8", "num_train_steps": "6", "log_every": "1", "eval_every": "0", "eval_batches": "2",
+         "checkpoint_every": "3", "data.languages": LANGUAGES, "data.vocab_size": "600", "data.max_length": "24",
+         "model.emb_dim": "32", "model.num_heads": "2", "model.head_dim": "16", "model.mlp_dim": "64",
+         "moe.num_experts": "4", "moe.hidden_dim": "64", "moe.group_size": "64", "data.prefetch": "1"}
+
+
+def small_overrides(**overrides) -> dict[str, str]:
+  return {**SMALL, **{k: str(v) for k, v in overrides.items()}}
 
 
 def small_config(**overrides):
-  """configs/tiny.py shrunk to compile and run in seconds on a CPU."""
-  values = {"batch_size": "8", "num_train_steps": "6", "log_every": "1", "eval_every": "0", "eval_batches": "2",
-            "checkpoint_every": "3", "data.languages": LANGUAGES, "data.vocab_size": "600", "data.max_length": "24",
-            "model.emb_dim": "32", "model.num_heads": "2", "model.head_dim": "16", "model.mlp_dim": "64",
-            "moe.num_experts": "4", "moe.hidden_dim": "64", "moe.group_size": "64", "data.prefetch": "1"}
-  values.update({k: str(v) for k, v in overrides.items()})
-  return config_lib.load(ROOT / "configs" / "tiny.py", values)
+  """configs/tiny.py with the SMALL overrides (and these)."""
+  return config_lib.load(ROOT / "configs" / "tiny.py", small_overrides(**overrides))
+
+
+def small_args(**overrides) -> list[str]:
+  """The same config as `small_config(**overrides)`, as train.py's `--config.key=value` arguments."""
+  return [f"--config.{k}={v}" for k, v in small_overrides(**overrides).items()]

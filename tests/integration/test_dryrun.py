@@ -11,7 +11,6 @@ import pytest
 
 from gshard_mt import config as config_lib
 from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch
-from gshard_mt.tools import hlo
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.slow  # trains, compiles for many devices or starts processes
@@ -90,29 +89,3 @@ def test_does_not_fit_is_reported_and_fails_only_when_asked(tmp_path):
 def test_bad_mesh_is_a_config_error(tmp_path):
   proc = run_dryrun(tmp_path, "--mesh", "data=3,expert=4")
   assert proc.returncode != 0 and "does not match the 8 devices" in proc.stderr
-
-
-HLO = """\
-%body (p: (s32[], f32[4])) -> (s32[], f32[4]) {
-  %a = f32[8,4]{1,0} all-to-all(%x), dimensions={0}
-  ROOT %t = (s32[], f32[4]) tuple(%i, %a)
-}
-
-%cond (p: (s32[], f32[4])) -> pred[] {
-  ROOT %lt = pred[] compare(%i, %n), direction=LT
-}
-
-ENTRY %main (p0: f32[4], /*index=1*/p1: bf16[2,3]) -> f32[4] {
-  %w = (s32[], f32[4]) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"9"}}
-  %r = bf16[2,3]{1,0} all-reduce(%p1), to_apply=%add
-  ROOT %g = (f32[4]{0}, f32[4]{0}) all-gather(%p0, %p0), dimensions={0}
-}
-"""
-
-
-def test_collectives_count_loop_iterations():
-  c = hlo.collectives(HLO)
-  assert c["all-to-all"] == {"count": 9, "bytes": 9 * 8 * 4 * 4, "ops": 1}
-  assert c["all-reduce"] == {"count": 1, "bytes": 12, "ops": 1}
-  assert c["all-gather"] == {"count": 1, "bytes": 32, "ops": 1}
-  assert hlo.shape_bytes("(f32[2,2]{1,0}, bf16[3])") == 22

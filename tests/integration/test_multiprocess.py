@@ -13,22 +13,17 @@ import time
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, small_args
 
 pytestmark = pytest.mark.slow  # trains, compiles for many devices or starts processes
 
-OVERRIDES = {"num_train_steps": 3, "checkpoint_every": 3, "eval_every": 0, "log_every": 1, "batch_size": 8,
-             "data.languages": "fra,deu,spa,ell,kab", "data.vocab_size": 600, "data.max_length": 24,
-             "model.emb_dim": 32, "model.num_heads": 2, "model.head_dim": 16, "model.mlp_dim": 64,
-             "moe.num_experts": 8, "moe.hidden_dim": 64, "moe.group_size": 24, "data.prefetch": 1,
-             "mesh.data": 2, "mesh.expert": 4}
+OVERRIDES = {"num_train_steps": 3, "moe.num_experts": 8, "moe.group_size": 24, "mesh.data": 2, "mesh.expert": 4}
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
 
 
 def command(workdir, **extra):
-  args = {**OVERRIDES, **extra}
   return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"), "--workdir",
-          str(workdir)] + [f"--config.{k}={v}" for k, v in args.items()]
+          str(workdir), *small_args(**{**OVERRIDES, **extra})]
 
 
 def losses(workdir):

@@ -18,7 +18,7 @@ from gshard_mt.data import pipeline
 from gshard_mt.training import checkpoint as checkpoint_lib
 from gshard_mt.training import loop
 from gshard_mt.training.setup import build
-from tests.helpers import LANGUAGES, ROOT, small_config
+from tests.helpers import ROOT, small_args, small_config
 
 pytestmark = pytest.mark.slow  # trains, compiles for many devices or starts processes
 
@@ -103,11 +103,7 @@ def test_nonfinite_skip_keeps_the_parameters(workdir):
 
 def test_sigterm_saves_a_checkpoint_that_resumes(workdir):
   args = [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"), "--workdir",
-          str(workdir)] + [f"--config.{k}={v}" for k, v in {
-              "num_train_steps": 10_000, "checkpoint_every": 10_000, "eval_every": 0, "log_every": 1,
-              "batch_size": 8, "data.languages": LANGUAGES, "data.vocab_size": 600, "data.max_length": 24,
-              "model.emb_dim": 32, "model.num_heads": 2, "model.head_dim": 16, "model.mlp_dim": 64,
-              "moe.num_experts": 4, "moe.hidden_dim": 64, "moe.group_size": 64, "data.prefetch": 1}.items()]
+          str(workdir), *small_args(num_train_steps=10_000, checkpoint_every=10_000)]
   proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   metrics = workdir / "metrics.jsonl"
   deadline = time.time() + 240

@@ -1,4 +1,4 @@
-"""Corpus sources: the shipped Tatoeba-112, folders, TSV, TFDS, splits, and their errors."""
+"""Corpus sources: the shipped Tatoeba-112 and Multi30k, folders, TSV, TFDS, splits, and their errors."""
 
 import gzip
 
@@ -115,3 +115,21 @@ def test_tfds_source_without_tensorflow(tmp_path):
   assert sorted(splits["test"]["de"].tgt) == sorted(f"thello {i}" for i in range(5))
   i = splits["train"]["de"].src.index("hallo 7")
   assert splits["train"]["de"].tgt[i] == "hello 7"
+
+
+MULTI30K = corpus.SHIPPED / "multi30k"
+
+
+def raw(name):
+  return gzip.open(MULTI30K / f"{name}.gz", "rt", encoding="utf-8").read().splitlines()
+
+
+def test_multi30k_official_splits_are_kept():
+  splits, _ = corpus.load_corpus(small_config(**{"data.source": "multi30k", "data.languages": ""}).data)
+  assert sorted(splits["test"]) == ["ces", "deu", "fra"]
+  for code, lang in corpus.MULTI30K_LANGUAGES.items():
+    assert splits["test"][lang].src == [s.strip() for s in raw(f"test_2016_flickr.{code}")]
+    assert splits["test"][lang].tgt == [s.strip() for s in raw("test_2016_flickr.en")]
+    assert splits["dev"][lang].src == [s.strip() for s in raw(f"val.{code}")]
+    assert len(splits["train"][lang]) >= 28_990  # 29,000 lines less a few exact duplicates
+  assert (MULTI30K / "README.md").exists()

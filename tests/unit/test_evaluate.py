@@ -25,8 +25,6 @@ def test_resource_buckets_keep_ties_together():
   assert buckets["d"] == "medium" and buckets["f"] == "low"
 
 
-
-
 def test_bleu_by_hand():
   """'a b c d x y' against 'a b c d e f': 1- to 4-gram precisions 4/6, 3/5, 2/4, 1/3, equal lengths."""
   s = evaluate.score(["a b c d x y"], ["a b c d e f"], BLEU(), CHRF(word_order=2))

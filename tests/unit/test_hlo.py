@@ -1,0 +1,93 @@
+"""Reading a compiled program: collectives counted per execution (loops multiply), their bytes, the program's
+size, whole-weight all-gathers, per-device memory and parameter bytes."""
+
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gshard_mt.tools import hlo
+
+HLO = """\
+%body (p: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %a = f32[8,4]{1,0} all-to-all(%x), dimensions={0}
+  ROOT %t = (s32[], f32[4]) tuple(%i, %a)
+}
+
+%cond (p: (s32[], f32[4])) -> pred[] {
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main (p0: f32[4], /*index=1*/p1: bf16[2,3]) -> f32[4] {
+  %w = (s32[], f32[4]) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"9"}}
+  %r = bf16[2,3]{1,0} all-reduce(%p1), to_apply=%add
+  ROOT %g = (f32[4]{0}, f32[4]{0}) all-gather(%p0, %p0), dimensions={0}
+}
+"""
+
+
+def test_collectives_count_loop_iterations():
+  c = hlo.collectives(HLO)
+  assert c["all-to-all"] == {"count": 9, "bytes": 9 * 8 * 4 * 4, "ops": 1}
+  assert c["all-reduce"] == {"count": 1, "bytes": 12, "ops": 1}
+  assert c["all-gather"] == {"count": 1, "bytes": 32, "ops": 1}
+  assert hlo.shape_bytes("(f32[2,2]{1,0}, bf16[3])") == 22
+
+
+NESTED = """\
+%inner (p: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %a = f32[2,4]{1,0} all-to-all(%x), dimensions={0}
+  ROOT %t = (s32[], f32[4]) tuple(%i, %a)
+}
+
+%outer (p: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %w = (s32[], f32[4]) while(%init), condition=%c, body=%inner, backend_config={"known_trip_count":{"n":"5"}}
+  %p = f32[4]{0} collective-permute(%x), source_target_pairs={{0,1}}
+  ROOT %t = (s32[], f32[4]) tuple(%i, %p)
+}
+
+%left (p: f32[4]) -> f32[4] {
+  ROOT %r = f32[4]{0} all-reduce(%p), to_apply=%add
+}
+
+%right (p: f32[4]) -> f32[4] {
+  ROOT %n = f32[4]{0} negate(%p)
+}
+
+ENTRY %main (p0: f32[4]) -> f32[4] {
+  %w = (s32[], f32[4]) while(%init), condition=%c, body=%outer, backend_config={"known_trip_count":{"n":"3"}}
+  ROOT %b = f32[4]{0} conditional(%k, %p0, %p0), branch_computations={%left, %right}
+}
+"""
+
+
+def test_nested_loops_multiply_and_branches_count_once():
+  c = hlo.collectives(NESTED)
+  assert c["all-to-all"] == {"count": 3 * 5, "bytes": 3 * 5 * 2 * 4 * 4, "ops": 1}
+  assert c["collective-permute"] == {"count": 3, "bytes": 3 * 16, "ops": 1}
+  assert c["all-reduce"] == {"count": 1, "bytes": 16, "ops": 1}  # a branch: counted as if taken
+  assert c["all-gather"] == c["reduce-scatter"] == {"count": 0, "bytes": 0, "ops": 0}
+
+
+def test_instruction_count_and_whole_weight_gathers():
+  assert hlo.instruction_count(HLO) == 6  # %a, %t, %lt, %w, %r, %g
+  assert hlo.gathers_of(HLO, [(4,)]) == 2  # both results of the tuple all-gather end in [4]
+  assert hlo.gathers_of(HLO, [(8, 4)]) == 0  # the [8, 4] result is an all-to-all's
+
+
+def test_memory_of_a_compiled_program():
+  x = jax.ShapeDtypeStruct((256,), jnp.float32)
+  plain = hlo.memory(jax.jit(lambda x: x * 2).lower(x).compile())
+  assert (plain["argument"], plain["output"], plain["alias"]) == (1024, 1024, 0)
+  assert plain["peak"] == 2048 + plain["temp"]
+  donated = hlo.memory(jax.jit(lambda x: x * 2, donate_argnums=0).lower(x).compile())
+  assert donated["alias"] == 1024 and donated["peak"] == 1024 + donated["temp"]
+
+
+def test_per_device_bytes_counts_one_shard_of_each_leaf():
+  quarter = types.SimpleNamespace(shard_shape=lambda shape: (shape[0] // 4, *shape[1:]))
+  whole = types.SimpleNamespace(shard_shape=lambda shape: shape)
+  tree = {"w": jax.ShapeDtypeStruct((8, 16), jnp.float32), "b": jax.ShapeDtypeStruct((16,), jnp.bfloat16)}
+  assert hlo.per_device_bytes(tree, {"w": quarter, "b": whole}) == 2 * 16 * 4 + 16 * 2
+  assert hlo.per_device_bytes(tree, {"w": whole, "b": whole}) == int(np.prod((8, 16))) * 4 + 16 * 2

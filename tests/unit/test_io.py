@@ -1,0 +1,38 @@
+"""Atomic writes: the final name holds the old content or the whole new one, never a part, and no temporary is
+left behind."""
+
+import pytest
+
+from gshard_mt import io
+
+
+def test_write_atomically_text_and_bytes(tmp_path):
+  path = tmp_path / "scores.json"
+  io.write_atomically(path, "old")
+  io.write_atomically(path, "new")
+  assert path.read_text() == "new"
+  io.write_atomically(tmp_path / "blob", b"\x00\xff")
+  assert (tmp_path / "blob").read_bytes() == b"\x00\xff"
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["blob", "scores.json"]
+
+
+def test_directory_atomically_replaces_the_whole_directory(tmp_path):
+  path = tmp_path / "tokenizer"
+  path.mkdir()
+  (path / "stale").write_text("x")
+  with io.directory_atomically(path) as tmp:
+    (tmp / "model").write_text("m")
+    assert not (path / "model").exists()  # nothing under the final name until the block ends
+  assert sorted(p.name for p in path.iterdir()) == ["model"]
+  assert [p.name for p in tmp_path.iterdir()] == ["tokenizer"]
+
+
+def test_directory_atomically_leaves_the_old_one_on_an_error(tmp_path):
+  path = tmp_path / "tokenizer"
+  path.mkdir()
+  (path / "model").write_text("old")
+  with pytest.raises(RuntimeError, match="killed"), io.directory_atomically(path) as tmp:
+    (tmp / "model").write_text("half")
+    raise RuntimeError("killed")
+  assert (path / "model").read_text() == "old"
+  assert [p.name for p in tmp_path.iterdir()] == ["tokenizer"]
