@@ -6,7 +6,8 @@
 Expected on a 2-core CPU: the tokenizer is trained once (about 20 s), then 600 steps in about 3 minutes, with the
 dev loss falling from ln(4000) = 8.3 at initialisation to about 3.6 at step 200 and 3.1 at step 600 (measured
 2026-11-23: 3.59, 3.24, 3.08; 5.02, 4.60, 4.36 before the lossless tokenizer and the new initialisation). Top-2
-routing over 4 experts every other layer. `make eval` then decodes the 8,887 test sentences with beam 4 (about 2.5 minutes); BLEU is low (about 1) after so few steps.
+routing over 4 experts every other layer. `make eval` then decodes the 8,887 test sentences with beam 4 (about 1
+minute); BLEU is low after so few steps.
 """
 
 from gshard_mt.config import defaults
