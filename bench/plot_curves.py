@@ -10,24 +10,27 @@ them as Markdown too.
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import pathlib
+import sys
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from gshard_mt.tools import plot  # noqa: E402
+
 
 def dev_rows(workdir: pathlib.Path) -> list[dict]:
-  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-  return [r for r in rows if r.get("dev_loss") is not None]
+  return [r for r in plot.read_jsonl(workdir / "metrics.jsonl") if r.get("dev_loss") is not None]
 
 
 def dev_bleu(workdir: pathlib.Path) -> list[tuple[int, float]]:
   """(step, average dev BLEU) of every scored checkpoint, by step."""
-  scores = [json.loads(p.read_text()) for p in (workdir / "eval").glob("dev-*/scores.json")]
-  return sorted((s["step"], s["average"]["bleu"]) for s in scores)
+  return list(zip(*plot.dev_bleu(workdir)))
 
 
 def main():

@@ -141,15 +141,20 @@ def _validate_moe(config):
                       f"mesh.expert={config.mesh.expert} x dcn_mesh.expert={config.dcn_mesh.expert}")
 
 
+def devices_of(config, num_devices: int, logical: str) -> int:
+  """How many of `num_devices` the config's mesh and rules split a dimension named `logical` over."""
+  sizes = dict(zip(mesh_lib.MESH_AXES, mesh_lib.mesh_shape(config, num_devices)))
+  return rules_lib.devices_of(logical, rules_lib.rules(config), sizes)
+
+
 def _validate_mesh(config, num_devices: int):
   """The batch rows and the MoE groups must split over the mesh axes the rules give 'batch' and 'group'."""
-  sizes = dict(zip(mesh_lib.MESH_AXES, mesh_lib.mesh_shape(config, num_devices)))
-  batch_devices = rules_lib.devices_of("batch", rules_lib.rules(config), sizes)
+  batch_devices = devices_of(config, num_devices, "batch")
   if config.batch_size % batch_devices:
     raise ConfigError(f"batch_size={config.batch_size} does not split over the {batch_devices} devices of the "
                       "mesh axes the batch is split over")
   groups = max(config.batch_size * config.data.max_length // config.moe.group_size, 1)
-  group_devices = rules_lib.devices_of("group", rules_lib.rules(config), sizes)
+  group_devices = devices_of(config, num_devices, "group")
   if config.model.moe_interval and groups % group_devices:
     raise ConfigError(f"the {groups} MoE groups of a batch (batch_size x data.max_length / moe.group_size) do "
                       f"not split over the {group_devices} devices of the mesh axes the groups are split over; "
