@@ -1,0 +1,96 @@
+"""The real TPU compiler on any machine: compile-only devices of a TPU topology (libtpu, no TPU needed) and the
+published figures of each TPU generation (HBM and peak bf16 FLOP/s), per device as the topology gives devices.
+
+A topology is named as libtpu names it: 'v3:32x32' is 32x32 v3 chips, 2,048 cores. v2, v3 and v4 topologies give
+one device per TensorCore (two per chip); v5p gives one per chip (its two cores work as one, "megacore"); v5e and
+v6e chips have one core.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from gshard_mt.errors import UserError
+
+GIB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """One TPU generation, per chip as Google's Cloud TPU pages give it, and how a topology splits a chip."""
+
+  generation: str
+  hbm_bytes_per_chip: int
+  peak_flops_per_chip: float  # bf16
+  cores_per_chip: int  # TensorCores
+  devices_per_chip: int  # compile-only devices per chip in a libtpu topology
+  source: str
+
+  @property
+  def hbm_bytes(self) -> int:
+    """HBM per device."""
+    return self.hbm_bytes_per_chip // self.devices_per_chip
+
+  @property
+  def peak_flops(self) -> float:
+    """Peak bf16 FLOP/s per device."""
+    return self.peak_flops_per_chip / self.devices_per_chip
+
+
+# cloud.google.com/tpu/docs/<generation> (v2: the 45 TFLOP/s per chip of the v2 launch, 180 per 4-chip board).
+# The v5e, v5p and v6e pages write HBM in "GB"; taken here as GiB, like the v3 and v4 pages write it.
+CHIPS = {c.generation: c for c in (
+    Chip("v2", 16 * GIB, 45e12, 2, 2, "cloud.google.com/tpu/docs/v2; Jouppi et al. 2020"),
+    Chip("v3", 32 * GIB, 123e12, 2, 2, "cloud.google.com/tpu/docs/v3"),
+    Chip("v4", 32 * GIB, 275e12, 2, 2, "cloud.google.com/tpu/docs/v4"),
+    Chip("v5e", 16 * GIB, 197e12, 1, 1, "cloud.google.com/tpu/docs/v5e"),
+    Chip("v5p", 95 * GIB, 459e12, 2, 1, "cloud.google.com/tpu/docs/v5p"),
+    Chip("v6e", 32 * GIB, 918e12, 1, 1, "cloud.google.com/tpu/docs/v6e"),
+)}
+
+
+def chip_of(name: str) -> Chip:
+  """The row for a topology name ('v3:32x32') or a generation ('v3')."""
+  generation = name.partition(":")[0].strip().lower()
+  if generation not in CHIPS:
+    raise UserError(f"TPU topology {name!r}: unknown generation {generation!r}; known: {', '.join(CHIPS)}")
+  return CHIPS[generation]
+
+
+def topology_devices(name: str) -> list:
+  """Compile-only devices of the TPU topology `name` (e.g. 'v3:32x32'): `jax.jit(...).lower(...).compile()` on
+  them runs the real TPU compiler, with no TPU present. Needs libtpu (`pip install libtpu`)."""
+  chip = chip_of(name)
+  if ":" not in name:
+    raise UserError(f"TPU topology {name!r}: expected GENERATION:SHAPE, e.g. v3:2x2 or v5p:2x2x1")
+  try:
+    import libtpu  # noqa: F401
+  except ImportError:
+    raise UserError("compiling for a TPU topology needs libtpu: pip install libtpu (or '.[test]')") from None
+  # libtpu locks a file so that one process owns the TPU; compile-only devices own nothing, so several dry runs
+  # (and the tests) may share it.
+  os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+  _quiet_tpu_host_lookup()
+  import jax
+  from jax.experimental import topologies
+
+  try:
+    devices = topologies.get_topology_desc(platform="tpu", topology_name=name).devices
+  except jax.errors.JaxRuntimeError as e:
+    raise UserError(f"TPU topology {name!r} not accepted by libtpu: {str(e).splitlines()[0]}") from None
+  if devices[0].num_cores != chip.cores_per_chip // chip.devices_per_chip:
+    raise UserError(f"TPU topology {name!r}: libtpu gives devices of {devices[0].num_cores} cores, which the "
+                    f"table in gshard_mt/tools/tpu.py does not expect for {chip.generation}")
+  return list(devices)
+
+
+def _quiet_tpu_host_lookup():
+  """Without TPU hardware libtpu cannot look up this host's TPU type and worker names and prints warnings about
+  TPU_ACCELERATOR_TYPE and TPU_WORKER_HOSTNAMES; they do not change what it compiles. Naming a local host and any
+  accelerator type skips the look-up; on a real TPU VM nothing is set."""
+  from jax._src import hardware_utils
+
+  if hardware_utils.num_available_tpu_chips_and_device_id()[0] == 0:
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v3-8")
