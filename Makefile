@@ -17,15 +17,29 @@ PYTHON_FOR_VENV := $(shell \
     for p in $$(ls -d "$$(pyenv root)"/versions/3.1[2-9]* 2>/dev/null | sort -V -r); do \
       if [ -x "$$p/bin/python3" ]; then echo "$$p/bin/python3"; exit 0; fi; done; fi)
 PY := $(VENV)/bin/python
+# The JAX build installed beside the project: tools/jax_build.py finds a TPU VM (tpu), NVIDIA GPUs (cuda13, or cuda12
+# for drivers older than 580) or neither (cpu); `make train JAX_BUILD=cpu` (tpu, cuda12, cuda13) chooses instead.
+JAX_BUILD ?= auto
 
 .PHONY: venv test test-fast lint train eval translate sweep bench inspect-data clean
+
+# The stamp holds the build installed; a JAX_BUILD other than it (and than auto) installs again.
+ifneq ($(JAX_BUILD),auto)
+ifneq ($(JAX_BUILD),$(shell cat $(VENV)/.installed 2>/dev/null))
+.PHONY: $(VENV)/.installed
+endif
+endif
 
 $(VENV)/.installed: pyproject.toml
 	@if [ -z "$(PYTHON_FOR_VENV)" ]; then echo "error: need Python >= 3.12 (python3.12 on PATH, or pyenv install 3.12)" >&2; exit 1; fi
 	@test -x $(PY) || $(PYTHON_FOR_VENV) -m venv $(VENV)
+	@$(PY) tools/jax_build.py --build $(JAX_BUILD) > $(VENV)/.jax_build
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
-	@touch $@
+	@build=$$(cat $(VENV)/.jax_build); if [ "$$build" != cpu ]; then \
+	  jax="jax[$$build]==$$($(PY) -c 'import importlib.metadata as m; print(m.version("jax"))')"; \
+	  echo "$(PY) -m pip install -q '$$jax'"; $(PY) -m pip install -q "$$jax"; fi
+	@mv $(VENV)/.jax_build $@
 
 venv: $(VENV)/.installed
 
@@ -36,7 +50,7 @@ test-fast: venv
 	$(PY) -m pytest -q tests/unit -m "not slow"
 
 lint: venv
-	$(PY) -m ruff check gshard_mt tests bench configs train.py eval.py translate.py
+	$(PY) -m ruff check gshard_mt tests bench configs tools train.py eval.py translate.py
 
 train: venv
 	$(PY) train.py --config $(CONFIG) --workdir $(WORKDIR) $(ARGS)

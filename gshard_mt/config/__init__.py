@@ -28,6 +28,7 @@ CHOICES = {
     "model.dtype": ("float32", "bfloat16"),
     "optimizer.name": ("adafactor", "adam"),
     "optimizer.schedule": ("rsqrt", "constant"),
+    "optimizer.warmup": ("linear", "constant"),
     "partitioning": ("data", "expert", "expert_model"),
 }
 

@@ -62,10 +62,11 @@ def get_config():
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = "adafactor"  # or 'adam'
-  c.optimizer.learning_rate = 1.0  # peak = learning_rate / sqrt(max(step, warmup)) for adafactor's schedule
-  c.optimizer.schedule = "rsqrt"  # reciprocal square root after linear warmup; or 'constant'
+  c.optimizer.learning_rate = 1.0  # the rate at the end of warmup; 'rsqrt' then decays it as sqrt(warmup / step)
+  c.optimizer.schedule = "rsqrt"  # reciprocal square root after warmup; or 'constant'
+  c.optimizer.warmup = "linear"  # during warmup: 'linear' ramp to learning_rate, or 'constant' (held; GShard's)
   c.optimizer.warmup_steps = 1000
-  c.optimizer.grad_clip_norm = 1.0
+  c.optimizer.grad_clip_norm = 1.0  # the gradient's global norm is clipped to this; 0 = no clipping
   c.optimizer.weight_decay = 0.0
   c.optimizer.label_smoothing = 0.1
 

@@ -1,18 +1,47 @@
-"""The optimizer and its learning-rate schedule, from `config.optimizer`."""
+"""The optimizer and its learning-rate schedule, from `config.optimizer`.
+
+Adafactor is GShard's (arXiv 2006.16668, Appendix A.2: factored second moment, beta1 = 0, second-moment decay
+1 - t^-0.8, update clipping 1.0), with the rest as the paper's code set it (Lingvo's XLAShardingAdafactor in
+lingvo/tasks/lm/params/synthetic_packed_input.py: multiply_by_parameter_scale=True, epsilon1=1e-30, epsilon2=1e-3,
+min_dim_size_to_factor=128), which is Adafactor's own recipe (Shazeer and Stern 2018, Algorithm 4 with relative
+step sizes, d = 1, beta2_t = 1 - t^-0.8; the paper's rate, 1.0 x rsqrt(max(t, 10k)), is that paper's
+min(1e-2, 1/sqrt(t))). For a weight X with gradient G at step t (from 1):
+
+  V = beta2_t V + (1 - beta2_t) (G^2 + 1e-30)   kept factored (row and column means) over the two largest dims
+  U = G / sqrt(V);  U /= max(1, RMS(U))          update clipping at 1.0
+  X -= lr_t * max(1e-3, RMS(X)) * U              the step relative to the weight's own scale; no momentum
+
+RMS is over the whole array, so over all units of a scanned stack ([U, ...] weights), where the paper's code took
+it per layer. With more experts than M (2048 > 1024), the two largest dims of the experts' [U, E, M, H] weights are
+E and H, so one [U, M, H] column statistic is shared by all experts and held whole on every device (as the paper's
+code, which also factors the two largest dims).
+"""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 import optax
 
+# optax.adafactor's arguments, each set to the value above (not left to optax's defaults).
+ADAFACTOR = dict(
+    factored=True,
+    min_dim_size_to_factor=128,
+    decay_rate=0.8,  # beta2_t = 1 - t^-0.8
+    clipping_threshold=1.0,
+    multiply_by_parameter_scale=True,  # scale_by_param_block_rms: max(1e-3, RMS(X))
+    momentum=None,  # beta1 = 0: no first moment
+    eps=1e-30,
+)
+
 
 def learning_rate_schedule(opt_config):
-  """Linear warmup to `learning_rate`, then (rsqrt) peak * sqrt(warmup / step)."""
+  """`learning_rate` at the end of `warmup_steps` (reached by a linear ramp, or held throughout with
+  warmup='constant'), then (rsqrt) learning_rate * sqrt(warmup / step). Step 0 counts as step 1."""
   peak, warmup = opt_config.learning_rate, max(opt_config.warmup_steps, 1)
 
   def schedule(step):
     step = jnp.maximum(step.astype(jnp.float32), 1.0)
-    lr = peak * jnp.minimum(1.0, step / warmup)
+    lr = peak if opt_config.warmup == "constant" else peak * jnp.minimum(1.0, step / warmup)
     if opt_config.schedule == "rsqrt":
       lr = lr * jnp.sqrt(warmup / jnp.maximum(step, warmup))
     return lr
@@ -22,8 +51,10 @@ def learning_rate_schedule(opt_config):
 
 def make_optimizer(opt_config) -> optax.GradientTransformation:
   schedule = learning_rate_schedule(opt_config)
-  if opt_config.name == "adafactor":  # GShard's: factored second moments, no first moment
-    opt = optax.adafactor(schedule, weight_decay_rate=opt_config.weight_decay or None)
+  if opt_config.name == "adafactor":
+    opt = optax.adafactor(schedule, weight_decay_rate=opt_config.weight_decay or None, **ADAFACTOR)
   else:
     opt = optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=opt_config.weight_decay)
-  return optax.chain(optax.clip_by_global_norm(opt_config.grad_clip_norm), opt)
+  # identity() rather than no link: the state keeps one structure, so a checkpoint restores with either setting.
+  clip = optax.clip_by_global_norm(opt_config.grad_clip_norm) if opt_config.grad_clip_norm else optax.identity()
+  return optax.chain(clip, opt)

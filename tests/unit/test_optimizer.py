@@ -1,4 +1,4 @@
-"""The learning-rate schedules and the two optimizers, against hand-computed values."""
+"""The learning-rate schedules and the two optimizers, against hand-computed values and a plain NumPy Adafactor."""
 
 import types
 
@@ -12,18 +12,21 @@ from gshard_mt.training.optimizer import learning_rate_schedule, make_optimizer
 
 
 def opt_config(**kw):
-  values = dict(name="adam", learning_rate=0.5, schedule="rsqrt", warmup_steps=100, grad_clip_norm=1.0,
-                weight_decay=0.0)
+  values = dict(name="adam", learning_rate=0.5, schedule="rsqrt", warmup="linear", warmup_steps=100,
+                grad_clip_norm=1.0, weight_decay=0.0)
   return types.SimpleNamespace(**{**values, **kw})
 
 
-@pytest.mark.parametrize("schedule, expected", [
+@pytest.mark.parametrize("schedule, warmup, expected", [
     # step 0 counts as step 1; linear warmup to the peak at step 100, then peak * sqrt(100 / step)
-    ("rsqrt", {0: 0.005, 1: 0.005, 50: 0.25, 100: 0.5, 400: 0.25, 10_000: 0.05}),
-    ("constant", {0: 0.005, 50: 0.25, 100: 0.5, 400: 0.5, 10_000: 0.5}),
+    ("rsqrt", "linear", {0: 0.005, 1: 0.005, 50: 0.25, 100: 0.5, 400: 0.25, 10_000: 0.05}),
+    ("constant", "linear", {0: 0.005, 50: 0.25, 100: 0.5, 400: 0.5, 10_000: 0.5}),
+    # held at the peak through warmup (GShard's): 0.5 x sqrt(100 / max(step, 100))
+    ("rsqrt", "constant", {0: 0.5, 1: 0.5, 50: 0.5, 100: 0.5, 400: 0.25, 10_000: 0.05}),
+    ("constant", "constant", {0: 0.5, 400: 0.5}),
 ])
-def test_learning_rate_schedule(schedule, expected):
-  lr = learning_rate_schedule(opt_config(schedule=schedule))
+def test_learning_rate_schedule(schedule, warmup, expected):
+  lr = learning_rate_schedule(opt_config(schedule=schedule, warmup=warmup))
   for step, value in expected.items():
     assert float(lr(jnp.asarray(step))) == pytest.approx(value, rel=1e-6), step
 
@@ -58,6 +61,78 @@ def test_gradients_are_clipped_to_the_global_norm():
   np.testing.assert_allclose(adam_state(state).nu["w"], 0.02 * (g * 2 / 50) ** 2, rtol=1e-5)
   _, state = tx.update({"w": g / 100}, tx.init(params), params)  # norm 0.5, under the limit: unchanged
   np.testing.assert_allclose(adam_state(state).nu["w"], 0.02 * (g / 100) ** 2, rtol=1e-5)
+
+
+def test_no_global_norm_clipping_at_zero():
+  tx = make_optimizer(opt_config(grad_clip_norm=0.0))
+  params = {"w": jnp.ones((4,))}
+  g = jnp.array([30.0, -40.0, 0.0, 0.0])
+  _, state = tx.update({"w": g}, tx.init(params), params)
+  np.testing.assert_allclose(adam_state(state).nu["w"], 0.02 * g ** 2, rtol=1e-5)  # the gradient as it came
+  clipped = make_optimizer(opt_config(grad_clip_norm=2.0))
+  assert jax.tree.structure(state) == jax.tree.structure(clipped.init(params))  # checkpoints restore either way
+
+
+def reference_adafactor(x, grads, lrs):
+  """Shazeer and Stern 2018, Algorithm 4 (factored, for a matrix) and 5 (a vector) with beta1 = 0, relative step
+  sizes (epsilon2 = 1e-3), update clipping d = 1, beta2_t = 1 - t^-0.8 and epsilon1 = 1e-30, written from the paper
+  in float64: the row and column sums R, C give V = R C / (1^T R). Returns each step's update."""
+  x = np.asarray(x, np.float64)
+  r = c = v = 0.0
+  out = []
+  for t, (g, lr) in enumerate(zip(grads, lrs), start=1):
+    g = np.asarray(g, np.float64)
+    beta2 = 1.0 - t ** -0.8
+    g2 = g ** 2 + 1e-30
+    if x.ndim == 2:
+      r = beta2 * r + (1 - beta2) * g2.sum(axis=1)
+      c = beta2 * c + (1 - beta2) * g2.sum(axis=0)
+      v_hat = np.outer(r, c) / r.sum()
+    else:
+      v = v_hat = beta2 * v + (1 - beta2) * g2
+    u = g / np.sqrt(v_hat)
+    u = u / max(1.0, np.sqrt(np.mean(u ** 2)) / 1.0)
+    out.append(-lr * max(1e-3, np.sqrt(np.mean(x ** 2))) * u)
+    x = x + out[-1]
+  return out
+
+
+@pytest.mark.parametrize("shape", [(160, 128), (96,)])  # factored (both dims >= 128), and a full second moment
+def test_adafactor_follows_the_adafactor_paper(shape):
+  rng = np.random.default_rng(0)
+  x0 = rng.normal(0, 0.05, shape).astype(np.float32)
+  # Step 2's gradient is 100x step 1's: V lags behind, G / sqrt(V) has an RMS near 1 / sqrt(1 - beta2_2) = 1.32 and
+  # update clipping acts; step 3 is an ordinary one.
+  grads = [rng.normal(0, 1e-3, shape), rng.normal(0, 0.1, shape), rng.normal(0, 1e-2, shape)]
+  grads = [g.astype(np.float32) for g in grads]
+  tx = make_optimizer(opt_config(name="adafactor", learning_rate=0.01, warmup="constant", warmup_steps=1,
+                                 grad_clip_norm=0.0))
+  lrs = [0.01, 0.01, 0.01 / np.sqrt(2)]  # optax counts steps from 0; the schedule counts step 0 as step 1
+  params, ours = {"w": jnp.asarray(x0)}, []
+  state = tx.init(params)
+  for g in grads:
+    updates, state = tx.update({"w": jnp.asarray(g)}, state, params)
+    params = optax.apply_updates(params, updates)
+    ours.append(np.asarray(updates["w"]))
+  expected = reference_adafactor(x0, grads, lrs)
+  for step, (a, b) in enumerate(zip(ours, expected)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-12, err_msg=f"step {step}")
+  x1 = x0 + expected[0]
+  clipped_rms = np.sqrt(np.mean(ours[1] ** 2)) / (lrs[1] * np.sqrt(np.mean(x1 ** 2)))
+  assert clipped_rms == pytest.approx(1.0, rel=1e-4)  # step 2 moved exactly lr x RMS(x) x d: clipped
+
+
+def test_adafactor_settings_are_the_papers():
+  """Each of optax.adafactor's settings is given, none left to optax's defaults."""
+  import inspect
+
+  from gshard_mt.training.optimizer import ADAFACTOR
+
+  assert ADAFACTOR == dict(factored=True, min_dim_size_to_factor=128, decay_rate=0.8, clipping_threshold=1.0,
+                           multiply_by_parameter_scale=True, momentum=None, eps=1e-30)
+  given = set(ADAFACTOR) | {"learning_rate", "weight_decay_rate"}
+  left = set(inspect.signature(optax.adafactor).parameters) - given
+  assert left <= {"decay_offset", "dtype_momentum", "weight_decay_mask"}, left  # unused with these settings
 
 
 def test_adafactor_keeps_factored_second_moments_and_no_first_moment():
