@@ -21,6 +21,7 @@ class Chip:
   """One TPU generation, per chip as Google's Cloud TPU pages give it, and how a topology splits a chip."""
 
   generation: str
+  device_kind: str  # as JAX names its devices
   hbm_bytes_per_chip: int
   peak_flops_per_chip: float  # bf16
   cores_per_chip: int  # TensorCores
@@ -41,17 +42,20 @@ class Chip:
 # cloud.google.com/tpu/docs/<generation> (v2: the 45 TFLOP/s per chip of the v2 launch, 180 per 4-chip board).
 # The v5e, v5p and v6e pages write HBM in "GB"; taken here as GiB, like the v3 and v4 pages write it.
 CHIPS = {c.generation: c for c in (
-    Chip("v2", 16 * GIB, 45e12, 2, 2, "cloud.google.com/tpu/docs/v2; Jouppi et al. 2020"),
-    Chip("v3", 32 * GIB, 123e12, 2, 2, "cloud.google.com/tpu/docs/v3"),
-    Chip("v4", 32 * GIB, 275e12, 2, 2, "cloud.google.com/tpu/docs/v4"),
-    Chip("v5e", 16 * GIB, 197e12, 1, 1, "cloud.google.com/tpu/docs/v5e"),
-    Chip("v5p", 95 * GIB, 459e12, 2, 1, "cloud.google.com/tpu/docs/v5p"),
-    Chip("v6e", 32 * GIB, 918e12, 1, 1, "cloud.google.com/tpu/docs/v6e"),
+    Chip("v2", "TPU v2", 16 * GIB, 45e12, 2, 2, "cloud.google.com/tpu/docs/v2; Jouppi et al. 2020"),
+    Chip("v3", "TPU v3", 32 * GIB, 123e12, 2, 2, "cloud.google.com/tpu/docs/v3"),
+    Chip("v4", "TPU v4", 32 * GIB, 275e12, 2, 2, "cloud.google.com/tpu/docs/v4"),
+    Chip("v5e", "TPU v5 lite", 16 * GIB, 197e12, 1, 1, "cloud.google.com/tpu/docs/v5e"),
+    Chip("v5p", "TPU v5", 95 * GIB, 459e12, 2, 1, "cloud.google.com/tpu/docs/v5p"),
+    Chip("v6e", "TPU v6 lite", 32 * GIB, 918e12, 1, 1, "cloud.google.com/tpu/docs/v6e"),
 )}
 
 
 def chip_of(name: str) -> Chip:
-  """The row for a topology name ('v3:32x32') or a generation ('v3')."""
+  """The row for a topology name ('v3:32x32'), a generation ('v3') or a device kind ('TPU v5 lite')."""
+  for chip in CHIPS.values():
+    if name == chip.device_kind:
+      return chip
   generation = name.partition(":")[0].strip().lower()
   if generation not in CHIPS:
     raise UserError(f"TPU topology {name!r}: unknown generation {generation!r}; known: {', '.join(CHIPS)}")
@@ -94,3 +98,21 @@ def _quiet_tpu_host_lookup():
   if hardware_utils.num_available_tpu_chips_and_device_id()[0] == 0:
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v3-8")
+
+
+def compiler_cost(compiled) -> dict[str, float]:
+  """The compiler's own totals for one execution: 'flops', 'bytes accessed' (per device) and 'optimal_seconds'
+  (its cost model's time, a lower bound). Each counts a loop body once, whatever its trip count."""
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, list) else cost  # one entry per program in older JAX
+  return {k: float(cost.get(k, 0.0)) for k in ("flops", "bytes accessed", "optimal_seconds")}
+
+
+def estimate(compiled) -> dict:
+  """What a compiled TPU program costs per device and execution, loops counted as often as they run:
+  'flops', 'bytes accessed', 'transcendentals' (gshard_mt.tools.hlo.costs), the compiler's own 'compiler_flops'
+  and 'compiler_seconds' (loop bodies once; `compiler_cost`)."""
+  from gshard_mt.tools import hlo
+
+  raw = compiler_cost(compiled)
+  return {**hlo.costs(compiled.as_text()), "compiler_flops": raw["flops"], "compiler_seconds": raw["optimal_seconds"]}

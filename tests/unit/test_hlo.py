@@ -1,11 +1,14 @@
-"""Reading a compiled program: collectives counted per execution (loops multiply), their bytes, the program's
-size, whole-weight all-gathers, per-device memory and parameter bytes."""
+"""Reading a compiled program: collectives counted per execution (loops multiply, in the CPU's and the TPU's loop
+forms), their bytes, costs with loop bodies counted, the program's size, whole-weight all-gathers, per-device
+memory and parameter bytes."""
 
+import re
 import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from gshard_mt.tools import hlo
 
@@ -91,3 +94,73 @@ def test_per_device_bytes_counts_one_shard_of_each_leaf():
   tree = {"w": jax.ShapeDtypeStruct((8, 16), jnp.float32), "b": jax.ShapeDtypeStruct((16,), jnp.bfloat16)}
   assert hlo.per_device_bytes(tree, {"w": quarter, "b": whole}) == 2 * 16 * 4 + 16 * 2
   assert hlo.per_device_bytes(tree, {"w": whole, "b": whole}) == int(np.prod((8, 16))) * 4 + 16 * 2
+
+
+# The TPU compiler's loop form: no known_trip_count; the condition reads `i < 6` and i starts at 2 (a constant
+# passed through a copy), so the body runs 4 times. A second loop's bound is not a constant: unreadable.
+TPU_LOOP = """\
+%body (p: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %a = f32[8,4]{1,0:T(8,128)} all-to-all(%x), dimensions={0}, metadata={op_name="jit(f)/units/moe/all_to_all"}
+  %b = f32[8,4]{1,0:T(8,128)} all-to-all(%x), dimensions={0}, metadata={op_name="concatenate.3"}
+  ROOT %t = (s32[], f32[4]) tuple(%i, %a)
+}
+
+%cond (p: (s32[], f32[4])) -> pred[] {
+  %p = (s32[]{:T(256)}, f32[4]{0}) parameter(0)
+  %n = s32[]{:T(256)} constant(6)
+  %i = s32[]{:T(256)} get-tuple-element(%p), index=0
+  ROOT %lt = pred[]{:T(1024)} compare(%i, %n), direction=LT, metadata={op_name="jit(f)/while/cond/lt"}
+}
+
+%cond2 (p: (s32[], f32[4])) -> pred[] {
+  %p = (s32[], f32[4]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  ROOT %lt = pred[] compare(%i, %i), direction=LT
+}
+
+ENTRY %main (p0: f32[4]) -> f32[4] {
+  %two = s32[]{:T(256)} constant(2)
+  %start = s32[]{:T(256)} copy(%two)
+  %init = (s32[]{:T(256)}, f32[4]{0}) tuple(%start, %p0)
+  %w = (s32[]{:T(256)}, f32[4]{0}) while(%init), condition=%cond, body=%body
+  %w2 = (s32[]{:T(256)}, f32[4]{0}) while(%init), condition=%cond2, body=%body2
+  ROOT %r = f32[4]{0} get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_trip_counts_of_the_tpu_loop_form():
+  assert hlo.loops(TPU_LOOP) == {"body": 4, "body2": None}
+  c = hlo.collectives(TPU_LOOP)
+  assert c["all-to-all"] == {"count": 8, "bytes": 8 * 8 * 4 * 4, "ops": 2}
+  assert hlo.collectives(TPU_LOOP, op_name="/moe/")["all-to-all"] == {"count": 4, "bytes": 4 * 8 * 4 * 4, "ops": 1}
+
+
+def _scan_and_loop(n):
+  def scanned(x, ws):
+    return jax.lax.scan(lambda x, w: (jnp.tanh(x @ w), None), x, ws)[0]
+
+  def unrolled(x, ws):
+    for i in range(n):
+      x = jnp.tanh(x @ ws[i])
+    return x
+
+  x, ws = jax.ShapeDtypeStruct((64, 64), jnp.float32), jax.ShapeDtypeStruct((n, 64, 64), jnp.float32)
+  return [jax.jit(f).lower(x, ws).compile() for f in (scanned, unrolled)]
+
+
+def test_costs_count_each_loop_body_as_often_as_it_runs():
+  """XLA's cost analysis counts the scan's body once; `costs` counts it 5 times, like the unrolled loop's, also
+  when the trip count has to be read from the loop's condition (as in a TPU program)."""
+  scanned, unrolled = _scan_and_loop(5)
+  text = scanned.as_text()
+  matmul = 2 * 64**3
+  assert scanned.cost_analysis()["flops"] < 1.1 * matmul  # the body once
+  costs = hlo.costs(text)
+  assert costs["flops"] == pytest.approx(5 * matmul, rel=1e-4)
+  assert costs["flops"] == pytest.approx(unrolled.cost_analysis()["flops"], rel=1e-4)
+  assert costs["transcendentals"] == 5 * 64 * 64  # tanh
+  without = re.sub(r'"known_trip_count":\{"n":"\d+"\},?', "", text)
+  assert "known_trip_count" not in without
+  assert list(hlo.loops(without).values()) == list(hlo.loops(text).values()) == [5]
+  assert hlo.costs(without) == costs
