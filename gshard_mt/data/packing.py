@@ -1,8 +1,8 @@
 """Tokenized splits as flat arrays, and the two batch layouts: packed rows (training), padded rows (evaluation).
 
-A batch is a dict of int32 [B, L] arrays: `inputs`, `targets`, and for each their `_segmentation` (1, 2, ... for
-the pairs packed into a row, 0 for padding) and `_position` (position within its own pair). Attention is masked
-to equal segment ids, so packed pairs never see each other.
+A batch is a dict of int32 arrays: `inputs` [B, Ls], `targets` [B, Lt], and for each their `_segmentation`
+(1, 2, ... for the pairs packed into a row, 0 for padding) and `_position` (position within its own pair).
+Attention is masked to equal segment ids, so packed pairs never see each other.
 """
 
 from __future__ import annotations
@@ -63,8 +63,9 @@ class TokenizedSplit:
       return cls(languages=z["languages"].tolist(), **{k: z[k] for k in z.files if k != "languages"})
 
 
-def _empty_batch(rows: int, length: int) -> dict[str, np.ndarray]:
-  return {f"{f}{suffix}": np.zeros((rows, length), np.int32) for f in FIELDS
+def _empty_batch(rows: int, lengths: tuple[int, int]) -> dict[str, np.ndarray]:
+  """Zeros: each key of FIELDS[k] (and its segmentation and position) int32 [rows, lengths[k]]."""
+  return {f"{f}{suffix}": np.zeros((rows, n), np.int32) for f, n in zip(FIELDS, lengths)
           for suffix in ("", "_segmentation", "_position")}
 
 
@@ -79,36 +80,68 @@ def _scatter(batch, field, tokens, offsets, ids, dest_start, segment, length):
   batch[f"{field}_position"].reshape(-1)[dest] = within
 
 
-def pack(split: TokenizedSplit, candidates: np.ndarray, length: int, max_misses: int = 4):
-  """Packs row r from its own candidate pairs candidates[r] (each side <= length), in order, skipping pairs that
-  do not fit, until `max_misses` in a row did not fit; returns (batch [R, length], real tokens).
+def _first_fit(src_len: list[int], tgt_len: list[int], order: list[int], rows: int, lengths: tuple[int, int]):
+  """Row of each pair (list [n]) when pairs are placed in `order`, each into the first row with room on both
+  sides; None if some pair finds no room."""
+  src_room, tgt_room = [lengths[0]] * rows, [lengths[1]] * rows
+  row = [0] * len(src_len)
+  for k in order:
+    s, t = src_len[k], tgt_len[k]
+    for r in range(rows):
+      if src_room[r] >= s and tgt_room[r] >= t:
+        row[k], src_room[r], tgt_room[r] = r, src_room[r] - s, tgt_room[r] - t
+        break
+    else:
+      return None
+  return row
 
-  Each row depends only on its own candidates, so any process can build any subset of a batch's rows. Skipping
-  favours short pairs a little (their languages gain a few percent of the sampling rate); a small `max_misses`
-  bounds that bias at some cost in packing efficiency.
+
+def fill_rows(src_len: np.ndarray, tgt_len: np.ndarray, rows: int, lengths: tuple[int, int]) -> np.ndarray:
+  """Packs the longest prefix of a stream of pairs into `rows` rows of lengths (source, target) tokens.
+
+  src_len, tgt_len: int [n], the pairs' lengths in the order they were sampled, each within its side's length.
+  Returns row: int64 [k], the row of each of the first k pairs (pairs k.. are not used).
+
+  The pairs taken are a prefix of the sampled stream, whatever their lengths, so packing changes neither the
+  language rates nor the length distribution; only where the prefix ends depends on lengths. Within the prefix,
+  pairs are placed first-fit decreasing (largest share of a row on either side first), which leaves far less
+  room unused than placing them in sampled order. The prefix is the longest that fits the total room and that
+  first-fit decreasing can place, found by trying shorter ones from the total room down.
   """
-  rows = candidates.shape[0]
-  src_len = split.src_len[candidates].tolist()
-  tgt_len = split.tgt_len[candidates].tolist()
-  placed, real = [], 0
-  for r in range(rows):
-    src_fill = tgt_fill = count = misses = 0
-    for k, (ls, lt) in enumerate(zip(src_len[r], tgt_len[r])):
-      if src_fill + ls <= length and tgt_fill + lt <= length:
-        count += 1
-        placed.append((r, k, src_fill, tgt_fill, count))
-        src_fill, tgt_fill, misses = src_fill + ls, tgt_fill + lt, 0
-      else:
-        misses += 1
-        if misses >= max_misses:
-          break
-    real += src_fill + tgt_fill
-  batch = _empty_batch(rows, length)
-  if placed:
-    r, k, so, to, seg = (np.array(c, np.int64) for c in zip(*placed))
-    ids = candidates[r, k]
-    _scatter(batch, "inputs", split.src_tokens, split.src_offsets, ids, r * length + so, seg, length)
-    _scatter(batch, "targets", split.tgt_tokens, split.tgt_offsets, ids, r * length + to, seg, length)
+  src_len, tgt_len = np.asarray(src_len, np.int64), np.asarray(tgt_len, np.int64)
+  k = int(min(np.searchsorted(np.cumsum(src_len), rows * lengths[0], side="right"),
+              np.searchsorted(np.cumsum(tgt_len), rows * lengths[1], side="right")))
+  size = np.maximum(src_len[:k] * lengths[1], tgt_len[:k] * lengths[0])
+  decreasing = np.argsort(-size, kind="stable").tolist()
+  src_len, tgt_len = src_len[:k].tolist(), tgt_len[:k].tolist()
+  while (row := _first_fit(src_len, tgt_len, [i for i in decreasing if i < k], rows, lengths)) is None:
+    k -= 1
+  return np.array(row[:k], np.int64)
+
+
+def pack(split: TokenizedSplit, ids: np.ndarray, row: np.ndarray, rows: int, lengths: tuple[int, int]):
+  """Lays out pairs `ids` int [n] in the rows `row` int [n] (0 <= row < rows; each row's pairs within
+  lengths = (source, target) tokens), in the order given within each row; returns (batch, real tokens).
+
+  The batch holds `inputs*` int32 [rows, lengths[0]] and `targets*` int32 [rows, lengths[1]]; pairs of a row get
+  segment ids 1, 2, ... in order.
+  """
+  ids, row = np.asarray(ids, np.int64), np.asarray(row, np.int64)
+  order = np.argsort(row, kind="stable")
+  ids, row = ids[order], row[order]
+  first = np.searchsorted(row, row)  # index of the row's first pair
+  segment = np.arange(len(row)) - first + 1
+  batch = _empty_batch(rows, lengths)
+  real = 0
+  for field, tokens, offsets, length in zip(FIELDS, (split.src_tokens, split.tgt_tokens),
+                                            (split.src_offsets, split.tgt_offsets), lengths):
+    lens = offsets[ids + 1] - offsets[ids]
+    if (np.bincount(row, lens, rows) > length).any():
+      raise ValueError(f"the pairs given for a row have more than {length} {field} tokens")
+    end = np.cumsum(lens)
+    start = row * length + (end - lens) - (end - lens)[first]  # tokens of earlier pairs in the same row
+    _scatter(batch, field, tokens, offsets, ids, start, segment, length)
+    real += int(lens.sum())
   return batch, real
 
 
@@ -119,7 +152,7 @@ def pad(split: TokenizedSplit, ids: np.ndarray, rows: int, length: int) -> dict[
   """
   if len(ids) > rows:
     raise ValueError(f"{len(ids)} pairs do not fit in {rows} rows")
-  batch = _empty_batch(rows, length)
+  batch = _empty_batch(rows, (length, length))
   ids = np.asarray(ids, np.int64)
   starts = np.arange(len(ids), dtype=np.int64) * length
   ones = np.ones(len(ids), np.int64)
