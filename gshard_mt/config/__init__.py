@@ -114,9 +114,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
                       "joined with '+' (e.g. 'tatoeba+multi30k')")
   for key in ("batch_size", "num_train_steps", "log_every", "checkpoint_every", "keep_checkpoints",
               "model.emb_dim", "model.num_heads", "model.head_dim", "model.mlp_dim", "data.max_length",
-              "data.vocab_size"):
+              "data.vocab_size", "eval_bleu_sentences"):
     if not isinstance(flat[key], int) or flat[key] <= 0:
       raise ConfigError(f"{key}={flat[key]!r}: expected a positive integer")
+  if not isinstance(config.eval_bleu_every, int) or config.eval_bleu_every < 0:
+    raise ConfigError(f"eval_bleu_every={config.eval_bleu_every!r}: expected an integer >= 0 (0 = never)")
   if not config.data.temperature > 0:
     raise ConfigError(f"data.temperature={config.data.temperature}: expected > 0 (inf for uniform)")
   _validate_moe(config)

@@ -17,6 +17,8 @@ def get_config():
   c.log_every = 50
   c.eval_every = 500  # dev loss and perplexity
   c.eval_batches = 20  # dev batches per evaluation (0 = all)
+  c.eval_bleu_every = 0  # dev BLEU and chrF++ of a fixed sample, greedy decoding (0 = never)
+  c.eval_bleu_sentences = 64  # dev pairs in that sample, spread evenly over the languages
   c.checkpoint_every = 500
   c.keep_checkpoints = 3
   c.nonfinite = "stop"  # 'stop': stop with a message naming the step; 'skip': skip the update

@@ -1,21 +1,31 @@
-"""Pictures of a training run, written into its work directory (train.py also writes them when it finishes).
+"""Pictures of a training run, written into its work directory (train.py also writes them when it finishes), and
+of a sweep, written beside its results table (the sweep also writes it).
 
   python -m gshard_mt.tools.plot runs/tiny
+  python -m gshard_mt.tools.plot runs/sweeps/experts
 
-- `training.png`: training loss and dev loss, dev BLEU of the checkpoints eval.py scored on the dev split, the
-  auxiliary load-balancing loss and the learning rate, against step;
+- `training.png`: training loss and dev loss; dev BLEU and chrF++ of the training's greedy dev sample
+  (`eval_bleu_every`) and BLEU of the checkpoints eval.py scored on the dev split; the auxiliary load-balancing loss
+  and the learning rate, against step;
 - `routing.png`: one row per MoE layer: the expert load over training as a heatmap (experts x step; 1/E each
-  when balanced) and, beside it, the fractions of top-1 and top-2 assignments dropped at capacity.
+  when balanced) and, beside it, the fractions of top-1 and top-2 assignments dropped at capacity;
+- `results.png` (a sweep): final dev loss and BLEU (when evaluated) of each point against the swept config value,
+  drawn from results.csv. A point without that value (the dense baseline of an experts sweep) is a dashed line;
+  a sweep of several factors, or of words, puts its points side by side by name.
 """
 
 from __future__ import annotations
 
+import csv
 import json
+import math
 import pathlib
 
 import numpy as np
 
 from gshard_mt import cli
+from gshard_mt import config as config_lib
+from gshard_mt.config import defaults
 from gshard_mt.errors import WorkdirError
 
 
@@ -42,12 +52,19 @@ def plot_training(workdir: pathlib.Path, rows: list[dict], plt) -> pathlib.Path:
   axes[0].plot(*series(rows, "dev_loss"), marker="o", label="dev loss (NLL)")
   axes[0].set(xlabel="step", ylabel="nats per target token", title="loss")
   axes[0].legend(fontsize=8)
-  steps, bleu = dev_bleu(workdir)
-  axes[1].plot(steps, bleu, marker="s", color="tab:green")
-  axes[1].set(xlabel="step", ylabel="average BLEU", title="dev BLEU")
-  if not steps:
-    axes[1].text(0.5, 0.5, "no scored checkpoint yet:\neval.py --split dev --step N", ha="center", va="center",
-                 transform=axes[1].transAxes)
+  sample = max((r.get("dev_bleu_sentences") or 0 for r in rows), default=0)
+  curves = [(series(rows, "dev_bleu"), dict(color="tab:green", label=f"BLEU, greedy, {sample:.0f}-sentence sample")),
+            (series(rows, "dev_chrf"), dict(color="tab:olive", ls="--", label="chrF++, same sample")),
+            (dev_bleu(workdir), dict(color="tab:blue", marker="s", ms=6, label="BLEU, eval.py (whole dev split)"))]
+  for (steps, values), style in curves:
+    if steps:
+      axes[1].plot(steps, values, **({"marker": "o", "ms": 3} | style))
+  axes[1].set(xlabel="step", ylabel="average over languages", title="dev BLEU and chrF++")
+  if axes[1].lines:
+    axes[1].legend(fontsize=8)
+  else:
+    axes[1].text(0.5, 0.5, "not evaluated: train with\n--config.eval_bleu_every=N, or run\n"
+                 "eval.py --split dev --step N", ha="center", va="center", transform=axes[1].transAxes)
   axes[2].plot(*series(rows, "aux_loss"), color="tab:purple")
   moe_layers = len({k for r in rows for k in r if k.endswith("/load_cv")})
   axes[2].axhline(max(moe_layers, 1), color="grey", lw=0.8, ls="--", label="balanced")
@@ -86,6 +103,82 @@ def plot_routing(workdir: pathlib.Path, rows: list[dict], loads: list[dict], plt
   return _save(fig, workdir / "routing.png", plt)
 
 
+def read_results(path: pathlib.Path) -> list[dict]:
+  """The rows of a sweep's results.csv, numbers as floats (names stay text) and empty cells as None."""
+
+  def value(text: str):
+    if text == "":
+      return None
+    try:
+      return float(text)
+    except ValueError:
+      return text
+
+  with open(path, newline="") as f:
+    return [{k: v if k == "name" else value(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def swept_key(rows: list[dict]) -> str | None:
+  """The config key a sweep varies: of the config keys with different values across the rows, the one set in the
+  most rows, when that is more than half of them and no other is set in as many; else None (several factors)."""
+  keys = set(config_lib.flatten(defaults.get_config()))
+  columns = dict.fromkeys(k for r in rows for k in r)
+  varying = [k for k in columns if k in keys and len({str(r.get(k)) for r in rows}) > 1]
+  counts = sorted(((sum(r.get(k) is not None for r in rows), k) for k in varying), reverse=True)
+  if counts and 2 * counts[0][0] > len(rows) and (len(counts) == 1 or counts[1][0] < counts[0][0]):
+    return counts[0][1]
+  return None
+
+
+def _number(value) -> bool:
+  return isinstance(value, float) and math.isfinite(value)
+
+
+def plot_sweep(root: pathlib.Path, plt) -> pathlib.Path:
+  """results.png beside a sweep's results.csv: dev loss and, when any point was evaluated, BLEU per point."""
+  rows = read_results(root / "results.csv")
+  key = swept_key(rows)
+  numeric = key is not None and any(_number(r[key]) for r in rows)
+  metrics = [("dev_loss", "final dev loss (NLL)", ".3f")] + (
+      [("bleu", "average BLEU (eval.py)", ".3g")] if any(r.get("bleu") is not None for r in rows) else [])
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+  for ax, (metric, label, fmt) in zip(axes, metrics):
+    if numeric:  # points at their value; those without a number (a dense baseline) as dashed lines
+      points = sorted((r[key], r[metric]) for r in rows if _number(r[key]) and r[metric] is not None)
+      xs = [x for x, _ in points]
+      ax.plot(xs, [y for _, y in points], marker="o")
+      if xs and min(xs) > 0 and max(xs) >= 8 * min(xs):
+        ax.set_xscale("log", base=2)
+      ax.set_xticks(xs, [f"{x:g}" for x in xs])
+      ax.minorticks_off()
+      for i, r in enumerate(r for r in rows if not _number(r[key]) and r[metric] is not None):
+        ax.axhline(r[metric], ls="--", color=f"C{i + 1}", label=f"{r['name']} ({r[metric]:{fmt}})")
+      if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+      ax.set_xlabel(key)
+    else:  # categories: one point per sweep point, by name (or by the swept word)
+      names = [r["name"] if key is None or r[key] is None else f"{r[key]:g}" if _number(r[key]) else str(r[key])
+               for r in rows]
+      points = [(i, r[metric]) for i, r in enumerate(rows) if r[metric] is not None]
+      ax.plot([i for i, _ in points], [y for _, y in points], "o")
+      ax.set_xticks(range(len(rows)), names, rotation=30 if len(rows) > 4 else 0, ha="right" if len(rows) > 4 else
+                    "center", fontsize=8)
+      ax.set_xlabel(key or "sweep point")
+    xs, ys = zip(*points) if points else ((), ())
+    for x, y in zip(xs, ys):
+      ax.annotate(f"{y:{fmt}}", (x, y), textcoords="offset points", xytext=(0, 5), ha="center", fontsize=7)
+    ax.set(ylabel=label, title=label)
+    ax.margins(y=0.12)  # room for the value labels
+    ax.grid(alpha=0.3)
+  if len(metrics) == 1:
+    axes[1].text(0.5, 0.5, "no BLEU: run the sweep with --eval\n(make sweep ARGS=--eval)", ha="center", va="center",
+                 transform=axes[1].transAxes)
+    axes[1].set(title="average BLEU (eval.py)", xticks=[], yticks=[])
+  fig.suptitle(f"{root}: " + (f"sweep over {key}" if key else f"{len(rows)} sweep points"))
+  fig.tight_layout()
+  return _save(fig, root / "results.png", plt)
+
+
 def _save(fig, path: pathlib.Path, plt) -> pathlib.Path:
   tmp = path.with_name(f".{path.name}.tmp.png")  # atomic: a half-written picture never has the final name
   fig.savefig(tmp, dpi=100)
@@ -95,7 +188,8 @@ def _save(fig, path: pathlib.Path, plt) -> pathlib.Path:
 
 
 def plot_run(workdir) -> list[pathlib.Path]:
-  """Writes training.png (and routing.png for a MoE model) into the work directory; returns their paths."""
+  """Writes training.png (and routing.png for a MoE model) into a work directory, or results.png into a sweep's
+  root directory; returns their paths."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -103,8 +197,11 @@ def plot_run(workdir) -> list[pathlib.Path]:
 
   workdir = pathlib.Path(workdir)
   rows = read_jsonl(workdir / "metrics.jsonl")
+  if not rows and (workdir / "results.csv").exists():
+    return [plot_sweep(workdir, plt)]
   if not rows:
-    raise WorkdirError(f"{workdir}/metrics.jsonl not found or empty: is {workdir} a trained work directory?")
+    raise WorkdirError(f"{workdir}/metrics.jsonl not found or empty: is {workdir} a trained work directory (or a "
+                       "sweep's, with results.csv)?")
   written = [plot_training(workdir, rows, plt)]
   routing = plot_routing(workdir, rows, read_jsonl(workdir / "expert_load.jsonl"), plt)
   return written + ([routing] if routing else [])

@@ -4,7 +4,8 @@
                             [--eval]  [-- extra train.py arguments applied to every point]
 
 A sweep file defines BASE (a config file) and get_sweep() -> list of {'name': ..., 'config.key': value, ...}.
-Points already finished are not run again (their work directory resumes at the last step).
+Points already finished are not run again (their work directory resumes at the last step). Writes results.csv,
+results.md and results.png (dev loss and BLEU against the swept value; redraw with python -m gshard_mt.tools.plot).
 """
 
 from __future__ import annotations
@@ -108,7 +109,9 @@ def main(argv):
   if rows:
     root.mkdir(parents=True, exist_ok=True)
     print(write_tables(rows, root))
-    print(f"wrote {root}/results.csv and results.md")
+    from gshard_mt.tools import plot  # matplotlib: only once there is something to draw
+
+    print(f"wrote {root}/results.csv, results.md and {plot.plot_run(root)[0].name}")
 
 
 if __name__ == "__main__":

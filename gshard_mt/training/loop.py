@@ -5,6 +5,8 @@
 Re-running the same command resumes from the newest checkpoint. SIGTERM saves a checkpoint and exits.
 Updates whose loss or gradient is not finite are skipped on the device; with `nonfinite='stop'` the run then stops
 at the next log or checkpoint step, naming the step, and no checkpoint after it is written.
+With `eval_bleu_every`, a fixed sample of the dev split is translated greedily at that interval and scored (BLEU,
+chrF++); evaluations are timed on their own (`dev_seconds`) and left out of the training step times.
 """
 
 from __future__ import annotations
@@ -20,10 +22,14 @@ import flax.linen as nn
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+from sacrebleu.metrics import BLEU, CHRF
 from tqdm import tqdm
 
 from gshard_mt import config as config_lib
-from gshard_mt.data import pipeline
+from gshard_mt.data import packing, pipeline
+from gshard_mt.errors import ConfigError
+from gshard_mt.evaluation import decode
+from gshard_mt.evaluation import evaluate as evaluate_lib
 from gshard_mt.model.transformer import Transformer
 from gshard_mt.parallel import distributed
 from gshard_mt.training import checkpoint as checkpoint_lib
@@ -57,6 +63,46 @@ def evaluate_loss(setup: Setup, params, data: pipeline.Data, config, split="dev"
           f"{split}_accuracy": totals[1] / max(totals[2], 1)}
 
 
+def stratified_sample(split: packing.TokenizedSplit, languages: list[str], budget: int, seed: int
+                      ) -> dict[str, np.ndarray]:
+  """Up to `budget` pairs of a split, spread over `languages` as evenly as their sizes allow: the languages take
+  turns (in an order drawn from `seed`), each giving its next pair (also drawn from `seed`), until the budget or the
+  split runs out. Returns {language: sorted positions of its chosen pairs among that language's pairs}."""
+  rng = np.random.default_rng(seed)
+  sizes = {lang: len(pipeline.language_ids(split, lang)) for lang in sorted(languages)}
+  order = [str(lang) for lang in rng.permutation(sorted(sizes)) if sizes[lang]]
+  shuffled = {lang: rng.permutation(sizes[lang]) for lang in order}
+  taken = dict.fromkeys(order, 0)
+  budget = min(budget, sum(sizes.values()))
+  while sum(taken.values()) < budget:
+    for lang in order:
+      if taken[lang] < sizes[lang] and sum(taken.values()) < budget:
+        taken[lang] += 1
+  return {lang: np.sort(shuffled[lang][:taken[lang]]) for lang in sorted(order) if taken[lang]}
+
+
+def evaluate_bleu(translator: decode.Translator, data: pipeline.Data, sample: dict[str, np.ndarray], rows: int,
+                  max_length: int) -> dict:
+  """Greedy translations of the sampled dev pairs; BLEU and chrF++ per language, averaged over the languages (as
+  eval.py's average). `translator` holds the parameters to evaluate."""
+  tokens = data.tokens["dev"]
+  ids = {lang: pipeline.language_ids(tokens, lang)[positions] for lang, positions in sample.items()}
+  order = np.concatenate(list(ids.values()))
+  order = order[np.argsort(tokens.src_len[order], kind="stable")]  # similar lengths decode together
+  out = {}
+  # No partitioning rules while decoding, as in eval.py: a few rows of one token each need not split as training's
+  # batches do (XLA places the work from the parameters' shardings).
+  with nn.logical_axis_rules(()):
+    for batch in pipeline.eval_batches(tokens, rows, max_length, order):
+      out.update(translator.by_pair(batch))
+  bleu, chrf = BLEU(), CHRF(word_order=2)  # chrF++, as eval.py
+  scores = [evaluate_lib.score([data.tokenizer.decode(out[int(i)]) for i in ids[lang]],
+                               [data.text["dev"][lang].tgt[k] for k in positions], bleu, chrf)
+            for lang, positions in sample.items()]
+  return {"dev_bleu": float(np.mean([s["bleu"] for s in scores])),
+          "dev_chrf": float(np.mean([s["chrf"] for s in scores])), "dev_bleu_sentences": len(order)}
+
+
 class StepLogger:
   """Keeps each step's metrics on the device until a log step, then fetches, checks and writes their mean."""
 
@@ -80,11 +126,17 @@ class StepLogger:
       jax.block_until_ready(step_metrics["loss"])
       self.start_timer()
 
-  def log_dev(self, step: int, dev: dict):
-    dev = dev | {"wall_s": time.perf_counter() - self.started}
+  def log_dev(self, step: int, dev: dict, seconds: float):
+    """Writes one evaluation's metrics; its `seconds` are left out of the next training step times."""
+    self.timer += seconds
+    dev = dev | {"dev_seconds": seconds, "wall_s": time.perf_counter() - self.started}
     self.writer.write(step, dev)
     self.last.update(dev)
-    tqdm.write(f"step {step}: dev loss {dev['dev_loss']:.3f}, perplexity {dev['dev_perplexity']:.1f}")
+    parts = [f"dev loss {dev['dev_loss']:.3f}, perplexity {dev['dev_perplexity']:.1f}"] if "dev_loss" in dev else []
+    if "dev_bleu" in dev:
+      parts.append(f"BLEU {dev['dev_bleu']:.1f}, chrF++ {dev['dev_chrf']:.1f} (greedy, "
+                   f"{dev['dev_bleu_sentences']} sentences)")
+    tqdm.write(f"step {step}: " + "; ".join(parts) + f" [{seconds:.1f} s]")
 
   def flush(self, step: int, packing_efficiency: float):
     if not self.pending:
@@ -168,6 +220,11 @@ def train_and_evaluate(config, workdir: str | pathlib.Path) -> dict:
   logger = StepLogger(config, metrics_lib.Writer(workdir, enabled=is_main), bar,
                       6 * metrics_lib.active_params(state.params, config.moe.num_experts), ckpts.directory)
   logger.last_saved = ckpts.latest()
+  if config.eval_bleu_every:  # one translator, compiled once; each evaluation gives it the current parameters
+    sample = stratified_sample(data.tokens["dev"], list(data.text["dev"]), config.eval_bleu_sentences, config.seed)
+    translator = decode.Translator(setup.model_cfg, state.params, beam_size=1, max_len=config.data.max_length)
+    if not sample:
+      raise ConfigError("eval_bleu_every needs dev pairs to translate, and the dev split is empty")
   feed = pipeline.prefetch(batches, config.data.prefetch,
                            lambda item: (item[0], distributed.global_batch(item[1], setup.mesh, setup.rules)))
 
@@ -191,8 +248,14 @@ def train_and_evaluate(config, workdir: str | pathlib.Path) -> dict:
           logger.flush(step, batches.packing_efficiency)
         if ckpts.should_save(step) or last:
           save(step, index + 1)
+        dev, started = {}, time.perf_counter()
         if config.eval_every and (step % config.eval_every == 0 or last):
-          logger.log_dev(step, evaluate_loss(setup, state.params, data, config))
+          dev |= evaluate_loss(setup, state.params, data, config)
+        if config.eval_bleu_every and (step % config.eval_bleu_every == 0 or last):
+          translator.params = state.params
+          dev |= evaluate_bleu(translator, data, sample, config.batch_size, config.data.max_length)
+        if dev:
+          logger.log_dev(step, dev, time.perf_counter() - started)
       if preempted:
         log.warning("SIGTERM: saving a checkpoint at step %d and exiting", step)
         if logger.last_saved != step:

@@ -15,6 +15,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from gshard_mt.data import pipeline
+from gshard_mt.evaluation import decode, evaluate
 from gshard_mt.training import checkpoint as checkpoint_lib
 from gshard_mt.training import loop
 from gshard_mt.training.setup import build
@@ -37,7 +38,7 @@ def restore_params(workdir, step):
 def uninterrupted(tmp_path_factory, tokenizer_dir):
   workdir = tmp_path_factory.mktemp("uninterrupted")
   shutil.copytree(tokenizer_dir, workdir / "tokenizer")
-  result = loop.train_and_evaluate(small_config(eval_every=6), workdir)
+  result = loop.train_and_evaluate(small_config(eval_every=6, eval_bleu_every=4, eval_bleu_sentences=10), workdir)
   return workdir, result
 
 
@@ -46,7 +47,8 @@ def test_runs_and_writes_everything(uninterrupted):
   assert result["step"] == 6 and np.isfinite(result["dev_loss"])
   assert sorted(os.listdir(workdir / "checkpoints")) == ["3", "6"]
   rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
-  assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4, 5, 6]
+  train_rows = [r for r in rows if "loss" in r]
+  assert [r["step"] for r in train_rows] == [1, 2, 3, 4, 5, 6]
   first = rows[0]
   for key in ("nll", "accuracy", "aux_loss", "z_loss", "learning_rate", "grad_norm", "tokens_per_s", "step_time",
               "packing_efficiency", "moe/encoder_0/top1_dropped", "moe/decoder_0/load_cv"):
@@ -57,7 +59,29 @@ def test_runs_and_writes_everything(uninterrupted):
   assert [r["step"] for r in loads] == [1, 2, 3, 4, 5, 6]
   for layer in ("moe/encoder_0/load", "moe/decoder_0/load"):
     assert len(loads[-1][layer]) == 4 and sum(loads[-1][layer]) == pytest.approx(1.0, abs=1e-5)
-    assert min(loads[-1][layer]) == pytest.approx(rows[5][f"{layer}_min"], abs=1e-6)  # the logged summary
+    assert min(loads[-1][layer]) == pytest.approx(train_rows[5][f"{layer}_min"], abs=1e-6)  # the logged summary
+
+
+def test_dev_bleu_at_its_interval_and_the_last_step(uninterrupted):
+  workdir, result = uninterrupted
+  rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+  bleu = [r for r in rows if "dev_bleu" in r]
+  assert [r["step"] for r in bleu] == [4, 6]
+  assert all(0 <= r["dev_bleu"] <= 100 and 0 <= r["dev_chrf"] <= 100 and r["dev_bleu_sentences"] == 10
+             and r["dev_seconds"] > 0 for r in bleu)
+  assert "dev_loss" in bleu[-1] and "dev_loss" not in bleu[0]  # one row when both evaluations fall on a step
+  assert result["dev_bleu"] == bleu[-1]["dev_bleu"]
+
+
+def test_dev_bleu_is_that_of_the_saved_parameters(uninterrupted):
+  """The last step's scores again, from the checkpoint restored as eval.py restores it, outside the training mesh."""
+  workdir, result = uninterrupted
+  run = evaluate.restore(workdir, split="dev")
+  sample = loop.stratified_sample(run.data.tokens["dev"], list(run.data.text["dev"]), 10, run.config.seed)
+  translator = decode.Translator(run.model_cfg, run.params, beam_size=1, max_len=run.config.data.max_length)
+  scores = loop.evaluate_bleu(translator, run.data, sample, run.config.batch_size, run.config.data.max_length)
+  assert scores["dev_bleu"] == pytest.approx(result["dev_bleu"]) and scores["dev_chrf"] == pytest.approx(
+      result["dev_chrf"])
 
 
 def test_resume_is_exact(uninterrupted, workdir):

@@ -16,7 +16,7 @@ def fake_run(tmp_path, layers=("moe/encoder_0", "moe/decoder_0"), E=4):
       row |= {f"{layer}/top1_dropped": 0.01, f"{layer}/top2_dropped": 0.1, f"{layer}/load_cv": 0.2}
     rows.append(row)
     loads.append({"step": step} | {f"{layer}/load": [1 / E] * E for layer in layers})
-  rows.append({"step": 30, "dev_loss": 4.0})
+  rows.append({"step": 30, "dev_loss": 4.0, "dev_bleu": 1.5, "dev_chrf": 9.0, "dev_bleu_sentences": 64})
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
   (tmp_path / "expert_load.jsonl").write_text("".join(json.dumps(r) + "\n" for r in loads))
   return tmp_path
@@ -36,3 +36,42 @@ def test_a_dense_run_has_no_routing_picture(tmp_path):
 def test_not_a_run_is_a_clear_error(tmp_path):
   with pytest.raises(WorkdirError, match="metrics.jsonl not found or empty"):
     plot.plot_run(tmp_path)
+
+
+def fake_sweep(tmp_path, rows):
+  from gshard_mt.tools import sweep
+
+  sweep.write_tables(rows, tmp_path)
+  return tmp_path
+
+
+EXPERTS = [{"name": "dense", "model.moe_interval": 0, "model.mlp_dim": 384, "parameters": 1.1e6, "step": 600,
+            "dev_loss": 3.4, "tokens_per_s": 9000.0, "bleu": 2.5}] + [
+    {"name": f"e{e}", "moe.num_experts": e, "parameters": 1e6 * e, "step": 600, "dev_loss": 3.3 - e / 100,
+     "tokens_per_s": 8000.0, "bleu": 3.0 + e / 10} for e in (4, 8, 16, 32)]
+
+
+def test_swept_key_is_the_config_value_most_points_set():
+  assert plot.swept_key(EXPERTS) == "moe.num_experts"  # dense sets two other keys, once
+  both = [{"name": n, "model.embedding": e, "model.tied_logits": t, "dev_loss": 1.0}
+          for n, e, t in (("a", "t5", True), ("b", "vaswani", False))]
+  assert plot.swept_key(both) is None  # two factors: the points are categories
+  common = [{"name": f"cf{c}", "num_train_steps": 250, "moe.train_capacity_factor": c} for c in (1.0, 2.0)]
+  assert plot.swept_key(common) == "moe.train_capacity_factor"  # a key shared by every point is not swept
+
+
+def test_sweep_picture_from_results_csv(tmp_path):
+  root = fake_sweep(tmp_path, EXPERTS)
+  rows = plot.read_results(root / "results.csv")
+  assert rows[0]["moe.num_experts"] is None and rows[1]["moe.num_experts"] == 4.0 and rows[0]["name"] == "dense"
+  assert [p.name for p in plot.plot_run(root)] == ["results.png"]  # a sweep's root: redrawn from its table
+  assert (root / "results.png").stat().st_size > 10_000 and not list(root.glob(".*tmp*"))
+
+
+@pytest.mark.parametrize("rows", [
+    [{"name": n, "model.embedding": e, "model.tied_logits": t, "dev_loss": 3.0 + i / 10, "bleu": None}
+     for i, (n, e, t) in enumerate((("sqrt_tied", "sqrt_input", True), ("vaswani_untied", "vaswani", False)))],
+    [{"name": f"policy_{p}", "moe.second_expert_policy": p, "dev_loss": 3.0} for p in ("all", "random")],
+    [{"name": "only", "moe.num_experts": 4, "dev_loss": None}]])
+def test_sweep_picture_of_categories_and_unfinished_points(tmp_path, rows):
+  assert plot.plot_run(fake_sweep(tmp_path, rows))[0].stat().st_size > 10_000

@@ -31,3 +31,14 @@ def test_bad_sweep_point_is_an_error_before_running(tmp_path):
   bad.write_text("BASE = 'configs/tiny.py'\ndef get_sweep():\n  return [{'moe.num_experts': 4}]\n")
   with pytest.raises(ConfigError, match="unique 'name'"):
     sweep.load_sweep(bad)
+
+
+def test_a_finished_sweep_writes_its_tables_and_picture(tmp_path, monkeypatch, capsys):
+  """main's wiring, with training replaced by canned summaries: results.csv, results.md and results.png."""
+  ran = []
+  monkeypatch.setattr(sweep.subprocess, "run", lambda cmd, check: ran.append(cmd))
+  monkeypatch.setattr(sweep, "summarize", lambda workdir, point: {
+      **point, "parameters": 1e6, "step": 10, "dev_loss": 3.0 + len(point), "tokens_per_s": 1e4, "bleu": None})
+  sweep.main(["--sweep", str(ROOT / "configs" / "sweeps" / "experts.py"), "--root", str(tmp_path)])
+  assert len(ran) == 5 and "wrote" in capsys.readouterr().out
+  assert {p.name for p in tmp_path.iterdir()} == {"results.csv", "results.md", "results.png"}
