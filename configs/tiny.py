@@ -20,6 +20,8 @@ def get_config():
   c.log_every = 50
   c.eval_every = 200
   c.eval_batches = 8
+  c.eval_bleu_every = 200  # greedy dev BLEU and chrF++ on one sentence per language, for training.png
+  c.eval_bleu_sentences = 112
   c.checkpoint_every = 200
   c.data.vocab_size = 4000
   c.data.max_length = 48

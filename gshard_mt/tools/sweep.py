@@ -63,7 +63,9 @@ def summarize(workdir: pathlib.Path, point: dict) -> dict:
   row["step"] = max((m["step"] for m in metrics), default=0)
   row["dev_loss"] = dev[-1]["dev_loss"] if dev else None
   row["tokens_per_s"] = train_rows[-1]["tokens_per_s"] if train_rows else None
-  scores = sorted(workdir.glob("eval/*/scores.json"))
+  # the newest single-checkpoint test evaluation (eval/test-<step>/), by step number
+  scores = sorted((p for p in workdir.glob("eval/test-*/scores.json") if p.parent.name[5:].isdigit()),
+                  key=lambda p: int(p.parent.name[5:]))
   row["bleu"] = json.loads(scores[-1].read_text())["average"]["bleu"] if scores else None
   return row
 
