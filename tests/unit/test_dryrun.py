@@ -33,3 +33,19 @@ def test_load_for_says_which_size_it_chose(capsys):
   config = dryrun.load_for(TINY, {"mesh.data": "2", "mesh.expert": "4"}, 8)
   assert config.moe.group_size == 96
   assert "moe.group_size=256 does not split over this mesh; using moe.group_size=96" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("units, points", [
+    ((1, 1), [(1, 1)]), ((18, 18), [(1, 1), (2, 2)]), ((6, 1), [(1, 1), (2, 1)]), ((3, 4), [(1, 1), (2, 1), (1, 2)]),
+])
+def test_step_cost_extends_linearly_from_one_and_two_units(units, points):
+  """A cost a + b x encoder units + c x decoder units is recovered exactly from the points compiled."""
+  assert dryrun.depth_points(units) == points
+  cost = lambda ne, nd: 0.5 + 0.25 * ne + 0.125 * nd  # noqa: E731
+  assert dryrun.extend_to_depth({p: cost(*p) for p in points}, units) == cost(*units)
+
+
+def test_unit_counts():
+  assert dryrun.unit_counts(config_lib.load(TINY)) == (1, 1)  # 2 + 2 layers, a MoE layer every 2nd
+  dense = config_lib.load(TINY, {"model.moe_interval": "0", "model.num_decoder_layers": "3"})
+  assert dryrun.unit_counts(dense) == (2, 3)
