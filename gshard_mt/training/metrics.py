@@ -59,6 +59,16 @@ def active_params(params, num_experts: int) -> float:
   return total
 
 
+def step_flops(params, num_experts: int, source_tokens: float, target_tokens: float) -> float:
+  """Model FLOPs of a training step, 6 per active parameter and token it touches (forward and backward): the
+  encoder's for each source token, the decoder's and the output projection's (V x M) for each target token.
+  Embedding look-ups are no matmuls; attention's score FLOPs are left out, as in the usual 6N count."""
+  logits = params["logits"] if "logits" in params else params["embed"]["embedding"]
+  encoder = active_params(params["encoder"], num_experts)
+  decoder = active_params(params["decoder"], num_experts) + logits.size
+  return 6 * (encoder * source_tokens + decoder * target_tokens)
+
+
 def mfu(flops_per_second: float, device_kind: str, num_devices: int) -> float | None:
   for name, peak in PEAK_FLOPS.items():
     if name.lower() in device_kind.lower():

@@ -22,6 +22,16 @@ def test_active_params_count_two_of_the_experts():
   assert metrics.active_params(params, num_experts=8) == pytest.approx(40 + 32 + 2 * (192 + 192) / 8)
 
 
+def test_step_flops_count_each_side_with_its_own_tokens():
+  """Encoder parameters work on source tokens, decoder ones and the output projection on target tokens; the
+  embedding look-up is no matmul (with tied logits the table is the projection)."""
+  params = {"embed": {"embedding": jnp.zeros((10, 4))}, "logits": jnp.zeros((4, 10)),  # 40 each
+            "encoder": {"w": jnp.zeros((3, 4))}, "decoder": {"w": jnp.zeros((5, 4))}}  # 12, 20
+  assert metrics.step_flops(params, 8, source_tokens=100, target_tokens=70) == 6 * (12 * 100 + (20 + 40) * 70)
+  del params["logits"]
+  assert metrics.step_flops(params, 8, source_tokens=100, target_tokens=70) == 6 * (12 * 100 + (20 + 40) * 70)
+
+
 def test_moe_summary_per_layer():
   load = jnp.array([[0.25, 0.25, 0.25, 0.25], [0.1, 0.2, 0.3, 0.4]])  # [U=2, E=4]
   stats = {"encoder": {"metrics": {"expert_load": load, "top1_dropped": jnp.array([0.0, 0.5]),
