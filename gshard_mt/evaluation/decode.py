@@ -1,11 +1,14 @@
 """Autoregressive decoding with a key/value cache: greedy and beam search, jitted, with static shapes.
 
-Beams are flattened into the batch (N = B * K rows); the decoder cache's arrays are [..., N, max_len, A, D], so
-reordering beams gathers along axis ndim - 4. Sequences start from PAD (id 0) and end at EOS.
+Beams are flattened into the batch (N = B * K rows, a sentence's beams adjacent). The model's cache is never
+reordered: each row writes its keys and values into its own beam slot, and a small table of slots [N, max_len]
+(which slot holds each row's ancestor at each position) is reordered with the beams instead; `beam_bias` turns it
+into the self-attention bias. Sequences start from PAD (id 0) and end at EOS.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
@@ -44,36 +47,66 @@ def greedy_search(step_fn: StepFn, cache, batch_size: int, max_len: int):
   return jax.lax.while_loop(cond, body, init)[1]
 
 
-def _gather_beams(tree, beam_index, batch_size, beam_size):
-  """Reorders the rows of every cache array: beam_index [B, K] picks, for each row, a beam of its sentence."""
-  flat = (jnp.arange(batch_size)[:, None] * beam_size + beam_index).reshape(-1)
-  return jax.tree.map(lambda x: jnp.take(x, flat, axis=x.ndim - 4), tree)
+def beam_bias(slots: jax.Array, step, beams: int) -> jax.Array:
+  """slots [N, L] (the beam slot holding row n's key at position t), step -> self-attention bias [B, 1, R, L*R]
+  for B = N / R sentences of R beams: row b*R + q sees slot r at position t (index t*R + r) iff
+  slots[b*R + q, t] == r and t <= step."""
+  N, L = slots.shape
+  seen = (slots[:, :, None] == jnp.arange(beams)) & (jnp.arange(L) <= step)[:, None]  # [N, L, R]
+  return jnp.where(seen, 0.0, NEG_INF).reshape(N // beams, 1, beams, L * beams)
 
 
-def beam_search(step_fn: StepFn, cache, batch_size: int, beam_size: int, max_len: int, alpha: float = 0.6):
+def best_candidates(scores: jax.Array, count: int, block: int = 32) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """scores [B, K, V] -> the best `count` of each sentence's K x V: (scores, beam, token), each [B, count], exactly
+  as jax.lax.top_k over the flattened K x V gives them (equal scores: lower beam, then lower token, first).
+
+  On a CPU that top_k costs about as much as the output layer's matmul. The `count` blocks of `block`
+  consecutive candidates with the largest maxima (equal maxima: the earlier block) hold the best `count`, so
+  top_k runs over the block maxima, then over the candidates of those blocks, taken in their original order.
+  """
+  B, K, V = scores.shape
+  width = V + -V % block  # each beam padded to whole blocks
+  if K * width < count * block:  # fewer blocks than wanted
+    top, flat = jax.lax.top_k(scores.reshape(B, K * V), count)
+    return top, flat // V, flat % V
+  blocks = jnp.pad(scores, ((0, 0), (0, 0), (0, width - V)), constant_values=-jnp.inf).reshape(B, -1, block)
+  chosen = jnp.sort(jax.lax.top_k(blocks.max(axis=-1), count)[1], axis=-1)  # [B, count] block ids, in order
+  top, pick = jax.lax.top_k(jnp.take_along_axis(blocks, chosen[:, :, None], axis=1).reshape(B, -1), count)
+  flat = jnp.take_along_axis(chosen, pick // block, axis=1) * block + pick % block
+  return top, flat // width, flat % width
+
+
+def take_rows(state, rows):
+  """The default beam reordering: every array of `state` has the N rows on axis 0; rows [N] picks them."""
+  return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), state)
+
+
+def beam_search(step_fn: StepFn, cache, batch_size: int, beam_size: int, max_len: int, alpha: float = 0.6,
+                reorder: Callable = take_rows, n_best: int | None = None):
   """Beam search with GNMT length penalty; returns (tokens int32 [B, K, max_len], scores [B, K]), best first.
 
   Finished hypotheses are scored logprob / length_penalty(length); the search stops early when no live beam
-  can beat the worst finished one of every sentence.
+  can beat the n_best-th best finished one (default: the K-th) of every sentence, so the first n_best returned
+  are those of the full search. `reorder(cache, rows [N])` gives row n the state of row rows[n] as beams are
+  chosen.
   """
   B, K, L = batch_size, beam_size, max_len
+  n = K if n_best is None else n_best
   max_penalty = length_penalty(L, alpha)
 
   def body(state):
     i, live, live_lp, fin, fin_score, fin_flag, cache = state
     prev = jnp.where(i == 0, PAD_ID, live[:, :, jnp.maximum(i - 1, 0)]).reshape(B * K)
     log_probs, cache = step_fn(prev, i, cache)
-    V = log_probs.shape[-1]
-    candidates = (live_lp[:, :, None] + log_probs.reshape(B, K, V)).reshape(B, K * V)
-    top_lp, top_idx = jax.lax.top_k(candidates, 2 * K)  # 2K: at least K of them do not end here
-    beam, token = top_idx // V, (top_idx % V).astype(jnp.int32)
+    # The best 2K candidates: at least K of them do not end here.
+    top_lp, beam, token = best_candidates(live_lp[:, :, None] + log_probs.reshape(B, K, -1), 2 * K)
     seqs = jnp.take_along_axis(live, beam[:, :, None], axis=1).at[:, :, i].set(token)  # [B, 2K, L]
     ends = token == EOS_ID
     # New live beams: the best K candidates that did not end.
     live_lp2 = jnp.where(ends, NEG_INF, top_lp)
     keep_lp, keep = jax.lax.top_k(live_lp2, K)
     live = jnp.take_along_axis(seqs, keep[:, :, None], axis=1)
-    cache = _gather_beams(cache, jnp.take_along_axis(beam, keep, axis=1), B, K)
+    cache = reorder(cache, (jnp.arange(B)[:, None] * K + jnp.take_along_axis(beam, keep, axis=1)).reshape(-1))
     # New finished: merge the candidates that ended with the old finished set, keep the best K.
     new_score = jnp.where(ends, top_lp / length_penalty(i + 1, alpha), NEG_INF)
     all_seqs = jnp.concatenate([fin, seqs], axis=1)
@@ -87,8 +120,8 @@ def beam_search(step_fn: StepFn, cache, batch_size: int, beam_size: int, max_len
   def cond(state):
     i, _, live_lp, _, fin_score, fin_flag, _ = state
     best_possible = live_lp[:, 0] / max_penalty  # log-probs only fall; the penalty is at most max_penalty
-    worst_finished = jnp.where(fin_flag.all(axis=1), fin_score.min(axis=1), NEG_INF)
-    return (i < L) & ~jnp.all(worst_finished >= best_possible)
+    kept = jnp.where(fin_flag[:, n - 1], fin_score[:, n - 1], NEG_INF)  # fin is sorted, best first
+    return (i < L) & ~jnp.all(kept >= best_possible)
 
   live_lp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (K - 1), jnp.float32), (B, 1))
   init = (jnp.int32(0), jnp.zeros((B, K, L), jnp.int32), live_lp, jnp.zeros((B, K, L), jnp.int32),
@@ -101,19 +134,39 @@ def beam_search(step_fn: StepFn, cache, batch_size: int, beam_size: int, max_len
   return tokens, scores
 
 
+def unscanned(params, model_cfg) -> dict:
+  """Parameters of a model with scanned layers (each stack's units stacked along axis 0 under 'units') as a model
+  with scan_layers=False names them (one subtree per unit, 'unit_0', 'unit_1', ...)."""
+  if not model_cfg.scan_layers:
+    return params
+  out = dict(params)
+  for stack in ("encoder", "decoder"):
+    units = params[stack]["units"]
+    count = jax.tree.leaves(units)[0].shape[0]
+    out[stack] = {k: v for k, v in params[stack].items() if k != "units"} | {
+        f"unit_{u}": jax.tree.map(lambda x, u=u: x[u], units) for u in range(count)}
+  return out
+
+
 class Translator:
-  """Encodes a padded batch once and decodes it with the model's cache; `__call__` is jitted per shape."""
+  """Encodes a padded batch once and decodes it with the model's cache; `__call__` is jitted per shape.
+
+  The decoder's layers are unrolled (scan_layers=False, the parameters split per unit): each layer's cache is
+  then an array of the search's loop state, written in place at every step, where a scan over the layers would
+  copy it.
+  """
 
   def __init__(self, model_cfg, params, beam_size: int = 4, alpha: float = 0.6, max_len: int = 64):
-    self.model = Transformer(model_cfg, deterministic=True, decode=True)
-    self.params, self.beam_size, self.alpha, self.max_len = params, beam_size, alpha, max_len
+    self.model = Transformer(dataclasses.replace(model_cfg, scan_layers=False), deterministic=True, decode=True)
+    self.params, self.beam_size, self.alpha, self.max_len = unscanned(params, model_cfg), beam_size, alpha, max_len
     self._translate = jax.jit(self._run)
 
   def _run(self, params, batch):
     """batch: padded `inputs` [B, Ls] with segmentation/position -> best tokens [B, max_len].
 
     The source is encoded once, and each decoder layer's cross-attention keys and values are computed once per
-    sentence (not per beam, not per step). Only the self-attention cache is reordered as beams are chosen.
+    sentence (not per beam, not per step). The self-attention cache is never reordered: only the table of which
+    beam slot holds each row's ancestors (`beam_bias`) is.
     """
     B, K, L = batch["inputs"].shape[0], self.beam_size, self.max_len
     N = B * K
@@ -121,26 +174,34 @@ class Translator:
     memory, _ = self.model.apply({"params": params}, batch["inputs"], src_segments, batch["inputs_position"],
                                  method=Transformer.encode)
 
-    def decoder(variables, tokens, positions, step, mutable):
-      return self.model.apply(variables, memory, src_segments, tokens, jnp.ones_like(tokens), positions,
-                              decode_step=step, method=Transformer.decode_logits, mutable=mutable)
+    def decoder(variables, tokens, step, slots, mutable):
+      tokens = tokens[:, None]
+      return self.model.apply(variables, memory, src_segments, tokens, jnp.ones_like(tokens),
+                              jnp.full((N, 1), step, jnp.int32), decode_step=step,
+                              self_bias=beam_bias(slots, step, K), method=Transformer.decode_logits,
+                              mutable=mutable)
 
-    # One call over [N, L] creates the self-attention caches (zeros, full length) and fills the source keys and
-    # values; its logits are unused, so XLA removes the rest of that call.
-    full = jnp.zeros((N, L), jnp.int32)
-    _, variables = decoder({"params": params}, full, full, 0, ["cache", "memory"])
+    # The first call creates the self-attention caches (zeros) and fills the source keys and values; its logits
+    # are unused, so XLA removes the rest of that call.
+    slots = jnp.zeros((N, L), jnp.int32)
+    _, variables = decoder({"params": params}, jnp.zeros((N,), jnp.int32), 0, slots, ["cache", "memory"])
     source_kv = variables["memory"]
+    own_slot = jnp.arange(N, dtype=jnp.int32) % K
 
-    def step_fn(tokens, i, cache):
-      (logits, _), variables = decoder({"params": params, "cache": cache, "memory": source_kv}, tokens[:, None],
-                                       jnp.full((N, 1), i, jnp.int32), i, ["cache"])
+    def step_fn(tokens, i, state):
+      cache, slots = state
+      slots = slots.at[:, i].set(own_slot)
+      (logits, _), variables = decoder({"params": params, "cache": cache, "memory": source_kv}, tokens, i, slots,
+                                       ["cache"])
       # PAD and UNK are never outputs: PAD starts a sentence, and every character has a byte piece.
       logits = logits[:, 0].astype(jnp.float32).at[:, (PAD_ID, UNK_ID)].set(NEG_INF)
-      return jax.nn.log_softmax(logits), variables["cache"]
+      return jax.nn.log_softmax(logits), (variables["cache"], slots)
 
+    state = (variables["cache"], slots)
     if K == 1:
-      return greedy_search(step_fn, variables["cache"], B, L)
-    tokens, _ = beam_search(step_fn, variables["cache"], B, K, L, self.alpha)
+      return greedy_search(step_fn, state, B, L)
+    tokens, _ = beam_search(step_fn, state, B, K, L, self.alpha, reorder=lambda s, rows: (s[0], s[1][rows]),
+                            n_best=1)
     return tokens[:, 0]
 
   def __call__(self, batch: dict) -> np.ndarray:

@@ -59,6 +59,15 @@ def per_sentence(q: jax.Array, sentences: int) -> jax.Array:
   return q.reshape(sentences, N // sentences * Q, A, D)
 
 
+def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array) -> jax.Array:
+  """Attention over a decoding cache: q [B, Q, A, D] (already scaled), k [A, B, D, K], v [A, B, K, D], bias
+  [B, 1, Q, K] -> [B, Q, A, D]. The cache is laid out as the two matmuls read it (batch, contracted, free), so
+  that XLA does not copy it at every step."""
+  logits = jnp.einsum("ABQD,ABDK->ABQK", q.transpose(2, 0, 1, 3), k).astype(jnp.float32) + bias.swapaxes(0, 1)
+  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+  return jnp.einsum("ABQK,ABKD->ABQD", probs, v).transpose(1, 2, 0, 3)
+
+
 def param(module: nn.Module, name: str, shape: tuple, names: tuple, init=None):
   """A float32 parameter with logical axis names (LeCun normal unless `init` is given)."""
   init = init or nn.initializers.lecun_normal()
@@ -74,10 +83,11 @@ def layer_norm(name: str) -> nn.LayerNorm:
 class Attention(nn.Module):
   """Multi-head attention: x [B, Q, M] attends to kv [B, K, M] -> [B, Q, M].
 
-  While decoding (decode=True), self-attention caches its keys and values step by step (collection 'cache',
-  reordered with the beams), and cross-attention computes the source's keys and values once per sentence
-  (collection 'memory', [B, K, A, D] for B sentences, never reordered): the beams of a sentence attend to them
-  as query positions of that sentence (`per_sentence`).
+  While decoding (decode=True), cross-attention computes the source's keys and values once per sentence
+  (collection 'memory', never reordered). Self-attention writes each step's into the beam slot of its row
+  (collection 'cache'), and the caller's bias [B, 1, R, L*R] says which (position, slot) pairs each of a
+  sentence's R beams descends from, so beams are reordered without moving the cache. In both, the R beams of a
+  sentence attend as its R queries (`per_sentence`).
   """
 
   num_heads: int
@@ -97,32 +107,34 @@ class Attention(nn.Module):
     q = jnp.einsum("BQM,MAD->BQAD", x.astype(dt), wq.astype(dt)) * D ** -0.5
     project = lambda w: jnp.einsum("BKM,MAD->BKAD", kv.astype(dt), w.astype(dt))  # noqa: E731
     if self.decode and self.is_cross:
-      k = self.variable("memory", "key", project, wk).value
-      v = self.variable("memory", "value", project, wv).value
-      rows = q.shape[0]
-      q = per_sentence(q, k.shape[0])
+      k = self.variable("memory", "key", lambda: jnp.einsum("BKM,MAD->ABDK", kv.astype(dt), wk.astype(dt))).value
+      v = self.variable("memory", "value", lambda: jnp.einsum("BKM,MAD->ABKD", kv.astype(dt), wv.astype(dt))).value
+      out = cached_attention(per_sentence(q, k.shape[1]), k, v, bias).reshape(q.shape)
+    elif self.decode:
+      out = self._decode_step(q, project(wk), project(wv), bias, decode_step)
     else:
       k, v = project(wk), project(wv)
-      if self.decode:
-        k, v, bias = self._update_cache(k, v, bias, decode_step)
-    probs = nn.Dropout(self.dropout_rate)(attention_probs(q, k, bias), deterministic=deterministic)
-    out = jnp.einsum("BAQK,BKAD->BQAD", probs.astype(dt), v)
-    if self.decode and self.is_cross:
-      out = out.reshape(rows, -1, A, D)
+      probs = nn.Dropout(self.dropout_rate)(attention_probs(q, k, bias), deterministic=deterministic)
+      out = jnp.einsum("BAQK,BKAD->BQAD", probs.astype(dt), v)
     return jnp.einsum("BQAD,ADM->BQM", out, wo.astype(dt))
 
-  def _update_cache(self, k, v, bias, step):
-    """Writes one step's k, v [B, 1, A, D] at `step` of the [B, max_len, A, D] cache; returns the cache and a
-    bias that hides its future. An init call with the full-length shape creates the cache."""
+  def _decode_step(self, q, k, v, bias, step):
+    """q, k, v [N, 1, A, D] of one step for N = B x R rows (a sentence's beams adjacent), bias [B, 1, R, L*R] ->
+    [N, 1, A, D]. Row b*R + r writes its key and value at `step` of slot r of its sentence's cache (keys
+    [A, B, D, L*R], values [A, B, L*R, D]; position t of slot r at t*R + r, so a step writes one contiguous
+    block); each beam then attends to the (position, slot) pairs its bias allows. The first call only creates
+    the cache (zeros) and returns zeros."""
+    B, _, R, LR = bias.shape
+    A, D = k.shape[2:]
     is_new = not self.has_variable("cache", "key")
-    ck = self.variable("cache", "key", jnp.zeros, k.shape, k.dtype)
-    cv = self.variable("cache", "value", jnp.zeros, v.shape, v.dtype)
+    ck = self.variable("cache", "key", jnp.zeros, (A, B, D, LR), k.dtype)
+    cv = self.variable("cache", "value", jnp.zeros, (A, B, LR, D), v.dtype)
     if is_new:
-      return k, v, bias
-    ck.value = jax.lax.dynamic_update_slice_in_dim(ck.value, k, step, axis=1)
-    cv.value = jax.lax.dynamic_update_slice_in_dim(cv.value, v, step, axis=1)
-    seen = jnp.arange(ck.value.shape[1]) <= step
-    return ck.value, cv.value, jnp.where(seen, 0.0, NEG_INF)[None, None, None, :]
+      return jnp.zeros_like(q)
+    k, v = k.reshape(B, R, A, D).transpose(2, 0, 3, 1), v.reshape(B, R, A, D).transpose(2, 0, 1, 3)
+    ck.value = jax.lax.dynamic_update_slice_in_dim(ck.value, k, step * R, axis=3)
+    cv.value = jax.lax.dynamic_update_slice_in_dim(cv.value, v, step * R, axis=2)
+    return cached_attention(per_sentence(q, B), ck.value, cv.value, bias).reshape(q.shape)
 
 
 class DenseFFN(nn.Module):

@@ -77,7 +77,7 @@ class TransformerConfig:
 class LayerInputs:
   """What every layer of a stack sees besides its input x (broadcast to all scanned units)."""
 
-  self_bias: jax.Array  # [B, 1, L, L]
+  self_bias: jax.Array  # [B, 1, L, L], or [B, 1, R, L*R] over the cache's beam slots while decoding
   token_mask: jax.Array  # [B, L], True for real tokens (MoE routing skips the others)
   memory: jax.Array | None = None  # [B, Ls, M] encoder output (decoder only; None for later decoding steps)
   cross_bias: jax.Array | None = None  # [B, 1, L, Ls], or [B, 1, 1, Ls] per sentence while decoding
@@ -210,13 +210,16 @@ class Transformer(nn.Module):
     x = self._embed(self.src_embed, inputs, positions)
     return self.encoder(x, LayerInputs(attention_bias(segments, segments, causal=False), segments > 0))
 
-  def decode_logits(self, memory, src_segments, decoder_inputs, segments, positions, decode_step=None):
-    """Decoder over [B, L] inputs (or one step of them when decoding) -> (logits [B, L, V] float32, stats)."""
+  def decode_logits(self, memory, src_segments, decoder_inputs, segments, positions, decode_step=None,
+                    self_bias=None):
+    """Decoder over [B, L] inputs (or one step of them when decoding) -> (logits [B, L, V] float32, stats).
+    A decoding step takes the self-attention bias over the cache (`decode.beam_bias`)."""
     x = self._embed(self.tgt_embed, decoder_inputs, positions)
-    # While decoding, the cache masks the future and N = B x beams rows attend to the B sentences' sources.
+    # While decoding, N = B x beams rows attend to the B sentences' sources, and self_bias masks the cache.
     cross_bias = source_bias(src_segments) if self.decode else attention_bias(segments, src_segments, causal=False)
-    y, stats = self.decoder(x, LayerInputs(attention_bias(segments, segments, causal=True), segments > 0, memory,
-                                           cross_bias, decode_step))
+    if self_bias is None:
+      self_bias = attention_bias(segments, segments, causal=True)
+    y, stats = self.decoder(x, LayerInputs(self_bias, segments > 0, memory, cross_bias, decode_step))
     if self.cfg.tied_logits:
       logits = self.tgt_embed.attend(y.astype(jnp.float32)) * self._scales[2]
     else:

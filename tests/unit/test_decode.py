@@ -1,5 +1,7 @@
-"""Decoding: incremental decoding equals the full forward pass, beam 1 equals greedy, EOS and max length."""
+"""Decoding: incremental decoding equals the full forward pass, beam 1 equals greedy, EOS and max length, the
+beam-slot bias, the candidates' top-k, the early stop for the best hypothesis, unscanned parameters."""
 
+import dataclasses
 import functools
 
 import jax
@@ -113,34 +115,86 @@ def random_batch(B, T, vocab=600, seed=0):
 
 
 def test_incremental_decoding_equals_full_forward(model_and_params):
-  """Step-by-step decoding (self-attention cache, source keys/values computed once, 2 beams per sentence sharing
-  them) gives the logits of the full forward pass."""
+  """Step-by-step decoding gives the logits of the full forward pass: keys and values written in beam slots and
+  read through `beam_bias` (the two beams of each sentence swap sequences half-way, so from then on each row
+  finds its earlier keys in the other slot), source keys and values computed once and shared by the beams."""
   cfg, params = model_and_params
-  B, K, T = 3, 2, 10
+  B, K, T, swap = 3, 2, 10, 4
   batch = random_batch(B, T)
-  full, _ = jax.jit(Transformer(cfg).apply)({"params": params}, batch)
+  targets = np.stack([batch["targets"], random_batch(B, T, seed=5)["targets"]], 1)  # [B, K, T]: sequence k
+  forward = jax.jit(Transformer(cfg).apply)
+  expected = np.stack([forward({"params": params}, batch | {"targets": targets[:, k]})[0] for k in range(K)], 1)
   model = Transformer(cfg, decode=True)
   src_segments = batch["inputs_segmentation"]
   memory, _ = model.apply({"params": params}, batch["inputs"], src_segments, batch["inputs_position"],
                           method=Transformer.encode)
 
-  @functools.partial(jax.jit, static_argnums=4)
-  def decoder(variables, tokens, positions, step, mutable):
-    return model.apply(variables, memory, src_segments, tokens, jnp.ones_like(tokens), positions,
-                       decode_step=step, method=Transformer.decode_logits, mutable=mutable)
+  @functools.partial(jax.jit, static_argnums=3)
+  def decoder(variables, tokens, step, mutable, slots):
+    return model.apply(variables, memory, src_segments, tokens, jnp.ones_like(tokens), jnp.full_like(tokens, step),
+                       decode_step=step, self_bias=decode.beam_bias(slots, step, K), method=Transformer.decode_logits,
+                       mutable=mutable)
 
-  rows = np.repeat(np.arange(B), K)  # beams of a sentence are adjacent rows
-  _, variables = decoder({"params": params}, jnp.zeros((B * K, T), jnp.int32), jnp.zeros((B * K, T), jnp.int32), 0,
-                         ("cache", "memory"))
+  rows, beam = np.repeat(np.arange(B), K), np.tile(np.arange(K), B)  # beams of a sentence are adjacent rows
+  slots = np.tile(beam[:, None], (1, T))
+  _, variables = decoder({"params": params}, jnp.zeros((B * K, 1), jnp.int32), 0, ("cache", "memory"), slots)
   cache, source_kv = variables["cache"], variables["memory"]
-  inputs = np.concatenate([np.zeros((B, 1), np.int32), batch["targets"][:, :-1]], axis=1)[rows]
-  steps = []
+  inputs = np.concatenate([np.zeros((B, K, 1), np.int32), targets[:, :, :-1]], axis=2)
+  got, want = [], []
   for i in range(T):
-    (logits, _), variables = decoder({"params": params, "cache": cache, "memory": source_kv}, inputs[:, i:i + 1],
-                                     jnp.full((B * K, 1), i), i, ("cache",))
+    sequence = beam if i < swap else 1 - beam  # the sequence each row continues
+    if i == swap:
+      slots[:, :swap] = 1 - beam[:, None]
+    (logits, _), variables = decoder({"params": params, "cache": cache, "memory": source_kv},
+                                     inputs[rows, sequence, i][:, None], i, ("cache",), slots)
     cache = variables["cache"]
-    steps.append(logits[:, 0])
-  np.testing.assert_allclose(np.stack(steps, 1), np.asarray(full)[rows], atol=1e-4, rtol=1e-4)
+    got.append(logits[:, 0])
+    want.append(expected[rows, sequence, i])
+  np.testing.assert_allclose(np.stack(got, 1), np.stack(want, 1), atol=1e-4, rtol=1e-4)
+
+
+def test_beam_bias_against_loops():
+  rng = np.random.default_rng(0)
+  R, B, L, step = 3, 2, 6, 4
+  slots = rng.integers(0, R, (B * R, L))
+  bias = np.asarray(decode.beam_bias(jnp.asarray(slots), step, R))
+  assert bias.shape == (B, 1, R, L * R)
+  for b, q, t, r in np.ndindex(B, R, L, R):
+    sees = slots[b * R + q, t] == r and t <= step
+    assert bias[b, 0, q, t * R + r] == (0.0 if sees else decode.NEG_INF)
+
+
+@pytest.mark.parametrize("B,K,V,count", [(3, 4, 4000, 8), (4, 4, 37, 8), (2, 4, 12, 8), (2, 1, 50, 2)])
+def test_best_candidates_equals_top_k_over_all_candidates(B, K, V, count):
+  """Exactly jax.lax.top_k over the flattened K x V, equal scores included (blocks, or one top_k when there are
+  fewer blocks than candidates wanted)."""
+  rng = np.random.default_rng(V)
+  for scores in (rng.normal(size=(B, K, V)) * 3, np.round(rng.normal(size=(B, K, V)) * 2) / 2):
+    scores = scores.astype(np.float32)
+    scores[:, 1:, :5] = decode.NEG_INF  # dead beams and banned tokens tie at NEG_INF
+    top, beam, token = decode.best_candidates(jnp.asarray(scores), count)
+    want, flat = jax.lax.top_k(jnp.asarray(scores.reshape(B, K * V)), count)
+    np.testing.assert_array_equal(top, want)
+    np.testing.assert_array_equal(np.asarray(beam) * V + np.asarray(token), flat)
+
+
+def test_n_best_one_finds_the_full_search_best():
+  """Stopping once no live beam can beat the best finished hypothesis keeps the full search's best one."""
+  for seed in range(4):
+    step_fn = table_step_fn(seed, eos_bias=0.5)
+    search = jax.jit(lambda n, f=step_fn: decode.beam_search(f, toy_cache(8), 2, 4, L, n_best=n), static_argnums=0)
+    (tokens, scores), (best_tokens, best_scores) = search(None), search(1)
+    np.testing.assert_array_equal(best_tokens[:, 0], tokens[:, 0])
+    np.testing.assert_array_equal(best_scores[:, 0], scores[:, 0])
+
+
+def test_unscanned_parameters_give_the_scanned_model(model_and_params):
+  cfg, params = model_and_params
+  batch = random_batch(2, 8)
+  scanned, _ = Transformer(cfg).apply({"params": params}, batch)
+  unrolled, _ = Transformer(dataclasses.replace(cfg, scan_layers=False)).apply(
+      {"params": decode.unscanned(params, cfg)}, batch)
+  np.testing.assert_allclose(unrolled, scanned, atol=1e-5, rtol=1e-5)
 
 
 def full_forward_step_fn(cfg, params, batch, rows, T):
