@@ -21,7 +21,7 @@ PY := $(VENV)/bin/python
 # for drivers older than 580) or neither (cpu); `make train JAX_BUILD=cpu` (tpu, cuda12, cuda13) chooses instead.
 JAX_BUILD ?= auto
 
-.PHONY: venv test test-fast lint train eval translate sweep bench inspect-data clean
+.PHONY: venv test test-fast lint train eval translate sweep bench bench-gpu inspect-data clean
 
 # The stamp holds the build installed; a JAX_BUILD other than it (and than auto) installs again.
 ifneq ($(JAX_BUILD),auto)
@@ -67,6 +67,9 @@ sweep: venv
 bench: venv
 	$(PY) bench/moe_layer.py --small
 	$(PY) bench/input_pipeline.py
+
+bench-gpu: venv  # the accelerator suite, under 20 minutes on one GPU: bench/results/<date>-<device>.json, RESULTS.md
+	$(PY) bench/gpu_suite.py $(ARGS)
 
 inspect-data: venv
 	$(PY) -m gshard_mt.tools.inspect_data --config $(CONFIG)

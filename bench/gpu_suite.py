@@ -1,0 +1,266 @@
+"""The accelerator benchmark suite in one command: the MoE layer for every dispatch, the training steps of
+configs/base.py and configs/dense_base.py, and beam-4 decoding of the test split with configs/base.py.
+
+  make bench-gpu                       # = python bench/gpu_suite.py, on a GPU machine (under 20 minutes)
+  python bench/gpu_suite.py --small --out /tmp/suite --results_md ""   # the same code at CPU sizes (a minute)
+
+Writes <out>/<date>-<device>.json (default bench/results/) and appends a section to --results_md (default
+bench/RESULTS.md; "" for none). Sections:
+
+- MoE layer: forward + backward of bench/moe_layer.py's reference shape (16,384 tokens, M=1024, H=4096, E=32,
+  S=1024, capacity factor 1.25, bf16) for every dispatch of `gshard_mt.moe.config.DISPATCHES`, each as a ratio
+  to the dense FFN of hidden 2H timed in the same process (bench/moe_layer.py's timing).
+- Training: the jitted train step of each config on its own packed batches of the Tatoeba-112 training split
+  (compiled and warmed up first; batches staged on the device beforehand): step time, real tokens/s and MFU
+  (`gshard_mt.training.metrics`: the step's model FLOPs as the dry run counts them, against the device's peak
+  bf16 FLOP/s).
+- Decoding: configs/base.py freshly initialised (no checkpoint), beam 4, the test split as eval.py decodes it
+  (`batch_size` sentences per batch, similar lengths together): sentences/s. A fresh model seldom ends a
+  hypothesis early, so most batches run to max_length: an upper bound on the time per sentence.
+
+--small runs every section on the CPU at small shapes (configs shrunk by SMALL, few steps and sentences) with
+XLA's backend optimisations off (its times are no figures), so that `make test` checks the suite end to end in
+about a minute. A section that fails is recorded with its error, the others still run, and the exit status is 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import functools
+import importlib.metadata
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from gshard_mt import config as config_lib  # noqa: E402
+from gshard_mt.data import pipeline  # noqa: E402
+from gshard_mt.evaluation import decode, evaluate  # noqa: E402
+from gshard_mt.model.transformer import Transformer  # noqa: E402
+from gshard_mt.moe.config import DISPATCHES, MoeConfig  # noqa: E402
+from gshard_mt.moe.layer import MoeFeedForward  # noqa: E402
+from gshard_mt.parallel import distributed  # noqa: E402
+from gshard_mt.training import metrics  # noqa: E402
+from gshard_mt.training.setup import Setup, build  # noqa: E402
+
+CONFIGS = {"base": ROOT / "configs" / "base.py", "dense_base": ROOT / "configs" / "dense_base.py"}
+# --small: the configs shrunk to compile and run in seconds on a CPU (5 languages, 2+2 layers, 4 experts).
+SMALL = {"batch_size": "8", "data.languages": "fra,deu,spa,ell,kab", "data.vocab_size": "600",
+         "data.max_length": "24", "model.emb_dim": "32", "model.num_heads": "2", "model.head_dim": "16",
+         "model.mlp_dim": "64", "model.num_encoder_layers": "2", "model.num_decoder_layers": "2",
+         "moe.num_experts": "4", "moe.hidden_dim": "64", "moe.group_size": "64"}
+# The MoE layer's shapes: bench/moe_layer.py's reference shape (one group size) and its --small shape.
+MOE_SHAPES = {False: dict(tokens=16384, model_dim=1024, hidden_dim=4096, experts=32, group_size=1024),
+              True: dict(tokens=1024, model_dim=64, hidden_dim=128, experts=8, group_size=256)}
+SIZES = {False: dict(moe_repeats=20, train_warmup=3, train_steps=30, sentences=0),
+         True: dict(moe_repeats=3, train_warmup=1, train_steps=3, sentences=24)}
+
+
+def moe_layer_section(small: bool, repeats: int) -> dict:
+  """Forward + backward ms of the dense FFN of hidden 2H and of the MoE layer for every dispatch."""
+  sys.path.insert(0, str(ROOT / "bench"))
+  import moe_layer  # bench/moe_layer.py, imported here so that a failure leaves the other sections
+
+  s = MOE_SHAPES[small]
+  N, M, H = s["tokens"], s["model_dim"], s["hidden_dim"]
+  x = jax.random.normal(jax.random.key(2), (max(N // 512, 1), min(N, 512), M), jnp.bfloat16)
+  useful_flops = N * 2 * 2 * (2 * M * H) * 3  # tokens x 2 experts x 2 matmuls x 2MH x (forward + backward)
+  dense_ms = moe_layer.time_fwd_bwd(moe_layer.DenseFFN(2 * H, jnp.bfloat16), x, repeats)
+  rows = [dict(variant="dense FFN, hidden 2H", ms=dense_ms)]
+  for dispatch in DISPATCHES:
+    cfg = MoeConfig(num_experts=s["experts"], hidden_dim=H, group_size=s["group_size"], train_capacity_factor=1.25,
+                    second_expert_policy="all", dispatch=dispatch)
+    try:
+      rows.append(dict(variant=f"MoE {dispatch} dispatch", dispatch=dispatch,
+                       ms=moe_layer.time_fwd_bwd(MoeFeedForward(cfg, dtype=jnp.bfloat16), x, repeats)))
+    except Exception as e:  # noqa: BLE001 - one dispatch failing leaves the others' figures
+      rows.append(dict(variant=f"MoE {dispatch} dispatch", dispatch=dispatch, error=_error(e)))
+  for row in rows:
+    if "ms" in row:
+      row.update(useful_tflops=useful_flops / row["ms"] * 1e-9, ratio_to_dense=dense_ms / row["ms"])
+  return dict(shape=s | dict(capacity_factor=1.25, dtype="bfloat16", repeats=repeats), rows=rows)
+
+
+@dataclasses.dataclass
+class Prepared:
+  """A config with its data (the tokenizer trained once in the suite's work directory), setup and fresh state."""
+
+  config: Any
+  data: pipeline.Data
+  setup: Setup
+  state: Any
+
+
+def prepare(name: str, *, small: bool, workdir: pathlib.Path) -> Prepared:
+  config = config_lib.load(CONFIGS[name], SMALL if small else {}, num_devices=jax.device_count())
+  data = pipeline.load(config, workdir)
+  setup = build(config, data.tokenizer.vocab_size)
+  return Prepared(config, data, setup, setup.init_state(config.seed))
+
+
+def training_section(prepared: Callable[[str], Prepared], name: str, warmup: int, steps: int) -> dict:
+  """The config's jitted train step on its packed training batches: step time, real tokens/s, MFU."""
+  p = prepared(name)
+  config, setup, state = p.config, p.setup, p.state
+  step_fn = setup.jit_train_step(Transformer(setup.model_cfg, deterministic=False), config)
+  batches = p.data.train_batches(config)
+  with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+    staged = [distributed.global_batch(next(batches)[1], setup.mesh, setup.rules) for _ in range(warmup + steps)]
+    start = time.perf_counter()
+    for batch in staged[:warmup]:
+      state, _ = step_fn(state, batch)
+    jax.block_until_ready(state)
+    compile_and_warmup_s = time.perf_counter() - start
+    start = time.perf_counter()
+    timed = []
+    for batch in staged[warmup:]:
+      state, step_metrics = step_fn(state, batch)
+      timed.append(step_metrics)
+    jax.block_until_ready(state)
+    seconds = (time.perf_counter() - start) / steps
+  sides = np.mean([(float(m["source_tokens"]), float(m["target_tokens"])) for m in jax.device_get(timed)], axis=0)
+  flops = metrics.step_flops(state.params, config.moe.num_experts, *sides)
+  return dict(config=f"configs/{name}.py", steps=steps, step_ms=seconds * 1e3, tokens_per_step=float(sum(sides)),
+              tokens_per_s=float(sum(sides)) / seconds, step_tflops=flops * 1e-12,
+              mfu=metrics.mfu(flops / seconds, jax.devices()[0].device_kind, jax.device_count()),
+              compile_and_warmup_s=compile_and_warmup_s, packing_efficiency=batches.packing_efficiency,
+              batch_size=config.batch_size, max_length=config.data.max_length)
+
+
+def decoding_section(prepared: Callable[[str], Prepared], sentences: int, beam: int = 4) -> dict:
+  """Beam search over the test split with configs/base.py, freshly initialised (before its training section, which
+  donates the state): sentences/s as eval.py times them."""
+  p = prepared("base")
+  config, data, model_cfg = p.config, p.data, p.setup.model_cfg
+  run = evaluate.Restored(None, config, data, model_cfg, 0, p.state.params)
+  n = len(data.tokens["test"])
+  ids = np.random.default_rng(0).permutation(n)[: sentences or n]
+  translator = decode.Translator(model_cfg, run.params, beam, 0.6, config.data.max_length)
+  start = time.perf_counter()
+  _, speed = evaluate.decode_pairs(translator, run, split="test", ids=ids, rows=config.batch_size, progress=False)
+  return dict(config="configs/base.py", params="fresh initialisation", beam=beam, alpha=0.6,
+              batch_size=config.batch_size, max_length=config.data.max_length, sentences=speed["sentences"],
+              seconds=speed["seconds"], sentences_per_s=speed["sentences"] / speed["seconds"],
+              tokens_per_s=speed["tokens"] / speed["seconds"],
+              untimed_s=time.perf_counter() - start - speed["seconds"])  # batching, compiling, a warm-up batch
+
+
+def _error(e: BaseException) -> str:
+  traceback.print_exc()
+  return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
+
+
+def environment() -> dict:
+  device = jax.devices()[0]
+  commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+  versions = {p: importlib.metadata.version(p) for p in ("jax", "jaxlib", "flax")}
+  return dict(date=datetime.date.today().isoformat(), device=device.device_kind, platform=device.platform,
+              device_count=jax.device_count(), commit=commit.stdout.strip() or None, **versions)
+
+
+def slug(text: str) -> str:
+  return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def markdown(result: dict) -> str:
+  """The RESULTS.md section of a suite run."""
+  env = result["environment"]
+  lines = [f"## Accelerator suite: {env['device']} ({env['date']})", "",
+           f"{env['device_count']} x {env['device']} ({env['platform']}), JAX {env['jax']}, flax {env['flax']}, "
+           f"commit {env['commit']}. Command: `{result['command']}` ({result['seconds'] / 60:.1f} minutes); "
+           f"JSON: `{result['json']}`.", ""]
+  moe = result["moe_layer"]
+  if "error" in moe:
+    lines += [f"MoE layer: failed ({moe['error']})", ""]
+  else:
+    s = moe["shape"]
+    lines += [f"MoE layer, forward + backward: {s['tokens']:,} tokens, M={s['model_dim']}, H={s['hidden_dim']}, "
+              f"E={s['experts']}, S={s['group_size']}, capacity factor {s['capacity_factor']}, {s['dtype']}, "
+              f"median of {s['repeats']}.", "", "| variant | ms | useful TFLOP/s | ratio to dense 2H |",
+              "|---|---|---|---|"]
+    for r in moe["rows"]:
+      lines.append(f"| {r['variant']} | failed: {r['error']} | | |" if "error" in r else
+                   f"| {r['variant']} | {r['ms']:.2f} | {r['useful_tflops']:.1f} | {r['ratio_to_dense']:.2f} |")
+    lines.append("")
+  lines += ["Training step (packed Tatoeba-112 batches; tokens are real source + target tokens):", "",
+            "| config | rows x length | step ms | tokens/s | MFU |", "|---|---|---|---|---|"]
+  for r in result["training"]:
+    if "error" in r:
+      lines.append(f"| {r['config']} | failed: {r['error']} | | | |")
+    else:
+      mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
+      lines.append(f"| {r['config']} | {r['batch_size']} x {r['max_length']} | {r['step_ms']:.1f} | "
+                   f"{r['tokens_per_s']:,.0f} | {mfu} |")
+  d = result["decoding"]
+  lines += ["", "Decoding, test split (" + (f"failed: {d['error']})" if "error" in d else
+            f"{d['config']}, {d['params']}, beam {d['beam']}, {d['batch_size']} sentences per batch, "
+            f"max length {d['max_length']}): {d['sentences']:,} sentences in {d['seconds']:.1f} s, "
+            f"{d['sentences_per_s']:,.1f} sentences/s, {d['tokens_per_s']:,.0f} tokens/s."), ""]
+  return "\n".join(lines) + "\n"
+
+
+def run_section(fn, *args) -> dict:
+  start = time.perf_counter()
+  try:
+    out = fn(*args)
+  except Exception as e:  # noqa: BLE001 - the other sections still run; the exit status says it failed
+    out = dict(error=_error(e))
+  print(f"{fn.__name__} ({time.perf_counter() - start:.0f} s): {json.dumps(out, default=str)}", flush=True)
+  return out
+
+
+def main(argv) -> int:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--small", action="store_true", help="CPU-sized shapes, seconds per section")
+  parser.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder of the JSON file")
+  parser.add_argument("--results_md", default=str(ROOT / "bench" / "RESULTS.md"),
+                      help='the markdown file to append a section to ("" for none)')
+  args = parser.parse_args(argv)
+  if args.small:  # before JAX starts its backend: the CPU, where compiling fast matters, not the code's speed
+    jax.config.update("jax_platforms", "cpu")
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
+  start = time.perf_counter()
+  sizes = SIZES[args.small]
+  result = dict(environment=environment(), small=args.small,
+                command="python bench/gpu_suite.py" + (" --small" if args.small else ""))
+  with tempfile.TemporaryDirectory() as workdir:  # the tokenizer, trained once for both configs
+    prepared = functools.cache(functools.partial(prepare, small=args.small, workdir=pathlib.Path(workdir)))
+    result["moe_layer"] = run_section(moe_layer_section, args.small, sizes["moe_repeats"])
+    result["decoding"] = run_section(decoding_section, prepared, sizes["sentences"])
+    result["training"] = [run_section(training_section, prepared, name, sizes["train_warmup"], sizes["train_steps"])
+                          for name in CONFIGS]
+  result["seconds"] = time.perf_counter() - start
+  env = result["environment"]
+  path = pathlib.Path(args.out) / f"{env['date']}-{slug(env['device'])}{'-small' if args.small else ''}.json"
+  result["json"] = os.path.relpath(path, ROOT) if path.resolve().is_relative_to(ROOT) else str(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+  section = markdown(result)
+  if args.results_md:
+    with open(args.results_md, "a") as f:
+      f.write("\n" + section)
+  print(f"\n{section}\nwrote {path}" + (f" and a section of {args.results_md}" if args.results_md else ""))
+  failed = "error" in result["moe_layer"] or any("error" in r for r in result["moe_layer"].get("rows", [])) or any(
+      "error" in r for r in result["training"]) or "error" in result["decoding"]
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

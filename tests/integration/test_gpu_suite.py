@@ -1,0 +1,41 @@
+"""bench/gpu_suite.py --small: the whole accelerator suite at CPU sizes, its JSON and its RESULTS.md section."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gshard_mt.moe.config import DISPATCHES
+from tests.helpers import ROOT
+
+
+@pytest.mark.slow
+def test_small_suite_writes_every_section(tmp_path):
+  markdown = tmp_path / "RESULTS.md"
+  markdown.write_text("# Benchmark results\n")
+  proc = subprocess.run([sys.executable, "bench/gpu_suite.py", "--small", "--out", str(tmp_path / "results"),
+                         "--results_md", str(markdown)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  [path] = (tmp_path / "results").glob("*-cpu-small.json")
+  result = json.loads(path.read_text())
+  assert result["small"] and result["environment"]["platform"] == "cpu"
+
+  rows = result["moe_layer"]["rows"]
+  assert [r["dispatch"] for r in rows[1:]] == list(DISPATCHES)  # every dispatch, after the dense baseline
+  assert all(r["ms"] > 0 and r["ratio_to_dense"] > 0 for r in rows)
+  assert rows[0]["ratio_to_dense"] == 1.0
+
+  assert [r["config"] for r in result["training"]] == ["configs/base.py", "configs/dense_base.py"]
+  for r in result["training"]:
+    assert r["step_ms"] > 0 and r["mfu"] is None  # no peak FLOP/s for a CPU
+    assert 0 < r["tokens_per_step"] <= 2 * r["batch_size"] * r["max_length"]  # real tokens, both sides
+    assert r["tokens_per_s"] == pytest.approx(r["tokens_per_step"] / r["step_ms"] * 1e3)
+
+  decoding = result["decoding"]
+  assert decoding["beam"] == 4 and decoding["sentences"] == 24 and decoding["sentences_per_s"] > 0
+
+  text = markdown.read_text()
+  assert text.startswith("# Benchmark results\n") and "## Accelerator suite: cpu (" in text
+  assert all(f"| MoE {d} dispatch |" in text for d in DISPATCHES) and "| configs/dense_base.py |" in text
+  assert path.name in text
