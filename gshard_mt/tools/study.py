@@ -1,0 +1,230 @@
+"""The MoE-versus-dense study: trains every point of a sweep file, decodes each point's test split with the
+checkpoint of its lowest dev loss, and reports what experts buy, as the paper's Figure 6 and Table 3 do.
+
+  python -m gshard_mt.tools.study --sweep configs/sweeps/study.py [--root runs/sweeps/study] [--report_only]
+                                  [-- extra train.py arguments applied to every point]
+
+Points whose `data.languages` names one language are bilingual baselines; the others are multilingual models
+(dense when `model.moe_interval` is 0). Writes into the root: report.md and report.json (ΔBLEU and ΔchrF++ of
+each multilingual model against the bilingual baselines per language, sorted by training data size; average BLEU,
+chrF++, dev loss and tokens/s against the number of experts; per MoE layer, expert-load balance and dropped
+fractions), delta_bleu.png and experts.png. Finished points are not trained or decoded again; with
+--report_only, points whose training has not finished are left out.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shlex
+import subprocess
+import sys
+
+import numpy as np
+
+from gshard_mt import cli
+from gshard_mt import config as config_lib
+from gshard_mt.data.corpus import language_of
+from gshard_mt.errors import WorkdirError
+from gshard_mt.io import write_atomically
+from gshard_mt.tools import sweep as sweep_lib
+from gshard_mt.tools.plot import read_jsonl
+
+ROUTING_KEYS = ("load_cv", "load_min", "load_max", "top1_dropped", "top2_dropped")
+
+
+def best_step(workdir: pathlib.Path) -> int:
+  """The checkpointed step with the lowest dev loss (early stopping, the same rule for every point)."""
+  saved = {int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()}
+  dev = [(r["dev_loss"], r["step"]) for r in read_jsonl(workdir / "metrics.jsonl") if "dev_loss" in r]
+  scored = [d for d in dev if d[1] in saved]
+  if not scored:
+    raise WorkdirError(f"{workdir}: no checkpoint with a dev loss (set eval_every to a multiple of checkpoint_every)")
+  return min(scored)[1]
+
+
+def test_scores(workdir: pathlib.Path, step: int) -> dict | None:
+  path = workdir / "eval" / f"test-{step}" / "scores.json"
+  return json.loads(path.read_text()) if path.exists() else None
+
+
+def routing(rows: list[dict], tail: float = 0.25) -> dict[str, dict[str, float]]:
+  """Per MoE layer ('encoder_0', ...): each routing statistic averaged over the last `tail` of the logged steps."""
+  logged = [r for r in rows if any(k.endswith("/load_cv") for k in r)]
+  last = logged[int(len(logged) * (1 - tail)):]
+  layers = sorted({k.split("/")[1] for r in last for k in r if k.startswith("moe/") and k.endswith("/load_cv")})
+  return {layer: {key: float(np.mean([r[f"moe/{layer}/{key}"] for r in last])) for key in ROUTING_KEYS}
+          for layer in layers}
+
+
+def summarize(workdir: pathlib.Path, point: dict) -> dict:
+  """One point: its kind, experts, best step, dev loss, tokens/s, routing and per-stream test scores."""
+  config = config_lib.load_saved(workdir)
+  rows = read_jsonl(workdir / "metrics.jsonl")
+  step = best_step(workdir)
+  scores = test_scores(workdir, step)
+  speeds = [r["tokens_per_s"] for r in rows if r.get("tokens_per_s")][1:]  # the first log includes compilation
+  experts = config.moe.num_experts if config.model.moe_interval else 0
+  languages = [lang.strip() for lang in config.data.languages.split(",") if lang.strip()]
+  return {"name": point["name"], "bilingual": len(languages) == 1, "source": config.data.source,
+          "languages": config.data.languages, "experts": experts, "best_step": step,
+          "dev_loss": min(r["dev_loss"] for r in rows if r["step"] == step and "dev_loss" in r),
+          "tokens_per_s": float(np.median(speeds)) if speeds else None, "routing": routing(rows),
+          "test": scores["languages"] if scores else {}, "average_bleu": scores["average"]["bleu"] if scores else None,
+          "average_chrf": scores["average"]["chrf"] if scores else None,
+          "signature": scores["signatures"]["bleu"] if scores else None}
+
+
+def baseline_stream(bilingual: dict, streams) -> str | None:
+  """The multilingual stream a bilingual baseline stands for: its language, from its source when joined sources
+  share the language ('deu' from multi30k -> 'deu.multi30k')."""
+  lang = bilingual["languages"]
+  matches = [s for s in streams if language_of(s) == lang and (s == lang or s.endswith("." + bilingual["source"]))]
+  return matches[0] if len(matches) == 1 else None
+
+
+def compare(points: list[dict]) -> list[dict]:
+  """Per baselined stream, sorted by training pairs (most first): the bilingual BLEU and chrF++, each multilingual
+  model's BLEU and chrF++ and their differences from the bilingual's."""
+  multi = [p for p in points if not p["bilingual"] and p["test"]]
+  streams = multi[0]["test"] if multi else {}
+  out = []
+  for b in (p for p in points if p["bilingual"] and p["test"]):
+    stream = baseline_stream(b, streams)
+    if stream is None:
+      continue
+    base = next(iter(b["test"].values()))
+    row = {"stream": stream, "train_pairs": streams[stream]["train_pairs"], "sentences": streams[stream]["sentences"],
+           "bilingual": base["bleu"], "bilingual_chrf": base["chrf"]}
+    for m in multi:
+      row[m["name"]] = m["test"][stream]["bleu"]
+      row[f"delta_{m['name']}"] = m["test"][stream]["bleu"] - base["bleu"]
+      row[f"delta_chrf_{m['name']}"] = m["test"][stream]["chrf"] - base["chrf"]
+    out.append(row)
+  return sorted(out, key=lambda r: -r["train_pairs"])
+
+
+def markdown(points: list[dict], table: list[dict]) -> str:
+  f = lambda v, d=1: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
+  multi = [p for p in points if not p["bilingual"]]
+  lines = ["# MoE versus dense", "", "## Multilingual models", "",
+           "| model | experts | best step | dev loss | avg test BLEU | avg test chrF++ | tokens/s |",
+           "|---|---|---|---|---|---|---|"]
+  lines += [f"| {p['name']} | {p['experts'] or 'dense'} | {p['best_step']} | {f(p['dev_loss'], 3)} | "
+            f"{f(p['average_bleu'])} | {f(p['average_chrf'])} | {f(p['tokens_per_s'], 0)} |" for p in multi]
+  names = [p["name"] for p in multi if p["test"]]
+  lines += ["", "## ΔBLEU against bilingual baselines (test BLEU; sorted by training pairs)", "",
+            "| stream | train pairs | test sentences | bilingual | " + " | ".join(f"{n} (Δ)" for n in names) + " |",
+            "|---|---|---|---|" + "---|" * len(names)]
+  for r in table:
+    cells = [f"{f(r[n])} ({r[f'delta_{n}']:+.1f})" for n in names]
+    lines.append(f"| {r['stream']} | {r['train_pairs']:,} | {r['sentences']} | {f(r['bilingual'])} | "
+                 + " | ".join(cells) + " |")
+  if table:
+    means = [f"{np.mean([r[f'delta_{n}'] for r in table]):+.2f}" for n in names]
+    lines.append("| mean Δ | | | | " + " | ".join(means) + " |")
+    lines += ["", "ΔchrF++ against the same baselines: " + "; ".join(
+        f"{r['stream']} " + ", ".join(f"{n} {r[f'delta_chrf_{n}']:+.1f}" for n in names) for r in table) + "."]
+  lines += ["", "## Routing per MoE layer (mean over the last quarter of training)", "",
+            "| model | layer | load CV | load min | load max | top-1 dropped | top-2 dropped |",
+            "|---|---|---|---|---|---|---|"]
+  for p in multi:
+    for layer, s in p["routing"].items():
+      lines.append(f"| {p['name']} | {layer} | {s['load_cv']:.3f} | {s['load_min']:.3f} | {s['load_max']:.3f} | "
+                   f"{s['top1_dropped']:.4f} | {s['top2_dropped']:.4f} |")
+  signature = next((p["signature"] for p in points if p["signature"]), None)
+  lines += ["", f"BLEU: sacrebleu {signature}, beam 4, alpha 0.6, each point's lowest-dev-loss checkpoint.", ""]
+  return "\n".join(lines)
+
+
+def plot(points: list[dict], table: list[dict], root: pathlib.Path) -> list[pathlib.Path]:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  multi = [p for p in points if not p["bilingual"]]
+  label = lambda p: "dense" if not p["experts"] else f"{p['experts']} experts"  # noqa: E731
+  paths = []
+  if table:
+    fig, axes = plt.subplots(2, 1, figsize=(max(6, 1.6 * len(table)), 7), sharex=True)
+    width = 0.8 / len(multi)
+    for ax, key, metric in zip(axes, ("delta_", "delta_chrf_"), ("BLEU", "chrF++")):
+      for i, p in enumerate(multi):
+        ax.bar(np.arange(len(table)) + (i - (len(multi) - 1) / 2) * width,
+               [r.get(key + p["name"], np.nan) for r in table], width, label=label(p))
+      ax.axhline(0, color="black", lw=0.8)
+      ax.set(ylabel=f"Δ{metric} vs bilingual (test)")
+      ax.grid(axis="y", alpha=0.3)
+    axes[0].set_title("multilingual minus bilingual, by training data (most first)")
+    axes[0].legend(fontsize=8)
+    axes[1].set_xticks(range(len(table)), [f"{r['stream']}\n{r['train_pairs']:,} pairs" for r in table], fontsize=8)
+    fig.tight_layout()
+    paths.append(root / "delta_bleu.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+  panels = (("average_bleu", "average test BLEU, all streams"), ("average_chrf", "average test chrF++"),
+            ("dev_loss", "best dev loss (NLL)"), ("tokens_per_s", "training tokens/s"))
+  fig, axes = plt.subplots(1, len(panels), figsize=(18, 3.8))
+  x = [label(p).replace(" experts", "") for p in multi]
+  for ax, (key, title) in zip(axes, panels):
+    ax.plot(x, [np.nan if p[key] is None else p[key] for p in multi], marker="o")
+    ax.set(xlabel="experts per MoE layer (equal FLOPs per token)", title=title)
+    ax.grid(alpha=0.3)
+  fig.tight_layout()
+  paths.append(root / "experts.png")
+  fig.savefig(paths[-1], dpi=110)
+  plt.close(fig)
+  return paths
+
+
+def trained(workdir: pathlib.Path) -> bool:
+  """Whether the point's run has its last checkpoint."""
+  if not (workdir / "config.json").exists():
+    return False
+  return (workdir / "checkpoints" / str(config_lib.load_saved(workdir).num_train_steps)).exists()
+
+
+def run_point(base: str, workdir: pathlib.Path, point: dict, extra: list[str]):
+  """Trains the point (resuming where it stopped) and decodes its best checkpoint's test split once."""
+  if not trained(workdir):
+    cmd = sweep_lib.command(base, workdir, point, extra)
+    print(f"== {point['name']}: {shlex.join(cmd)}", flush=True)
+    subprocess.run(cmd, check=True)
+  step = best_step(workdir)
+  if test_scores(workdir, step) is None:
+    cmd = [sys.executable, str(sweep_lib.ROOT / "eval.py"), "--workdir", str(workdir), "--step", str(step)]
+    print(f"== {point['name']}: {shlex.join(cmd)}", flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def main(argv):
+  extra = argv[argv.index("--") + 1:] if "--" in argv else []
+  argv = argv[: argv.index("--")] if "--" in argv else argv
+  parser = cli.parser(__doc__)
+  parser.add_argument("--sweep", required=True)
+  parser.add_argument("--root", default=None, help="default: runs/sweeps/<sweep file name>")
+  parser.add_argument("--report_only", action="store_true", help="report the points already finished")
+  args = parser.parse_args(argv)
+  sweep = pathlib.Path(args.sweep)
+  base, points = sweep_lib.load_sweep(sweep)
+  root = pathlib.Path(args.root or sweep_lib.ROOT / "runs" / "sweeps" / sweep.stem)
+  done = []
+  for point in points:
+    workdir = root / point["name"]
+    if not args.report_only:
+      run_point(base, workdir, point, extra)
+    if trained(workdir):
+      done.append(summarize(workdir, point))
+  if not done:
+    raise WorkdirError(f"{root}: no finished point to report")
+  table = compare(done)
+  write_atomically(root / "report.json", json.dumps({"points": done, "comparison": table}, indent=2))
+  write_atomically(root / "report.md", markdown(done, table))
+  pictures = plot(done, table, root)
+  print(markdown(done, table))
+  print(f"wrote {root}/report.md, report.json, " + ", ".join(p.name for p in pictures))
+
+
+if __name__ == "__main__":
+  cli.run(main, prog="python -m gshard_mt.tools.study")
