@@ -1,7 +1,6 @@
 """Decoding: incremental decoding equals the full forward pass, beam 1 equals greedy, EOS and max length, the
-beam-slot bias, the candidates' top-k, the early stop for the best hypothesis, unscanned parameters."""
+beam-slot bias, the candidates' top-k, the early stop for the best hypothesis."""
 
-import dataclasses
 import functools
 
 import jax
@@ -188,15 +187,6 @@ def test_n_best_one_finds_the_full_search_best():
     np.testing.assert_array_equal(best_scores[:, 0], scores[:, 0])
 
 
-def test_unscanned_parameters_give_the_scanned_model(model_and_params):
-  cfg, params = model_and_params
-  batch = random_batch(2, 8)
-  scanned, _ = Transformer(cfg).apply({"params": params}, batch)
-  unrolled, _ = Transformer(dataclasses.replace(cfg, scan_layers=False)).apply(
-      {"params": decode.unscanned(params, cfg)}, batch)
-  np.testing.assert_allclose(unrolled, scanned, atol=1e-5, rtol=1e-5)
-
-
 def full_forward_step_fn(cfg, params, batch, rows, T):
   """A decoding step that reruns the whole model (no cache) over the prefix so far; the 'cache' is the prefix
   [N, T, 1, 1], which beam search reorders with the beams."""
@@ -216,8 +206,9 @@ def full_forward_step_fn(cfg, params, batch, rows, T):
 
 
 def test_translator_equals_beam_search_over_the_full_forward_pass(model_and_params):
-  """The Translator's cached decoding (source keys and values once per sentence) finds the same hypotheses as
-  beam search whose every step runs the whole model over the prefix, and never emits PAD or UNK."""
+  """The Translator's cached decoding (source keys and values once per sentence, beam slots, its layers unrolled
+  with `decode.unscanned` parameters) finds the same hypotheses as beam search whose every step runs the scanned
+  model over the whole prefix, and never emits PAD or UNK."""
   cfg, params = model_and_params
   B, K, T = 4, 3, 7
   batch = random_batch(B, 8, seed=1)
