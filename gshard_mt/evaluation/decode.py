@@ -151,14 +151,15 @@ def unscanned(params, model_cfg) -> dict:
 class Translator:
   """Encodes a padded batch once and decodes it with the model's cache; `__call__` is jitted per shape.
 
-  The decoder's layers are unrolled (scan_layers=False, the parameters split per unit): each layer's cache is
-  then an array of the search's loop state, written in place at every step, where a scan over the layers would
-  copy it.
+  `params` are the model's (the training loop swaps in new ones). Inside, the layers are unrolled
+  (scan_layers=False, the parameters split per unit): each layer's cache is then an array of the search's loop
+  state, written in place at every step, where a scan over the layers would copy it.
   """
 
   def __init__(self, model_cfg, params, beam_size: int = 4, alpha: float = 0.6, max_len: int = 64):
+    self.model_cfg, self.params = model_cfg, params
     self.model = Transformer(dataclasses.replace(model_cfg, scan_layers=False), deterministic=True, decode=True)
-    self.params, self.beam_size, self.alpha, self.max_len = unscanned(params, model_cfg), beam_size, alpha, max_len
+    self.beam_size, self.alpha, self.max_len = beam_size, alpha, max_len
     self._translate = jax.jit(self._run)
 
   def _run(self, params, batch):
@@ -170,6 +171,7 @@ class Translator:
     """
     B, K, L = batch["inputs"].shape[0], self.beam_size, self.max_len
     N = B * K
+    params = unscanned(params, self.model_cfg)
     src_segments = batch["inputs_segmentation"]
     memory, _ = self.model.apply({"params": params}, batch["inputs"], src_segments, batch["inputs_position"],
                                  method=Transformer.encode)
