@@ -1,0 +1,75 @@
+"""Where the TPU compiler's estimate of a training step goes, by part of the model (an estimate, a lower bound on
+time, not a measurement).
+
+  python bench/step_breakdown.py --config configs/base.py --topology v5p:2x2x1 \
+      --config.model.num_encoder_layers=2 --config.model.num_decoder_layers=2
+
+Compiles the step with the layers unrolled (model.scan_layers=False, so every layer is counted), splits the
+compiler's roofline per scheduled instruction (`gshard_mt.tools.roofline.instruction_costs`) and sums it by part:
+the optimizer, the logits and loss, attention, the MoE expert matmuls, ... Prints the compiler's own total
+(`optimal_seconds`) beside the per-instruction sum: the two differ, and the difference is printed too.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+
+from gshard_mt import cli
+from gshard_mt import config as config_lib
+
+# (part, test on ('file.py:function' of the innermost frame, HLO op_name, opcode)), first match wins.
+PARTS = (
+    ("collectives", lambda f, op, code: code.startswith(("all-", "reduce-scatter", "collective-"))),
+    ("logits and cross-entropy", lambda f, op, code: "decode_logits/BLM,MV" in op or f == "step.py:cross_entropy"),
+    ("optimizer, gradient norm, finite check", lambda f, op, code: "Transformer" not in op
+     or f.split(":")[0] in ("numerics.py", "_clipping.py", "_tree_math.py", "factorized.py")),
+    ("MoE expert matmuls", lambda f, op, code: "/moe/" in op and ("EGCM,EMH" in op or "EGCH,EHM" in op)),
+    ("MoE router, gating, dispatch, combine", lambda f, op, code: "/moe/" in op),
+    ("attention", lambda f, op, code: "attention" in op),
+    ("dense FFN", lambda f, op, code: "/ffn/" in op),
+    ("dropout", lambda f, op, code: "Dropout" in op),
+    ("layer norms, residuals, embeddings, rest", lambda f, op, code: True),
+)
+
+
+def part_of(source: tuple[str, str], op_name: str, opcode: str) -> str:
+  """The part of PARTS that an instruction belongs to; `source` is (file path, function) of its frame."""
+  where = f"{source[0].rsplit('/', 1)[-1]}:{source[1]}"
+  return next(name for name, test in PARTS if test(where, op_name, opcode))
+
+
+def main(argv):
+  args, overrides = config_lib.split_overrides(argv)
+  parser = cli.parser(__doc__, config=True)
+  parser.add_argument("--topology", default="v5p:2x2x1")
+  parsed = parser.parse_args(args)
+  from gshard_mt.tools import dryrun, roofline, tpu
+
+  devices = tpu.topology_devices(parsed.topology)
+  config = dryrun.load_for(parsed.config, {**overrides, "model.scan_layers": "False"}, len(devices))
+  program = dryrun.compile_step(config, devices)[2]
+  text = program.as_text()
+  frames = roofline._frames(text)
+  where = {}
+  for line in text.splitlines():
+    if m := re.match(r"^\s*(?:ROOT )?%?([\w.\-]+) = ", line):
+      frame, op = re.search(r"stack_frame_id=(\d+)", line), re.search(r'op_name="([^"]*)"', line)
+      where[m.group(1)] = (frames.get(int(frame.group(1)), ("", "")) if frame else ("", ""), op.group(1) if op else "")
+  parts = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
+  for row in roofline.instruction_costs(text, *roofline.compiler_roofline(devices[0])):
+    total = parts[part_of(*where.get(row["name"], (("", ""), "")), row["opcode"])]
+    total[0] += row["seconds"]
+    total[1] += row["flops"]
+    total[2] += row["bytes"]
+  summed = sum(p[0] for p in parts.values())
+  optimal = tpu.compiler_cost(program)["optimal_seconds"]
+  print(f"compiler's optimal_seconds {optimal * 1e3:.2f} ms; per-instruction sum {summed * 1e3:.2f} ms "
+        f"({(optimal - summed) * 1e3:.2f} ms unattributed)\n")
+  print("| part | est. ms | share of sum | GFLOP | GiB |\n|---|---|---|---|---|")
+  for name, (seconds, flops, nbytes) in sorted(parts.items(), key=lambda kv: -kv[1][0]):
+    print(f"| {name} | {seconds * 1e3:.2f} | {seconds / summed:.0%} | {flops / 1e9:.0f} | {nbytes / 2**30:.2f} |")
+
+
+if __name__ == "__main__":
+  cli.run(main, prog="python bench/step_breakdown.py")
