@@ -21,7 +21,7 @@ PY := $(VENV)/bin/python
 # for drivers older than 580) or neither (cpu); `make train JAX_BUILD=cpu` (tpu, cuda12, cuda13) chooses instead.
 JAX_BUILD ?= auto
 
-.PHONY: venv test test-fast lint train eval translate sweep bench bench-gpu inspect-data clean
+.PHONY: venv test test-fast lint train eval translate sweep study bench bench-gpu inspect-data clean
 
 # The stamp holds the build installed; a JAX_BUILD other than it (and than auto) installs again.
 ifneq ($(JAX_BUILD),auto)
@@ -63,6 +63,9 @@ translate: venv  # echo "Je suis content." | make -s translate ARGS="--src_lang 
 
 sweep: venv
 	$(PY) -m gshard_mt.tools.sweep --sweep $(SWEEP) $(ARGS)
+
+study: venv  # the MoE-versus-dense study (configs/sweeps/study.py): runs/sweeps/study/report.md
+	$(PY) -m gshard_mt.tools.study --sweep configs/sweeps/study.py $(ARGS)
 
 bench: venv
 	$(PY) bench/moe_layer.py --small
