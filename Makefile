@@ -69,6 +69,7 @@ study: venv  # the MoE-versus-dense study (configs/sweeps/study.py): runs/sweeps
 
 bench: venv
 	$(PY) bench/moe_layer.py --small
+	$(PY) bench/moe_layer.py --small --tpu v5p:1x1x1  # the TPU compiler's estimate (libtpu), any machine
 	$(PY) bench/input_pipeline.py
 
 bench-gpu: venv  # the accelerator suite, under 20 minutes on one GPU: bench/results/<date>-<device>.json, RESULTS.md

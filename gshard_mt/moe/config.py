@@ -11,7 +11,7 @@ import dataclasses
 from gshard_mt.errors import ConfigError
 
 SECOND_EXPERT_POLICIES = ("all", "random")
-DISPATCHES = ("einsum", "index", "shard_map")  # automatic (XLA places the all-to-alls), automatic, manual
+DISPATCHES = ("einsum", "index", "grouped", "shard_map")  # automatic (XLA places the all-to-alls) but shard_map
 ACTIVATIONS = ("relu", "gelu")
 
 
@@ -27,7 +27,9 @@ class MoeConfig:
   min_capacity: int = 4
   second_expert_policy: str = "random"  # 'all' or 'random' (the paper's: kept iff uniform < g2 / threshold)
   second_expert_threshold: float = 0.5
-  dispatch: str = "index"  # 'einsum' (the paper's), 'index' (gather by slot), 'shard_map' (manual all-to-alls)
+  # 'einsum' (the paper's), 'index' (gather by slot), 'grouped' (rows in blocks by expert, grouped matmuls over
+  # the kept assignments only; one device: on a mesh XLA all-gathers its rows), 'shard_map' (manual all-to-alls)
+  dispatch: str = "index"
   activation: str = "relu"
   jitter_noise: float = 0.0  # multiplicative router-input noise while training
   router_logit_cap: float = 0.0  # cap * tanh(logits / cap) when > 0

@@ -1,11 +1,16 @@
-"""Two ways to move tokens into expert buffers and back, behind one interface.
+"""Ways to move tokens to their experts and back, behind one interface: `dispatch(x: [G, S, M])` and `combine`.
 
-`dispatch(x: [G, S, M]) -> [E, G, C, M]` fills each expert's buffer slots; `combine(y: [G, E, C, M]) -> [G, S, M]`
-returns the weighted expert outputs to their tokens. `combine` takes the layout the paper's last expert einsum
-produces (`EGCH,EHM->GECM`), so the E -> G reshard happens there.
+The capacity-buffer dispatchers fill each expert's slots, `dispatch -> [E, G, C, M]`, and `combine(y: [G, E, C,
+M]) -> [G, S, M]` returns the weighted expert outputs to their tokens. `combine` takes the layout the paper's last
+expert einsum produces (`EGCH,EHM->GECM`), so the E -> G reshard happens there.
 
 - EinsumDispatcher: the paper's one-hot einsums over the dense [G, S, E, C] tensors (the readable reference).
 - IndexDispatcher: gathers by slot index; never builds the [G, S, E, C] one-hot (same outputs and gradients).
+
+GroupedDispatcher has no buffers: `dispatch -> [R, M]`, one row per kept assignment in blocks by expert
+(`group_sizes` [E]: the rows of each block), for grouped matmuls over the real assignments only; `combine(y: [R,
+M]) -> [G, S, M]`. The routing (and so which assignments capacity drops) is the same, so are outputs and
+gradients.
 """
 
 from __future__ import annotations
@@ -52,24 +57,76 @@ class IndexDispatcher:
     # token_of_slot[g, e*C + c] = s, or S (a row of zeros) when the slot is empty.
     token_of_slot = jax.vmap(lambda f, t: jnp.full((E * C,), S, jnp.int32).at[f].set(t, mode="drop"))(
         flat, jnp.broadcast_to(token, flat.shape))
+    # The zero row, not the gather's fill mode: its mask would cost an extra all-to-all when E is split.
     x_padded = jnp.concatenate([x, jnp.zeros((G, 1, M), x.dtype)], axis=1)
-    buffers = jax.vmap(lambda xg, idx: xg[idx])(x_padded, token_of_slot)  # [G, E*C, M]
-    return buffers.reshape(G, E, C, M).transpose(1, 0, 2, 3)
+    # Per group (G stays a batch dimension for the partitioner), placed at axis 1: EGCM with no transpose after.
+    return jax.vmap(lambda xg, idx: xg[idx], out_axes=1)(x_padded, token_of_slot.reshape(G, E, C))
 
   def combine(self, y: jax.Array) -> jax.Array:
     """[G, E, C, M] -> [G, S, M]; dropped assignments carry weight 0."""
     G, E, C, M = y.shape
-    S = self.routing.slot.shape[1]
-    flat = self._flat_slot(empty=0).reshape(G, -1)  # any valid row: its weight is 0
-    picked = jax.vmap(lambda yg, idx: yg[idx])(y.reshape(G, E * C, M), flat).reshape(G, S, 2, M)
-    return jnp.einsum("GSK,GSKM->GSM", self.routing.weight.astype(y.dtype), picked)
+    flat = self._flat_slot(empty=0)  # any valid row: its weight is 0
+    # K-major [K, G, S, M]: the gathered rows are laid out as the sum over K reads them (K next to M: a relayout).
+    picked = jax.vmap(lambda yg, idx: yg[idx], out_axes=1)(y.reshape(G, E * C, M), flat.transpose(0, 2, 1))
+    return jnp.einsum("GSK,KGSM->GSM", self.routing.weight.astype(y.dtype), picked)
 
 
-DISPATCHERS = {"einsum": EinsumDispatcher, "index": IndexDispatcher}  # the automatic ones of MoeConfig.DISPATCHES
+@struct.dataclass
+class GroupedDispatcher:
+  """Rows in blocks by expert for grouped matmuls: kept assignment (g, s, k) of expert e in slot c goes to row
+  (rows of experts before e) + (e's kept assignments in groups before g) + c. A (group, expert)'s slots are 0, 1,
+  ... with no gap (gating.assign_slots), so this numbers the kept assignments 0 .. kept - 1 with no sort."""
+
+  routing: Routing
+
+  @property
+  def num_rows(self) -> int:
+    """R: every assignment, or every capacity slot if fewer."""
+    G, S, K = self.routing.expert_index.shape
+    return min(G * S * K, G * self.routing.num_experts * self.routing.capacity)
+
+  def _counts(self) -> jax.Array:
+    """int32 [G, E]: kept assignments per group and expert."""
+    r = self.routing
+    return jnp.sum(jax.nn.one_hot(r.expert_index, r.num_experts, dtype=jnp.int32) * r.kept[..., None], axis=(1, 2))
+
+  @property
+  def group_sizes(self) -> jax.Array:
+    """int32 [E]: rows of each expert, summing to R: the rows no kept assignment uses go to the last expert, so
+    the grouped matmuls compute every row (a row left out may hold anything on TPU) and nothing reads them."""
+    sizes = self._counts().sum(axis=0)
+    return sizes.at[-1].add(self.num_rows - sizes.sum())
+
+  def _row(self) -> jax.Array:
+    """int32 [G, S, K]: the row of each kept assignment, R for dropped ones."""
+    r = self.routing
+    G, S, K = r.expert_index.shape
+    counts = self._counts()
+    sizes = counts.sum(axis=0)
+    first = (jnp.cumsum(sizes) - sizes)[None, :] + jnp.cumsum(counts, axis=0) - counts  # GE: first row of (g, e)
+    row = jnp.take_along_axis(first, r.expert_index.reshape(G, S * K), axis=1).reshape(G, S, K) + r.slot
+    return jnp.where(r.kept, row, self.num_rows)
+
+  def dispatch(self, x: jax.Array) -> jax.Array:
+    """[G, S, M] -> [R, M]: each row holds its assignment's token; the unused rows hold token 0."""
+    G, S, M = x.shape
+    token = jnp.broadcast_to(jnp.arange(G * S, dtype=jnp.int32).reshape(G, S, 1), self.routing.slot.shape)
+    token_of_row = jnp.zeros((self.num_rows,), jnp.int32).at[self._row().reshape(-1)].set(
+        token.reshape(-1), mode="drop")  # dropped assignments write out of bounds: discarded
+    return x.reshape(G * S, M)[token_of_row]
+
+  def combine(self, y: jax.Array) -> jax.Array:
+    """[R, M] -> [G, S, M]; a dropped assignment reads any row, with its weight 0."""
+    # K-major [K, G, S, M]: the gathered rows reshape to it without moving (K next to M would be a relayout).
+    picked = y[jnp.minimum(self._row(), self.num_rows - 1).transpose(2, 0, 1)]
+    return jnp.einsum("GSK,KGSM->GSM", self.routing.weight.astype(y.dtype), picked)
+
+
+DISPATCHERS = {"einsum": EinsumDispatcher, "index": IndexDispatcher, "grouped": GroupedDispatcher}
 
 
 def make_dispatcher(name: str, routing: Routing):
-  """The dispatcher called `name` ('einsum' or 'index') for this routing."""
+  """The dispatcher called `name` ('einsum', 'index' or 'grouped') for this routing."""
   if name not in DISPATCHERS:
     raise ValueError(f"unknown dispatch {name!r}; expected one of {tuple(DISPATCHERS)}")
   return DISPATCHERS[name](routing)

@@ -46,6 +46,50 @@ def expert_ffn(expert_in: jax.Array, wi: jax.Array, wo: jax.Array, activation: s
   return nn.with_logical_constraint(jnp.einsum("EGCH,EHM->EGCM", h, wo), EGCM if constrain else None)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def grouped_expert_ffn(rows: jax.Array, group_sizes: jax.Array, wi: jax.Array, wo: jax.Array,
+                       activation: str = "relu") -> jax.Array:
+  """Each expert's FFN on its rows: rows [R, M] in blocks by expert, group_sizes [E] (summing to R), wi [E, M, H],
+  wo [E, H, M] -> [R, M], by grouped matmuls (`jax.lax.ragged_dot`: a Mosaic kernel on TPU).
+
+  The weights are cast to the rows' dtype inside; their gradients leave the grouped matmul in the weights' own
+  dtype (float32 master weights: no bfloat16 gradient and no separate cast pass over E expert matrices).
+  """
+  return _grouped_ffn_forward(rows, group_sizes, wi, wo, activation)[0]
+
+
+# lhs [R, X] and rhs [R, Y], contracted over the rows of each group: [E, X, Y] (the weight gradients).
+_RAGGED_ROWS = jax.lax.RaggedDotDimensionNumbers((([0], [0]), ([], [])), lhs_ragged_dimensions=[0],
+                                                 rhs_group_dimensions=[])
+# lhs [R, Y] by each group's rhs [E, X, Y] transposed: [R, X] (the input gradients).
+_RAGGED_TRANSPOSED = jax.lax.RaggedDotDimensionNumbers((([1], [2]), ([], [])), lhs_ragged_dimensions=[0],
+                                                       rhs_group_dimensions=[0])
+
+
+def _grouped_ffn_forward(rows, group_sizes, wi, wo, activation):
+  wi_c, wo_c = wi.astype(rows.dtype), wo.astype(rows.dtype)
+  pre = jax.lax.ragged_dot(rows, wi_c, group_sizes)
+  h = ACTIVATIONS[activation](pre)
+  saved = None if activation == "relu" else pre  # relu's gradient needs only where h > 0: keep no [R, H] more
+  # wi and wo themselves (no copy) for their dtypes, which the weight gradients take.
+  return jax.lax.ragged_dot(h, wo_c, group_sizes), (rows, group_sizes, saved, h, wi_c, wo_c, wi, wo)
+
+
+def _grouped_ffn_backward(activation, residuals, d_out):
+  rows, group_sizes, saved, h, wi_c, wo_c, wi, wo = residuals
+  d_wo = jax.lax.ragged_dot_general(h, d_out, group_sizes, _RAGGED_ROWS, preferred_element_type=wo.dtype)
+  d_h = jax.lax.ragged_dot_general(d_out, wo_c, group_sizes, _RAGGED_TRANSPOSED)
+  if saved is None:
+    d_pre = jnp.where(h > 0, d_h, 0)
+  else:
+    d_pre = jax.vjp(ACTIVATIONS[activation], saved)[1](d_h)[0]
+  d_wi = jax.lax.ragged_dot_general(rows, d_pre, group_sizes, _RAGGED_ROWS, preferred_element_type=wi.dtype)
+  return jax.lax.ragged_dot_general(d_pre, wi_c, group_sizes, _RAGGED_TRANSPOSED), None, d_wi, d_wo
+
+
+grouped_expert_ffn.defvjp(_grouped_ffn_forward, _grouped_ffn_backward)
+
+
 def groups_of(num_tokens: int, group_size: int, pad: bool = False) -> tuple[int, int]:
   """(G, S) for `num_tokens` tokens in groups of `group_size`; fewer tokens than S make one group.
 
@@ -114,12 +158,17 @@ class MoeFeedForward(nn.Module):
         rng=self.make_rng("gating") if random else None,
         padding_mask=mask)
 
-    x, wi, wo = x.astype(self.dtype), wi.astype(self.dtype), wo.astype(self.dtype)
-    if cfg.dispatch == "shard_map":
-      y = manual.moe_shard_map(x, routing, wi, wo,
+    x = x.astype(self.dtype)
+    if cfg.dispatch == "grouped":  # casts the weights itself (their gradients stay in param_dtype)
+      dispatcher = dispatch_lib.GroupedDispatcher(routing)
+      rows = grouped_expert_ffn(dispatcher.dispatch(x), dispatcher.group_sizes, wi, wo, cfg.activation)
+      y = nn.with_logical_constraint(dispatcher.combine(rows), GSM)
+    elif cfg.dispatch == "shard_map":
+      y = manual.moe_shard_map(x, routing, wi.astype(self.dtype), wo.astype(self.dtype),
                                functools.partial(expert_ffn, activation=cfg.activation, constrain=False),
                                group_spec=nn.logical_to_mesh_axes(GSM), expert_spec=nn.logical_to_mesh_axes(EMH))
     else:
+      wi, wo = wi.astype(self.dtype), wo.astype(self.dtype)
       dispatcher = dispatch_lib.make_dispatcher(cfg.dispatch, routing)
       expert_in = nn.with_logical_constraint(dispatcher.dispatch(x), EGCM)  # G -> E reshard: an all-to-all
       expert_out = expert_ffn(expert_in, wi, wo, cfg.activation)

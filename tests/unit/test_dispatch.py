@@ -1,5 +1,6 @@
-"""Dispatch and combine: each kept assignment's token lands in its expert's slot, outputs come back weighted by
-its gate; the einsum (the paper's) and index dispatchers agree."""
+"""Dispatch and combine: each kept assignment's token lands in its expert's slot (or, grouped, in a row of its
+expert's block), outputs come back weighted by its gate; the einsum (the paper's), index and grouped dispatchers
+agree."""
 
 import functools
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from gshard_mt.moe import gating
-from gshard_mt.moe.dispatch import EinsumDispatcher, IndexDispatcher, make_dispatcher
+from gshard_mt.moe.dispatch import EinsumDispatcher, GroupedDispatcher, IndexDispatcher, make_dispatcher
 
 G, S, E, C, M = 3, 20, 5, 3, 6  # C = 3 < 2S/E: some assignments are dropped
 
@@ -55,9 +56,45 @@ def test_dispatchers_agree_on_dispatched_buffers():
   np.testing.assert_allclose(IndexDispatcher(routing).combine(y), EinsumDispatcher(routing).combine(y), atol=1e-6)
 
 
+def test_grouped_rows_are_the_kept_assignments_sorted_by_expert():
+  routing, x, _ = routing_and_inputs()
+  grouped = GroupedDispatcher(routing)
+  R = grouped.num_rows
+  assert R == min(G * S * 2, G * E * C)
+  expert, kept = np.asarray(routing.expert_index), np.asarray(routing.kept)
+  sizes = np.asarray(grouped.group_sizes)
+  counts = np.array([(expert[kept] == e).sum() for e in range(E)])
+  # Every row belongs to an expert: the rows no kept assignment uses are the last expert's.
+  np.testing.assert_array_equal(sizes, counts + np.eye(E, dtype=int)[-1] * (R - kept.sum()))
+  rows = np.asarray(grouped.dispatch(x))
+  starts = np.concatenate([[0], np.cumsum(sizes)])
+  seen = set()
+  for g in range(G):
+    for s in range(S):
+      for k in range(2):
+        if kept[g, s, k]:
+          matches = [i for i in range(starts[expert[g, s, k]], starts[expert[g, s, k] + 1])
+                     if i not in seen and np.array_equal(rows[i], x[g, s])]
+          assert matches  # the token sits in a row of its expert's block, one row per assignment
+          seen.add(matches[0])
+  assert len(seen) == kept.sum()
+
+
+def test_grouped_combine_weights_each_assignments_row():
+  routing, x, _ = routing_and_inputs()
+  grouped = GroupedDispatcher(routing)
+  y = grouped.dispatch(x) * 3.0  # the "expert output" of a row: 3 x its token, so combine must give
+  expected = 3.0 * np.asarray(routing.weight).sum(-1)[..., None] * np.asarray(x)  # sum_k weight_k x 3 x token
+  np.testing.assert_allclose(grouped.combine(y), expected, atol=1e-5)
+  # Through the expert buffers of the other dispatchers: the same tokens, the same weights.
+  _, combined = reference(routing, x, np.asarray(EinsumDispatcher(routing).dispatch(x)).transpose(1, 0, 2, 3) * 3.0)
+  np.testing.assert_allclose(grouped.combine(y), combined, atol=1e-5)
+
+
 def test_make_dispatcher():
   routing, _, _ = routing_and_inputs()
   assert isinstance(make_dispatcher("index", routing), IndexDispatcher)
   assert isinstance(make_dispatcher("einsum", routing), EinsumDispatcher)
+  assert isinstance(make_dispatcher("grouped", routing), GroupedDispatcher)
   with pytest.raises(ValueError, match="unknown dispatch 'scatter'"):
     make_dispatcher("scatter", routing)

@@ -11,6 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 from gshard_mt.errors import ConfigError
 from gshard_mt.moe import gating, manual
+from gshard_mt.moe import layer as layer_lib
 from gshard_mt.moe.config import MoeConfig
 from gshard_mt.moe.gating import expert_capacity
 from gshard_mt.moe.layer import MoeFeedForward
@@ -57,7 +58,55 @@ def test_dispatch_matches_einsum_outputs_and_gradients(dispatch, policy):
   assert float(jnp.abs(got[2][0]["params"]["wg"]).max()) > 1e-4
 
 
-@pytest.mark.parametrize("dispatch", ["einsum", "index", "shard_map"])
+@pytest.mark.parametrize("capacity_factor, overflow", [(0.5, True), (4.0, False)])
+def test_grouped_matches_einsum_with_and_without_overflow(capacity_factor, overflow):
+  """Capacity still caps each expert in the grouped path: the same assignments are dropped, so outputs and
+  gradients equal the einsum path's both when some overflow and when none does."""
+  x, mask, params = inputs()
+  kw = dict(train_capacity_factor=capacity_factor, second_expert_policy="all")
+  ref = loss_and_grads("einsum", params, x, mask, **kw)
+  got = loss_and_grads("grouped", params, x, mask, **kw)
+  _, stats = jax.jit(lambda p: make_layer(**kw).apply(p, x, mask, deterministic=False,
+                                                      rngs={"gating": jax.random.key(5)}))(params)
+  dropped = float(stats["metrics"]["top1_dropped"]) + float(stats["metrics"]["top2_dropped"])
+  assert (dropped > 0) == overflow
+  np.testing.assert_allclose(got[1], ref[1], atol=1e-5)
+  for g, r in zip(jax.tree.leaves(got[2]), jax.tree.leaves(ref[2])):
+    np.testing.assert_allclose(g, r, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_grouped_expert_ffn_matches_a_loop_over_rows(activation):
+  """The grouped FFN's own gradient (weights cast inside, their gradients in the weights' dtype) against autodiff
+  of a plain loop: row i uses the weights of the expert whose block holds it."""
+  R, sizes = 12, jnp.array([3, 0, 5, 4], jnp.int32)
+  keys = jax.random.split(jax.random.key(7), 4)
+  rows = jax.random.normal(keys[0], (R, M))
+  wi, wo = jax.random.normal(keys[1], (E, M, H)) / 3, jax.random.normal(keys[2], (E, H, M)) / 4
+  d_out = jax.random.normal(keys[3], (R, M))
+  expert_of_row = np.repeat(np.arange(E), np.asarray(sizes))
+  act = layer_lib.ACTIVATIONS[activation]
+
+  def plain(rows, wi, wo):  # each row with its own expert's weights
+    h = act(jnp.einsum("RM,RMH->RH", rows, wi[expert_of_row]))
+    return jnp.einsum("RH,RHM->RM", h, wo[expert_of_row])
+
+  def grouped(rows, wi, wo):
+    return layer_lib.grouped_expert_ffn(rows, sizes, wi, wo, activation)
+
+  def value_and_vjp(f):
+    out, vjp = jax.vjp(f, rows, wi, wo)
+    return out, *vjp(d_out)
+
+  for g, r in zip(jax.jit(value_and_vjp, static_argnums=0)(grouped),
+                  jax.jit(value_and_vjp, static_argnums=0)(plain)):
+    np.testing.assert_allclose(g, r, atol=1e-5, rtol=1e-5)
+  # bf16 rows, float32 weights: the weight gradients come out in float32.
+  _, vjp = jax.vjp(lambda wi, wo: grouped(rows.astype(jnp.bfloat16), wi, wo), wi, wo)
+  assert [g.dtype for g in vjp(d_out.astype(jnp.bfloat16))] == [jnp.float32, jnp.float32]
+
+
+@pytest.mark.parametrize("dispatch", ["einsum", "index", "shard_map", "grouped"])
 def test_token_dropped_by_both_experts_gets_zero_output(dispatch):
   x, mask, params = inputs()
   layer = make_layer(dispatch=dispatch, eval_capacity_factor=0.125)
