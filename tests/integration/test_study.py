@@ -25,7 +25,8 @@ def get_sweep():
   root = tmp_path / "study"
   for name in ("dense", "e2"):  # same data config as the session's tokenizer
     shutil.copytree(tokenizer_dir, root / name / "tokenizer")
-  extra = [a for a in small_args(eval_every=3, num_train_steps=6) if not a.startswith("--config.data.languages")]
+  point_keys = ("--config.data.languages=", "--config.moe.num_experts=")  # set per point: extra args come last
+  extra = [a for a in small_args(eval_every=3, num_train_steps=6) if not a.startswith(point_keys)]
   study.main(["--sweep", str(sweep), "--root", str(root), "--", *extra])
   report = json.loads((root / "report.json").read_text())
   names = [p["name"] for p in report["points"]]
