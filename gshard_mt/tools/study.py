@@ -18,7 +18,6 @@ import json
 import pathlib
 import shlex
 import subprocess
-import sys
 
 import numpy as np
 
@@ -193,22 +192,15 @@ def run_point(base: str, workdir: pathlib.Path, point: dict, extra: list[str]):
     subprocess.run(cmd, check=True)
   step = best_step(workdir)
   if test_scores(workdir, step) is None:
-    cmd = [sys.executable, str(sweep_lib.ROOT / "eval.py"), "--workdir", str(workdir), "--step", str(step)]
+    cmd = sweep_lib.eval_command(workdir, "--step", str(step))
     print(f"== {point['name']}: {shlex.join(cmd)}", flush=True)
     subprocess.run(cmd, check=True)
 
 
 def main(argv):
-  extra = argv[argv.index("--") + 1:] if "--" in argv else []
-  argv = argv[: argv.index("--")] if "--" in argv else argv
-  parser = cli.parser(__doc__)
-  parser.add_argument("--sweep", required=True)
-  parser.add_argument("--root", default=None, help="default: runs/sweeps/<sweep file name>")
+  parser = sweep_lib.parser(__doc__)
   parser.add_argument("--report_only", action="store_true", help="report the points already finished")
-  args = parser.parse_args(argv)
-  sweep = pathlib.Path(args.sweep)
-  base, points = sweep_lib.load_sweep(sweep)
-  root = pathlib.Path(args.root or sweep_lib.ROOT / "runs" / "sweeps" / sweep.stem)
+  args, base, points, root, extra = sweep_lib.parse(parser, argv)
   done = []
   for point in points:
     workdir = root / point["name"]

@@ -10,6 +10,7 @@ results.md and results.png (dev loss and BLEU against the swept value; redraw wi
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
@@ -84,18 +85,33 @@ def write_tables(rows: list[dict], root: pathlib.Path):
   return "\n".join(lines)
 
 
-def main(argv):
+def eval_command(workdir: pathlib.Path, *args: str) -> list[str]:
+  """eval.py on a point's work directory (test split unless `args` say otherwise)."""
+  return [sys.executable, str(ROOT / "eval.py"), "--workdir", str(workdir), *args]
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+  """The arguments every command over a sweep takes: --sweep and --root."""
+  p = cli.parser(doc)
+  p.add_argument("--sweep", required=True)
+  p.add_argument("--root", default=None, help="default: runs/sweeps/<sweep file name>")
+  return p
+
+
+def parse(p: argparse.ArgumentParser, argv: list[str]):
+  """(parsed arguments, base config, points, root, train.py arguments given after '--')."""
   extra = argv[argv.index("--") + 1:] if "--" in argv else []
-  argv = argv[: argv.index("--")] if "--" in argv else argv
-  parser = cli.parser(__doc__)
-  parser.add_argument("--sweep", required=True)
-  parser.add_argument("--root", default=None, help="default: runs/sweeps/<sweep file name>")
-  parser.add_argument("--print_only", action="store_true", help="print the commands instead of running them")
-  parser.add_argument("--eval", action="store_true", help="also run eval.py (test split) on each point")
-  args = parser.parse_args(argv)
+  args = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
   sweep = pathlib.Path(args.sweep)
   base, points = load_sweep(sweep)
-  root = pathlib.Path(args.root or ROOT / "runs" / "sweeps" / sweep.stem)
+  return args, base, points, pathlib.Path(args.root or ROOT / "runs" / "sweeps" / sweep.stem), extra
+
+
+def main(argv):
+  p = parser(__doc__)
+  p.add_argument("--print_only", action="store_true", help="print the commands instead of running them")
+  p.add_argument("--eval", action="store_true", help="also run eval.py (test split) on each point")
+  args, base, points, root, extra = parse(p, argv)
   rows = []
   for point in points:
     workdir = root / point["name"]
@@ -106,7 +122,7 @@ def main(argv):
     print(f"== {point['name']}: {shlex.join(cmd)}", flush=True)
     subprocess.run(cmd, check=True)
     if args.eval:
-      subprocess.run([sys.executable, str(ROOT / "eval.py"), "--workdir", str(workdir)], check=True)
+      subprocess.run(eval_command(workdir), check=True)
     rows.append(summarize(workdir, point))
   if rows:
     root.mkdir(parents=True, exist_ok=True)
