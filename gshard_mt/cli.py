@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable
 
@@ -17,6 +18,18 @@ def setup_logging():
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
   for name in QUIET:
     logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def quiet_tpu_host_lookup():
+  """Without TPU hardware the installed libtpu (there for the TPU compiler) still starts when JAX looks for
+  devices, cannot look up this host's TPU type and worker names, and prints six lines of warnings about
+  TPU_ACCELERATOR_TYPE and TPU_WORKER_HOSTNAMES. Naming a local host and any accelerator type skips the look-up
+  and changes nothing else: JAX finds no TPU chip and uses the CPU or GPU. On a TPU VM nothing is set."""
+  from jax._src import hardware_utils
+
+  if hardware_utils.num_available_tpu_chips_and_device_id()[0] == 0:
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v3-8")
 
 
 def parser(doc: str, *, config: bool = False) -> argparse.ArgumentParser:
@@ -39,6 +52,7 @@ def parse_with_overrides(p: argparse.ArgumentParser, argv: list[str]):
 def run(main: Callable[[list[str]], object], argv: list[str] | None = None, prog: str | None = None):
   """Runs main(argv) with logging set up; a UserError ends the program with its message and status 2."""
   setup_logging()
+  quiet_tpu_host_lookup()
   try:
     return main(sys.argv[1:] if argv is None else argv)
   except UserError as e:

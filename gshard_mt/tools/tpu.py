@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from gshard_mt import cli
 from gshard_mt.errors import UserError
 
 GIB = 2**30
@@ -75,7 +76,7 @@ def topology_devices(name: str) -> list:
   # libtpu locks a file so that one process owns the TPU; compile-only devices own nothing, so several dry runs
   # (and the tests) may share it.
   os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
-  _quiet_tpu_host_lookup()
+  cli.quiet_tpu_host_lookup()
   import jax
   from jax.experimental import topologies
 
@@ -87,17 +88,6 @@ def topology_devices(name: str) -> list:
     raise UserError(f"TPU topology {name!r}: libtpu gives devices of {devices[0].num_cores} cores, which the "
                     f"table in gshard_mt/tools/tpu.py does not expect for {chip.generation}")
   return list(devices)
-
-
-def _quiet_tpu_host_lookup():
-  """Without TPU hardware libtpu cannot look up this host's TPU type and worker names and prints warnings about
-  TPU_ACCELERATOR_TYPE and TPU_WORKER_HOSTNAMES; they do not change what it compiles. Naming a local host and any
-  accelerator type skips the look-up; on a real TPU VM nothing is set."""
-  from jax._src import hardware_utils
-
-  if hardware_utils.num_available_tpu_chips_and_device_id()[0] == 0:
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v3-8")
 
 
 def compiler_cost(compiled) -> dict[str, float]:
