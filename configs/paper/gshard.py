@@ -4,8 +4,9 @@ configs/moe_{128e,512e,2048e}_{12l,36l}.py each call `moe_config` with what diff
 - Geometry: M=1024, dense FFN and expert hidden 8192, 16 heads of dimension 128 (attention width 2048), dropout 0.1,
   ReLU experts, a top-2 MoE layer in place of every other FFN in the encoder and in the decoder; the layers are
   split evenly between encoder and decoder (36L = 18 + 18).
-- Experts: capacity factor 1.0 while training, the paper's 2N/E slots per expert and group; one expert per core,
-  the groups split over the same cores (the paper's layout).
+- Experts: capacity factor 1.0 while training, the paper's 2N/E slots per expert and group (`moe.min_capacity=1`:
+  the default floor of 4 would give the 2048E models 4 slots where 2N/E is 1, doubling their FLOPs); one expert
+  per core, the groups split over the same cores (the paper's layout).
 - Optimizer: Adafactor (gshard_mt/training/optimizer.py gives its settings and sources): factored second moment,
   beta1 = 0, second-moment decay 1 - t^-0.8, update clipping 1.0, updates relative to each weight's RMS. The paper's
   "learning rate 1.0 with reciprocal-square-root decay after 10k steps" is Lingvo's SqrtDecay, 1.0 x
@@ -55,6 +56,7 @@ def moe_config(num_experts: int, num_layers: int, batch_tokens: int):
   c.moe.hidden_dim = 8192
   c.moe.activation = "relu"
   c.moe.train_capacity_factor = 1.0
+  c.moe.min_capacity = 1
   c.moe.group_size = 1024
   c.moe.second_expert_policy = "random"
   c.mesh.data = 1

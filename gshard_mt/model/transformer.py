@@ -168,7 +168,7 @@ class Stack(Unit):
 
 
 class Transformer(nn.Module):
-  """Encoder-decoder translation model. `__call__(batch)` -> (logits [B, L, V] float32, MoE stats)."""
+  """Encoder-decoder translation model. `__call__(batch)` -> (logits [B, L, V] in cfg.dtype, MoE stats)."""
 
   cfg: TransformerConfig
   deterministic: bool = True
@@ -212,7 +212,7 @@ class Transformer(nn.Module):
 
   def decode_logits(self, memory, src_segments, decoder_inputs, segments, positions, decode_step=None,
                     self_bias=None):
-    """Decoder over [B, L] inputs (or one step of them when decoding) -> (logits [B, L, V] float32, stats).
+    """Decoder over [B, L] inputs (or one step of them when decoding) -> (logits [B, L, V] in cfg.dtype, stats).
     A decoding step takes the self-attention bias over the cache (`decode.beam_bias`)."""
     x = self._embed(self.tgt_embed, decoder_inputs, positions)
     # While decoding, N = B x beams rows attend to the B sentences' sources, and self_bias masks the cache.
@@ -220,10 +220,10 @@ class Transformer(nn.Module):
     if self_bias is None:
       self_bias = attention_bias(segments, segments, causal=True)
     y, stats = self.decoder(x, LayerInputs(self_bias, segments > 0, memory, cross_bias, decode_step))
-    if self.cfg.tied_logits:
-      logits = self.tgt_embed.attend(y.astype(jnp.float32)) * self._scales[2]
-    else:
-      logits = jnp.einsum("BLM,MV->BLV", y.astype(jnp.float32), self.logits_kernel)
+    kernel = self.tgt_embed.embedding.T * self._scales[2] if self.cfg.tied_logits else self.logits_kernel  # [M, V]
+    # In the computation dtype, as every other matmul: float32 [B, L, V] logits would be the largest tensor of a
+    # bfloat16 step, and the loss reads them in float32 anyway (training.step.cross_entropy).
+    logits = jnp.einsum("BLM,MV->BLV", y.astype(self.cfg.dtype), kernel.astype(self.cfg.dtype))
     return nn.with_logical_constraint(logits, ("batch", "length", "vocab")), stats
 
   def __call__(self, batch):

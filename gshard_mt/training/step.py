@@ -24,15 +24,19 @@ class TrainState:
 
 
 def cross_entropy(logits, targets, weights, label_smoothing: float):
-  """(smoothed loss sum, nll sum, correct count) over the weighted positions; logits [B, L, V] float32."""
+  """(smoothed loss sum, nll sum, correct count) over the weighted positions; logits [B, L, V] in any float dtype,
+  read in float32. Written with per-position reductions only (log-sum-exp, target logit, logit sum), so that no
+  float32 [B, L, V] log-probabilities are materialised."""
   V = logits.shape[-1]
-  log_probs = jax.nn.log_softmax(logits)
-  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+  z = logits.astype(jnp.float32)
+  lse = jax.nn.logsumexp(z, axis=-1)  # [B, L]
+  nll = lse - jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]
   if label_smoothing > 0:
     confidence, low = 1.0 - label_smoothing, label_smoothing / (V - 1)
     # Subtracting the entropy of the smoothed target makes a perfect prediction score 0.
     floor = -(confidence * np.log(confidence) + (V - 1) * low * np.log(low + 1e-20))
-    loss = confidence * nll - low * (jnp.sum(log_probs, -1) + nll) - floor
+    sum_log_probs = jnp.sum(z, -1) - V * lse
+    loss = confidence * nll - low * (sum_log_probs + nll) - floor
   else:
     loss = nll
   correct = jnp.argmax(logits, -1) == targets

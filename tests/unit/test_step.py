@@ -23,13 +23,15 @@ def plain_cross_entropy(logits, targets, weights, smoothing):
   return loss, nll, correct
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
-def test_cross_entropy_matches_a_plain_computation(smoothing):
+def test_cross_entropy_matches_a_plain_computation(smoothing, dtype):
   rng = np.random.default_rng(0)
-  logits = rng.normal(size=(2, 3, 5)) * 2
+  # bfloat16 logits (a bfloat16 model's) are read exactly: the plain computation gets the same rounded values.
+  logits = np.asarray(jnp.asarray(rng.normal(size=(2, 3, 5)) * 2, dtype), np.float64)
   targets = rng.integers(0, 5, (2, 3))
   weights = np.array([[1, 1, 0], [1, 0, 0]], np.float32)
-  got = cross_entropy(jnp.asarray(logits, jnp.float32), jnp.asarray(targets), jnp.asarray(weights), smoothing)
+  got = cross_entropy(jnp.asarray(logits, dtype), jnp.asarray(targets), jnp.asarray(weights), smoothing)
   np.testing.assert_allclose([float(g) for g in got], plain_cross_entropy(logits, targets, weights, smoothing),
                              rtol=1e-5, atol=1e-5)
 
