@@ -51,7 +51,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from gshard_mt import config as config_lib  # noqa: E402
-from gshard_mt.data import pipeline  # noqa: E402
+from gshard_mt.data import packing, pipeline  # noqa: E402
 from gshard_mt.evaluation import decode, evaluate  # noqa: E402
 from gshard_mt.model.transformer import Transformer  # noqa: E402
 from gshard_mt.moe.config import DISPATCHES, MoeConfig  # noqa: E402
@@ -63,9 +63,9 @@ from gshard_mt.training.setup import Setup, build  # noqa: E402
 CONFIGS = {"base": ROOT / "configs" / "base.py", "dense_base": ROOT / "configs" / "dense_base.py"}
 # --small: the configs shrunk to compile and run in seconds on a CPU (5 languages, 2+2 layers, 4 experts).
 SMALL = {"batch_size": "8", "data.languages": "fra,deu,spa,ell,kab", "data.vocab_size": "600",
-         "data.max_length": "24", "model.emb_dim": "32", "model.num_heads": "2", "model.head_dim": "16",
-         "model.mlp_dim": "64", "model.num_encoder_layers": "2", "model.num_decoder_layers": "2",
-         "moe.num_experts": "4", "moe.hidden_dim": "64", "moe.group_size": "64"}
+         "data.max_length": "24", "data.max_target_length": "16", "model.emb_dim": "32", "model.num_heads": "2",
+         "model.head_dim": "16", "model.mlp_dim": "64", "model.num_encoder_layers": "2",
+         "model.num_decoder_layers": "2", "moe.num_experts": "4", "moe.hidden_dim": "64", "moe.group_size": "64"}
 # The MoE layer's shapes: bench/moe_layer.py's reference shape (one group size) and its --small shape.
 MOE_SHAPES = {False: dict(tokens=16384, model_dim=1024, hidden_dim=4096, experts=32, group_size=1024),
               True: dict(tokens=1024, model_dim=64, hidden_dim=128, experts=8, group_size=256)}
@@ -141,7 +141,7 @@ def training_section(prepared: Callable[[str], Prepared], name: str, warmup: int
               tokens_per_s=float(sum(sides)) / seconds, step_tflops=flops * 1e-12,
               mfu=metrics.mfu(flops / seconds, jax.devices()[0].device_kind, jax.device_count()),
               compile_and_warmup_s=compile_and_warmup_s, packing_efficiency=batches.packing_efficiency,
-              batch_size=config.batch_size, max_length=config.data.max_length)
+              batch_size=config.batch_size, row_lengths=packing.row_lengths(config))
 
 
 def decoding_section(prepared: Callable[[str], Prepared], sentences: int, beam: int = 4) -> dict:
@@ -200,14 +200,14 @@ def markdown(result: dict) -> str:
                    f"| {r['variant']} | {r['ms']:.2f} | {r['useful_tflops']:.1f} | {r['ratio_to_dense']:.2f} |")
     lines.append("")
   lines += ["Training step (packed Tatoeba-112 batches; tokens are real source + target tokens):", "",
-            "| config | rows x length | step ms | tokens/s | MFU |", "|---|---|---|---|---|"]
+            "| config | rows x source / target tokens | step ms | tokens/s | MFU |", "|---|---|---|---|---|"]
   for r in result["training"]:
     if "error" in r:
       lines.append(f"| {r['config']} | failed: {r['error']} | | | |")
     else:
       mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
-      lines.append(f"| {r['config']} | {r['batch_size']} x {r['max_length']} | {r['step_ms']:.1f} | "
-                   f"{r['tokens_per_s']:,.0f} | {mfu} |")
+      lines.append(f"| {r['config']} | {r['batch_size']} x {' / '.join(map(str, r['row_lengths']))} | "
+                   f"{r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | {mfu} |")
   d = result["decoding"]
   lines += ["", "Decoding, test split (" + (f"failed: {d['error']})" if "error" in d else
             f"{d['config']}, {d['params']}, beam {d['beam']}, {d['batch_size']} sentences per batch, "

@@ -10,9 +10,9 @@ LANGUAGES = "fra,deu,spa,ell,kab"
 # command lines of the tests that start train.py (`small_args`).
 SMALL = {"batch_size": "8", "num_train_steps": "6", "log_every": "1", "eval_every": "0", "eval_bleu_every": "0",
          "eval_batches": "2", "checkpoint_every": "3", "data.languages": LANGUAGES, "data.vocab_size": "600",
-         "data.max_length": "24", "model.emb_dim": "32", "model.num_heads": "2", "model.head_dim": "16",
-         "model.mlp_dim": "64", "moe.num_experts": "4", "moe.hidden_dim": "64", "moe.group_size": "64",
-         "data.prefetch": "1"}
+         "data.max_length": "24", "data.max_target_length": "0", "model.emb_dim": "32", "model.num_heads": "2",
+         "model.head_dim": "16", "model.mlp_dim": "64", "moe.num_experts": "4", "moe.hidden_dim": "64",
+         "moe.group_size": "64", "data.prefetch": "1"}
 
 
 def small_overrides(**overrides) -> dict[str, str]:

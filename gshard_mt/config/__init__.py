@@ -13,6 +13,8 @@ import pathlib
 
 import ml_collections
 
+from gshard_mt.config import defaults
+from gshard_mt.data import packing
 from gshard_mt.data.corpus import SOURCES
 from gshard_mt.errors import ConfigError
 from gshard_mt.io import write_atomically
@@ -31,6 +33,7 @@ CHOICES = {
     "optimizer.warmup": ("linear", "constant"),
     "partitioning": ("data", "expert", "expert_model"),
 }
+LENGTH_KEYS = ("data.max_length", "data.max_target_length")  # the row lengths of `packing.row_lengths`, in order
 
 
 def load_module(path: str | pathlib.Path, needs: str):
@@ -117,6 +120,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
               "data.vocab_size", "eval_bleu_sentences"):
     if not isinstance(flat[key], int) or flat[key] <= 0:
       raise ConfigError(f"{key}={flat[key]!r}: expected a positive integer")
+  if not isinstance(config.data.max_target_length, int) or config.data.max_target_length < 0:
+    raise ConfigError(f"data.max_target_length={config.data.max_target_length!r}: expected an integer >= 0 "
+                      "(0 = data.max_length)")
   if not isinstance(config.eval_bleu_every, int) or config.eval_bleu_every < 0:
     raise ConfigError(f"eval_bleu_every={config.eval_bleu_every!r}: expected an integer >= 0 (0 = never)")
   if not config.data.temperature > 0:
@@ -134,10 +140,11 @@ def _validate_moe(config):
   for key in ("num_encoder_layers", "num_decoder_layers"):
     if interval and config.model[key] % interval:
       raise ConfigError(f"model.{key}={config.model[key]} is not a multiple of model.moe_interval={interval}")
-  tokens = config.batch_size * config.data.max_length
-  if interval and tokens > moe.group_size and tokens % moe.group_size:
-    raise ConfigError(f"moe.group_size={moe.group_size} does not divide the {tokens} tokens of a batch "
-                      f"(batch_size={config.batch_size} x data.max_length={config.data.max_length})")
+  for key, length in zip(LENGTH_KEYS, packing.row_lengths(config)):
+    tokens = config.batch_size * length
+    if interval and tokens > moe.group_size and tokens % moe.group_size:
+      raise ConfigError(f"moe.group_size={moe.group_size} does not divide the {tokens} tokens of a batch "
+                        f"(batch_size={config.batch_size} x {key}={length})")
   expert_axis = config.mesh.expert * mesh_lib.dcn_shape(config)[1]
   if interval and expert_axis > 1 and moe.num_experts % expert_axis:
     raise ConfigError(f"moe.num_experts={moe.num_experts} is not divisible by the expert axis, "
@@ -156,12 +163,13 @@ def _validate_mesh(config, num_devices: int):
   if config.batch_size % batch_devices:
     raise ConfigError(f"batch_size={config.batch_size} does not split over the {batch_devices} devices of the "
                       "mesh axes the batch is split over")
-  groups = max(config.batch_size * config.data.max_length // config.moe.group_size, 1)
   group_devices = devices_of(config, num_devices, "group")
-  if config.model.moe_interval and groups % group_devices:
-    raise ConfigError(f"the {groups} MoE groups of a batch (batch_size x data.max_length / moe.group_size) do "
-                      f"not split over the {group_devices} devices of the mesh axes the groups are split over; "
-                      "lower moe.group_size or raise batch_size")
+  for key, length in zip(LENGTH_KEYS, packing.row_lengths(config)):
+    groups = max(config.batch_size * length // config.moe.group_size, 1)
+    if config.model.moe_interval and groups % group_devices:
+      raise ConfigError(f"the {groups} MoE groups of a batch (batch_size x {key}={length} / moe.group_size) do "
+                        f"not split over the {group_devices} devices of the mesh axes the groups are split over; "
+                        "lower moe.group_size or raise batch_size")
 
 
 def load(path, overrides: dict[str, str] | None = None, num_devices=None) -> ml_collections.ConfigDict:
@@ -193,7 +201,8 @@ def save(config: ml_collections.ConfigDict, workdir: str | pathlib.Path):
   """Writes workdir/config.json atomically; a resumed run must have the same model, moe and data keys."""
   path = pathlib.Path(workdir) / "config.json"
   if path.exists():
-    old = flatten(ml_collections.ConfigDict(json.loads(path.read_text())))
+    # a key the run's config lacks is one added since: the run had its default's behaviour
+    old = flatten(defaults.get_config()) | flatten(ml_collections.ConfigDict(json.loads(path.read_text())))
     new = flatten(config)
     changed = [k for k in new if k.split(".")[0] in ("model", "moe", "data") and old.get(k) != new[k]
                and k != "data.prefetch"]

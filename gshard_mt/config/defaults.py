@@ -37,7 +37,8 @@ def get_config():
   c.data.character_coverage = 0.9995
   c.data.source_tags = True  # prepend a <xx> source-language tag
   c.data.temperature = 5.0  # language sampling p ~ n^(1/T); 1 = proportional, inf = uniform
-  c.data.max_length = 64  # tokens per row and side (pairs longer than this are filtered from training)
+  c.data.max_length = 64  # source tokens per training row (longer pairs are filtered); both sides in evaluation
+  c.data.max_target_length = 0  # target tokens per training row (longer pairs are filtered); 0 = max_length
   c.data.seed = 0
   c.data.prefetch = 2  # batches prepared ahead, on the devices
 

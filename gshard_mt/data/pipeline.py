@@ -71,7 +71,8 @@ class TrainBatches:
     self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
     self.rates = np.array([rates.get(lang, 0.0) if n else 0.0 for lang, n in zip(split.languages, self.counts)])
     if self.rates.sum() <= 0:
-      raise ValueError(f"no training pair fits {lengths[0]} source and {lengths[1]} target tokens (data.max_length)")
+      raise ValueError(f"no training pair fits {lengths[0]} source and {lengths[1]} target tokens "
+                       "(data.max_length, data.max_target_length)")
     self.rates = self.rates / self.rates.sum()
     self.cumulative_rates = np.cumsum(self.rates)
     lang = split.lang[self.eligible]
@@ -200,7 +201,7 @@ class Data:
   info: dict
 
   def train_batches(self, config, process_index=0, process_count=1) -> TrainBatches:
-    return TrainBatches(self.tokens["train"], self.rates, config.batch_size, (config.data.max_length,) * 2,
+    return TrainBatches(self.tokens["train"], self.rates, config.batch_size, packing.row_lengths(config),
                         config.data.seed, process_index, process_count)
 
 

@@ -31,7 +31,7 @@ import time
 
 from gshard_mt import cli
 from gshard_mt import config as config_lib
-from gshard_mt.data.packing import BATCH_KEYS
+from gshard_mt.data.packing import BATCH_KEYS, FIELDS, row_lengths
 from gshard_mt.errors import ConfigError, UserError
 from gshard_mt.io import write_atomically
 
@@ -51,21 +51,22 @@ def parse_mesh(text: str) -> dict[str, int]:
 
 def fit_group_size(config, num_devices: int) -> int | None:
   """When the MoE groups of a batch do not split over the mesh axes the rules give 'group', sets
-  `config.moe.group_size` to the largest size below the configured one that divides the batch's tokens into a
-  multiple of those devices; returns the new size (None: the configured one works, or nothing smaller does)."""
+  `config.moe.group_size` to the largest size below the configured one that divides the batch's tokens of each
+  side into a multiple of those devices; returns the new size (None: the configured one works, or nothing
+  smaller does)."""
   from gshard_mt.parallel import mesh as mesh_lib
   from gshard_mt.parallel import rules as rules_lib
 
-  tokens = config.batch_size * config.data.max_length
+  sides = [config.batch_size * length for length in row_lengths(config)]
   sizes = dict(zip(mesh_lib.MESH_AXES, mesh_lib.mesh_shape(config, num_devices)))
   devices = rules_lib.devices_of("group", rules_lib.rules(config), sizes)
 
   def fits(size):
-    return tokens % size == 0 and (tokens // size) % devices == 0
+    return all(tokens % size == 0 and (tokens // size) % devices == 0 for tokens in sides)
 
   if not config.model.moe_interval or fits(config.moe.group_size):
     return None
-  size = next((s for s in range(min(config.moe.group_size, tokens), 0, -1) if fits(s)), None)
+  size = next((s for s in range(min(config.moe.group_size, max(sides)), 0, -1) if fits(s)), None)
   if size is not None:
     config.moe.group_size = size
   return size
@@ -94,7 +95,8 @@ def compile_step(config, devices):
   setup = build(config, config.data.vocab_size, devices=devices)
   state = setup.abstract_target()
   batch_sharding = shardings.batch_sharding(setup.mesh, setup.rules)
-  batch = {k: jax.ShapeDtypeStruct((config.batch_size, config.data.max_length), jax.numpy.int32,
+  lengths = dict(zip(FIELDS, row_lengths(config)))
+  batch = {k: jax.ShapeDtypeStruct((config.batch_size, lengths[k.split("_")[0]]), jax.numpy.int32,
                                    sharding=batch_sharding) for k in BATCH_KEYS}
   step = setup.jit_train_step(Transformer(setup.model_cfg, deterministic=False), config)
   with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
@@ -214,8 +216,8 @@ def tpu_estimates(config, devices, program, params, with_time: bool, points: dic
 
   chip = tpu.chip_of(devices[0].device_kind)
   est = tpu.estimate(program)
-  side = config.batch_size * config.data.max_length  # token slots per side, all filled
-  tokens, model_flops = 2 * side, metrics.step_flops(params, config.moe.num_experts, side, side)
+  sides = [config.batch_size * length for length in row_lengths(config)]  # token slots per side, all filled
+  tokens, model_flops = sum(sides), metrics.step_flops(params, config.moe.num_experts, *sides)
   out = {"chip": chip.generation, "peak_flops_per_device": chip.peak_flops, "hbm_bytes_per_device": chip.hbm_bytes,
          "flops_per_device": est["flops"], "bytes_accessed_per_device": est["bytes accessed"],
          "compiler_flops_per_device": est["compiler_flops"], "tokens_per_step": tokens,

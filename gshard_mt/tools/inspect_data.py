@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from gshard_mt import cli
-from gshard_mt.data import pipeline
+from gshard_mt.data import packing, pipeline
 
 
 def main(argv):
@@ -33,9 +33,11 @@ def main(argv):
   batches = data.train_batches(config)
   for i in range(20):
     batches.batch(i)
-  print(f"pairs longer than data.max_length={config.data.max_length} (filtered): {batches.filtered}; "
-        f"packing efficiency {100 * batches.packing_efficiency:.1f}% of {config.batch_size}x"
-        f"{config.data.max_length} slots per side")
+  source, target = packing.row_lengths(config)
+  print(f"training rows: {source} source / {target} target tokens (data.max_length, data.max_target_length); "
+        f"pairs longer on either side (filtered): {batches.filtered}; packing efficiency "
+        f"{100 * batches.packing_efficiency:.1f}% of {config.batch_size} x ({source} + {target}) slots "
+        f"(bound {100 * batches.efficiency_bound:.1f}%)")
   batch = batches.batch(0)
   print("\nexamples from the first training batch:")
   for k in range(min(parsed.examples, int(batch["inputs_segmentation"][0].max()))):

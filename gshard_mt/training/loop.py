@@ -106,7 +106,7 @@ def evaluate_bleu(translator: decode.Translator, data: pipeline.Data, sample: di
 class StepLogger:
   """Keeps each step's metrics on the device until a log step, then fetches, checks and writes their mean."""
 
-  def __init__(self, config, writer: metrics_lib.Writer, bar, flops_per_token: float, checkpoint_dir):
+  def __init__(self, config, writer: metrics_lib.Writer, bar, flops_per_token: tuple[float, float], checkpoint_dir):
     self.config, self.writer, self.bar, self.flops_per_token = config, writer, bar, flops_per_token
     self.checkpoint_dir = checkpoint_dir
     self.pending: list = []
@@ -149,13 +149,14 @@ class StepLogger:
                            f"checkpoint: {self.checkpoint_dir}/{last_good}")
     now = time.perf_counter()
     seconds = (now - self.timer) / max(self.timed_steps, 1)
-    tokens = float(np.mean([v["source_tokens"] + v["target_tokens"] for v in values]))
+    sides = np.mean([(v["source_tokens"], v["target_tokens"]) for v in values], axis=0)  # [2]
+    tokens = float(sides.sum())
     vectors = {k for k in values[-1] if np.ndim(values[-1][k]) == 1}  # per-expert loads
     last = {k: float(np.mean([v[k] for v in values])) for k in values[-1] if k != "finite" and k not in vectors}
     last.update(learning_rate=float(values[-1]["learning_rate"]), skipped_updates=len(bad), step_time=seconds,
                 wall_s=now - self.started,
                 tokens_per_s=tokens / seconds, packing_efficiency=packing_efficiency,
-                mfu=metrics_lib.mfu(self.flops_per_token * tokens / seconds, jax.devices()[0].device_kind,
+                mfu=metrics_lib.mfu(float(np.dot(self.flops_per_token, sides)) / seconds, jax.devices()[0].device_kind,
                                     jax.device_count()))
     self.writer.write(step, last)
     self.writer.write_vectors(step, {k: np.mean([v[k] for v in values], axis=0) for k in sorted(vectors)})
@@ -217,8 +218,9 @@ def train_and_evaluate(config, workdir: str | pathlib.Path) -> dict:
   step_fn = setup.jit_train_step(Transformer(setup.model_cfg, deterministic=False), config)
   is_main = jax.process_index() == 0
   bar = tqdm(total=config.num_train_steps, initial=start, disable=not is_main, desc="train", unit="step")
-  logger = StepLogger(config, metrics_lib.Writer(workdir, enabled=is_main), bar,
-                      6 * metrics_lib.active_params(state.params, config.moe.num_experts), ckpts.directory)
+  flops_per_token = tuple(metrics_lib.step_flops(state.params, config.moe.num_experts, *side)
+                          for side in ((1, 0), (0, 1)))  # per source token, per target token
+  logger = StepLogger(config, metrics_lib.Writer(workdir, enabled=is_main), bar, flops_per_token, ckpts.directory)
   logger.last_saved = ckpts.latest()
   if config.eval_bleu_every:  # one translator, compiled once; each evaluation gives it the current parameters
     sample = stratified_sample(data.tokens["dev"], list(data.text["dev"]), config.eval_bleu_sentences, config.seed)

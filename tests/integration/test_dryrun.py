@@ -16,7 +16,7 @@ from tests.helpers import ROOT
 pytestmark = pytest.mark.slow  # trains, compiles for many devices or starts processes
 
 ARGS = ["--config", str(ROOT / "configs" / "tiny.py"), "--devices", "8", "--mesh", "data=2,expert=4",
-        "--config.moe.group_size=96", "--config.model.num_encoder_layers=4", "--config.model.num_decoder_layers=4"]
+        "--config.moe.group_size=16", "--config.model.num_encoder_layers=4", "--config.model.num_decoder_layers=4"]
 
 
 def run_dryrun(out, *extra):
@@ -68,7 +68,7 @@ def test_program_size_does_not_grow_with_the_device_count(tmp_path):
     out = tmp_path / f"{devices}{''.join(extra)}"
     proc = run_dryrun(out, "--devices", str(devices), "--mesh", f"data=1,expert={devices}",
                       f"--config.moe.num_experts={devices}", f"--config.batch_size={2 * devices}",
-                      "--config.moe.group_size=24", "--config.model.num_encoder_layers=2",
+                      "--config.moe.group_size=32", "--config.model.num_encoder_layers=2",
                       "--config.model.num_decoder_layers=2", *extra)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = json.loads((out / "dryrun.json").read_text())

@@ -29,7 +29,8 @@ def test_small_suite_writes_every_section(tmp_path):
   assert [r["config"] for r in result["training"]] == ["configs/base.py", "configs/dense_base.py"]
   for r in result["training"]:
     assert r["step_ms"] > 0 and r["mfu"] is None  # no peak FLOP/s for a CPU
-    assert 0 < r["tokens_per_step"] <= 2 * r["batch_size"] * r["max_length"]  # real tokens, both sides
+    assert r["row_lengths"] == [24, 16]  # --small's source / target rows
+    assert 0 < r["tokens_per_step"] <= r["batch_size"] * sum(r["row_lengths"])  # real tokens, both sides
     assert r["tokens_per_s"] == pytest.approx(r["tokens_per_step"] / r["step_ms"] * 1e3)
 
   decoding = result["decoding"]

@@ -15,7 +15,7 @@ def run(*args):
   env = dict(os.environ, PYTHONPATH=str(ROOT))
   env.pop("JAX_NUM_CPU_DEVICES", None)
   return subprocess.run([sys.executable, "-m", "gshard_mt.tools.inspect_sharding", "--config",
-                         str(ROOT / "configs" / "tiny.py"), "--config.moe.group_size=96", *args], env=env,
+                         str(ROOT / "configs" / "tiny.py"), "--config.moe.group_size=16", *args], env=env,
                         capture_output=True, text=True, timeout=600, cwd=ROOT)
 
 

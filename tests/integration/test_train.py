@@ -125,6 +125,20 @@ def test_nonfinite_skip_keeps_the_parameters(workdir):
     np.testing.assert_array_equal(a, b)
 
 
+def test_target_rows_of_their_own_length(workdir):
+  """Training rows of 24 source / 16 target tokens (data.max_target_length): the encoder and decoder MoE layers
+  group 192 and 128 tokens, the step counts each side's real tokens, and the dev loss (one pair per row, both
+  sides data.max_length) runs on the same parameters."""
+  config = small_config(num_train_steps=2, checkpoint_every=2, eval_every=2, **{"data.max_target_length": 16})
+  result = loop.train_and_evaluate(config, workdir)
+  steps = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+  steps = [r for r in steps if "loss" in r]
+  assert [r["step"] for r in steps] == [1, 2] and all(np.isfinite(r["loss"]) for r in steps)
+  for r in steps:
+    assert 0.5 * 8 * 16 < r["target_tokens"] <= 8 * 16 and 0.5 * 8 * 24 < r["source_tokens"] <= 8 * 24
+  assert np.isfinite(result["dev_loss"])
+
+
 def test_sigterm_saves_a_checkpoint_that_resumes(workdir):
   args = [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"), "--workdir",
           str(workdir), *small_args(num_train_steps=10_000, checkpoint_every=10_000)]

@@ -1,5 +1,7 @@
 """Config files, command-line overrides and validation."""
 
+import json
+
 import pytest
 
 from gshard_mt import config as config_lib
@@ -30,7 +32,9 @@ def test_split_overrides():
     ({"model.remat": "maybe"}, "expected true or false"),
     ({"moe.dispatch": "scatter"}, "moe.dispatch='scatter': expected one of"),
     ({"model.num_encoder_layers": "3"}, "not a multiple of model.moe_interval=2"),
-    ({"moe.group_size": "100"}, "moe.group_size=100 does not divide the 768 tokens"),
+    ({"moe.group_size": "100"}, r"moe.group_size=100 does not divide the 1024 tokens .*data.max_length=128\)"),
+    ({"moe.group_size": "256"}, r"moe.group_size=256 does not divide the 640 tokens .*data.max_target_length=80\)"),
+    ({"data.max_target_length": "-1"}, r"data.max_target_length=-1: expected an integer >= 0 \(0 = data.max_length"),
     ({"mesh.expert": "3"}, "moe.num_experts=4 is not divisible by the expert axis, mesh.expert=3"),
     ({"moe.num_experts": "1"}, "at least 2 experts"),
     ({"batch_size": "0"}, "batch_size=0: expected a positive integer"),
@@ -42,10 +46,16 @@ def test_validation_errors(overrides, message):
 
 
 def test_batch_and_groups_must_split_over_the_devices():
-  with pytest.raises(ConfigError, match="batch_size=16 does not split over the 32 devices"):
-    config_lib.validate(config_lib.load(TINY), num_devices=32)
-  with pytest.raises(ConfigError, match="the 3 MoE groups of a batch .* do not split over the 8"):
+  with pytest.raises(ConfigError, match="batch_size=8 does not split over the 16 devices"):
+    config_lib.validate(config_lib.load(TINY), num_devices=16)
+  # 8 rows x 128 source tokens are 8 groups of 128, the 80-token target rows 5
+  with pytest.raises(ConfigError, match=r"the 5 MoE groups of a batch \(batch_size x data.max_target_length=80 .* "
+                                        "do not split over the 8"):
     config_lib.validate(config_lib.load(TINY), num_devices=8)
+  with pytest.raises(ConfigError, match=r"the 4 MoE groups of a batch \(batch_size x data.max_length=64 .* "
+                                        "do not split over the 8"):
+    config_lib.validate(config_lib.load(TINY, {"data.max_length": "64", "data.max_target_length": "0"}), 8)
+  config_lib.validate(config_lib.load(TINY, {"moe.group_size": "16"}), num_devices=8)  # 64 and 40 groups
 
 
 def test_saved_config_protects_a_run(tmp_path):
@@ -54,6 +64,17 @@ def test_saved_config_protects_a_run(tmp_path):
   with pytest.raises(ConfigError, match="moe.num_experts: 4 -> 8; use a new --workdir"):
     config_lib.save(small_config(**{"moe.num_experts": 8}), tmp_path)
   assert config_lib.load_saved(tmp_path).moe.num_experts == 4
+
+
+def test_a_key_added_since_a_run_started_resumes_at_its_default(tmp_path):
+  """A config.json written before data.max_target_length existed: the run had its default's behaviour."""
+  old = json.loads(small_config().to_json())
+  del old["data"]["max_target_length"]
+  (tmp_path / "config.json").write_text(json.dumps(old))
+  config_lib.save(small_config(), tmp_path)  # 0, the default: the same run
+  (tmp_path / "config.json").write_text(json.dumps(old))
+  with pytest.raises(ConfigError, match="data.max_target_length: 0 -> 16; use a new --workdir"):
+    config_lib.save(small_config(**{"data.max_target_length": 16}), tmp_path)
 
 
 def test_missing_config_file():

@@ -7,7 +7,7 @@ from gshard_mt.errors import ConfigError
 from gshard_mt.tools import dryrun
 from tests.helpers import ROOT
 
-TINY = ROOT / "configs" / "tiny.py"  # 16 rows x 48 tokens = 768 tokens, group size 256: 3 groups
+TINY = ROOT / "configs" / "tiny.py"  # 8 rows x 128 / 80 tokens = 1024 / 640 tokens, group size 128: 8 / 5 groups
 
 
 def test_parse_mesh():
@@ -17,22 +17,24 @@ def test_parse_mesh():
 
 
 @pytest.mark.parametrize("mesh, devices, expected", [
-    ({"mesh.data": "2", "mesh.expert": "4"}, 8, 96),  # 3 groups cannot split over 8 devices: 8 groups of 96
+    ({"mesh.data": "2", "mesh.expert": "4"}, 8, 16),  # 5 target groups cannot split over 8: 64 / 40 groups of 16
     ({"mesh.data": "1", "mesh.expert": "1"}, 1, None),  # the configured size works
-    ({"mesh.data": "4", "mesh.expert": "1", "partitioning": "data"}, 4, 192),  # 4 groups of 192 over data
+    ({"mesh.data": "4", "mesh.expert": "1", "partitioning": "data"}, 4, 32),  # 32 / 20 groups of 32 over data
+    ({"mesh.data": "8", "mesh.expert": "1", "partitioning": "data", "data.max_length": "64",
+      "data.max_target_length": "0"}, 8, 64),  # equal sides of 512 tokens: 4 groups, then 8 of 64
     ({"mesh.data": "1", "mesh.expert": "2", "partitioning": "data"}, 2, None),  # groups are not split over expert
 ])
 def test_fit_group_size(mesh, devices, expected):
   config = config_lib.load(TINY, mesh)
   assert dryrun.fit_group_size(config, devices) == expected
-  assert config.moe.group_size == (expected or 256)
+  assert config.moe.group_size == (expected or 128)
   config_lib.validate(config, devices)  # what the dry run then compiles is valid
 
 
 def test_load_for_says_which_size_it_chose(capsys):
   config = dryrun.load_for(TINY, {"mesh.data": "2", "mesh.expert": "4"}, 8)
-  assert config.moe.group_size == 96
-  assert "moe.group_size=256 does not split over this mesh; using moe.group_size=96" in capsys.readouterr().err
+  assert config.moe.group_size == 16
+  assert "moe.group_size=128 does not split over this mesh; using moe.group_size=16" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("units, points", [

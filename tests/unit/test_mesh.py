@@ -15,7 +15,7 @@ TINY = ROOT / "configs" / "tiny.py"
 
 
 def test_mesh_must_match_devices():
-  c = config_lib.load(TINY, {"mesh.data": "2", "mesh.expert": "2", "moe.group_size": "64"})
+  c = config_lib.load(TINY, {"mesh.data": "2", "mesh.expert": "2", "moe.group_size": "32"})
   with pytest.raises(ConfigError, match="= 4 does not match the 8 devices"):
     config_lib.validate(c, num_devices=8)
   config_lib.validate(c, num_devices=4)

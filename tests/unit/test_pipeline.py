@@ -5,7 +5,7 @@ import threading
 import numpy as np
 import pytest
 
-from gshard_mt.data import pipeline
+from gshard_mt.data import packing, pipeline, tokenizer
 from tests.helpers import small_config
 
 
@@ -45,6 +45,25 @@ def test_each_process_builds_its_own_rows_of_the_same_global_batch(data):
     np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), whole[key])
   with pytest.raises(ValueError, match="does not divide over 3 processes"):
     data.train_batches(config, process_index=0, process_count=3)
+
+
+def test_target_rows_have_their_own_length(data):
+  """data.max_target_length=16 (sources 24): target rows of 16 slots; pairs longer on either side are left out."""
+  config = small_config(**{"data.max_target_length": 16})
+  assert packing.row_lengths(config) == (24, 16) and packing.row_lengths(small_config()) == (24, 24)
+  batches = data.train_batches(config)
+  split = data.tokens["train"]
+  assert batches.filtered == int(((split.src_len > 24) | (split.tgt_len > 16)).sum()) > 0
+  long_targets = set(np.flatnonzero(split.tgt_len > 16).tolist())
+  for i in range(10):
+    b = batches.batch(i)
+    assert b["inputs"].shape == (config.batch_size, 24) and b["targets"].shape == (config.batch_size, 16)
+    for key in ("targets", "targets_segmentation", "targets_position"):
+      assert b[key].shape == (config.batch_size, 16)
+    pairs = ((b["inputs_position"] == 0) & (b["inputs_segmentation"] > 0)).sum()
+    assert ((b["targets_position"] == 0) & (b["targets_segmentation"] > 0)).sum() == pairs
+    assert (b["targets"] == tokenizer.EOS_ID).sum() == pairs  # each target whole, up to its EOS
+  assert not long_targets & set(batches.eligible.tolist())  # never sampled, so never cut at the row's end
 
 
 @pytest.mark.parametrize("processes", [2, 4])
