@@ -1,5 +1,6 @@
 """What the tests share besides fixtures: the repository root and a small config that compiles in seconds."""
 
+import os
 import pathlib
 
 from gshard_mt import config as config_lib
@@ -27,3 +28,11 @@ def small_config(**overrides):
 def small_args(**overrides) -> list[str]:
   """The same config as `small_config(**overrides)`, as train.py's `--config.key=value` arguments."""
   return [f"--config.{k}={v}" for k, v in small_overrides(**overrides).items()]
+
+
+def fresh_env(**extra) -> dict[str, str]:
+  """The environment for a subprocess as a fresh shell gives it: without the libtpu host variables that any
+  in-process `cli.run` or TPU compile of this test session sets (`cli.quiet_tpu_host_lookup`), which would hide
+  the warnings libtpu prints where a program does not set them itself."""
+  env = {k: v for k, v in os.environ.items() if k not in ("TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE")}
+  return {**env, **extra}

@@ -1,13 +1,12 @@
 """Every entry point answers bad input with one line naming the file (or directory) and exit status 2, before any
 compilation: the four malformed-corpus cases and a work directory that does not match."""
 
-import os
 import subprocess
 import sys
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, fresh_env
 
 pytestmark = pytest.mark.slow  # starts processes
 
@@ -37,10 +36,8 @@ def folder_with(tmp_path, case):
 
 
 def run(*args):
-  # As a fresh shell starts it: the TPU compile tests of this session set libtpu's host variables in os.environ,
-  # which would hide the warnings that libtpu prints at start-up where the program does not set them itself.
-  env = {k: v for k, v in os.environ.items() if k not in ("TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE")}
-  return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+  return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                        env=fresh_env())
 
 
 def assert_one_line_error(proc, *needles):

@@ -8,14 +8,13 @@ starts, and libtpu is loaded once.
 """
 
 import json
-import os
 import subprocess
 import sys
 import time
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, fresh_env
 
 pytestmark = pytest.mark.slow  # trains, compiles for many devices or starts processes
 pytest.importorskip("libtpu", reason="libtpu (the TPU compiler) has wheels for Linux only")
@@ -24,6 +23,9 @@ TINY = ROOT / "configs" / "tiny.py"
 
 
 def worker() -> dict:
+  from gshard_mt import cli
+
+  cli.quiet_tpu_host_lookup()  # as every entry point does before JAX looks for devices
   import jax
   import jax.numpy as jnp
 
@@ -53,7 +55,7 @@ def worker() -> dict:
 
 @pytest.fixture(scope="module")
 def compiled():
-  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  env = fresh_env(PYTHONPATH=str(ROOT))
   env.pop("JAX_NUM_CPU_DEVICES", None)
   proc = subprocess.run([sys.executable, "-m", "tests.integration.test_tpu_compile"], env=env, cwd=ROOT,
                         capture_output=True, text=True, timeout=600)
