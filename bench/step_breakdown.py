@@ -1,13 +1,15 @@
 """Where the TPU compiler's estimate of a training step goes, by part of the model (an estimate, a lower bound on
 time, not a measurement).
 
-  python bench/step_breakdown.py --config configs/base.py --topology v5p:2x2x1 \
+  python bench/step_breakdown.py --config configs/base.py --topology v5p:2x2x1 [--top 20] \
       --config.model.num_encoder_layers=2 --config.model.num_decoder_layers=2
 
 Compiles the step with the layers unrolled (model.scan_layers=False, so every layer is counted), splits the
 compiler's roofline per scheduled instruction (`gshard_mt.tools.roofline.instruction_costs`) and sums it by part:
 the optimizer, the logits and loss, attention, the MoE expert matmuls, ... Prints the compiler's own total
-(`optimal_seconds`) beside the per-instruction sum: the two differ, and the difference is printed too.
+(`optimal_seconds`) beside the per-instruction sum: the two differ, and the difference is printed too. --top N
+then lists the N costliest instructions (of the parts named with --part) with their part, result shape and JAX
+operation.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def main(argv):
   args, overrides = config_lib.split_overrides(argv)
   parser = cli.parser(__doc__, config=True)
   parser.add_argument("--topology", default="v5p:2x2x1")
+  parser.add_argument("--top", type=int, default=0, help="also list the N costliest instructions")
+  parser.add_argument("--part", default="", help="list only the instructions of parts whose name contains this")
   parsed = parser.parse_args(args)
   from gshard_mt.tools import dryrun, roofline, tpu
 
@@ -57,8 +61,10 @@ def main(argv):
       frame, op = re.search(r"stack_frame_id=(\d+)", line), re.search(r'op_name="([^"]*)"', line)
       where[m.group(1)] = (frames.get(int(frame.group(1)), ("", "")) if frame else ("", ""), op.group(1) if op else "")
   parts = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
-  for row in roofline.instruction_costs(text, *roofline.compiler_roofline(devices[0])):
-    total = parts[part_of(*where.get(row["name"], (("", ""), "")), row["opcode"])]
+  rows = roofline.instruction_costs(text, *roofline.compiler_roofline(devices[0]))
+  for row in rows:
+    row["part"] = part_of(*where.get(row["name"], (("", ""), "")), row["opcode"])
+    total = parts[row["part"]]
     total[0] += row["seconds"]
     total[1] += row["flops"]
     total[2] += row["bytes"]
@@ -69,6 +75,14 @@ def main(argv):
   print("| part | est. ms | share of sum | GFLOP | GiB |\n|---|---|---|---|---|")
   for name, (seconds, flops, nbytes) in sorted(parts.items(), key=lambda kv: -kv[1][0]):
     print(f"| {name} | {seconds * 1e3:.2f} | {seconds / summed:.0%} | {flops / 1e9:.0f} | {nbytes / 2**30:.2f} |")
+  if parsed.top:
+    shapes = {m.group(1): m.group(2) for m in re.finditer(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\S+)", text, re.M)}
+    print("\n| est. ms | GiB | GFLOP | part | opcode | result | JAX operation |\n|---|---|---|---|---|---|---|")
+    listed = [r for r in rows if parsed.part in r["part"]]
+    for row in sorted(listed, key=lambda r: -r["seconds"])[:parsed.top]:
+      op = where.get(row["name"], (("", ""), ""))[1]
+      print(f"| {row['seconds'] * 1e3:.3f} | {row['bytes'] / 2**30:.3f} | {row['flops'] / 1e9:.1f} | {row['part']} "
+            f"| {row['opcode']} | {shapes.get(row['name'], '')} | {op[-90:]} |")
 
 
 if __name__ == "__main__":
