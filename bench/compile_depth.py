@@ -14,14 +14,15 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from gshard_mt import cli  # noqa: E402
 from gshard_mt import config as config_lib  # noqa: E402
 
 
-def main():
+def main(argv):
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", default="configs/base.py")
   parser.add_argument("--layers", default="6,18")
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   import jax
 
   from gshard_mt.tools import dryrun
@@ -43,4 +44,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, prog="python bench/compile_depth.py")

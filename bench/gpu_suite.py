@@ -50,6 +50,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from gshard_mt import cli  # noqa: E402
 from gshard_mt import config as config_lib  # noqa: E402
 from gshard_mt.data import packing, pipeline  # noqa: E402
 from gshard_mt.evaluation import decode, evaluate  # noqa: E402
@@ -263,4 +264,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main(sys.argv[1:]))
+  sys.exit(cli.run(main, prog="python bench/gpu_suite.py"))

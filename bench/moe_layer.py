@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gshard_mt import cli
 from gshard_mt.moe.config import MoeConfig
 from gshard_mt.moe.layer import MoeFeedForward
 from gshard_mt.parallel import mesh as mesh_lib
@@ -98,7 +99,7 @@ def estimate_fwd_bwd(module, x, mesh) -> dict:
               breakdown_ms={k: round(v * 1e3, 4) for k, v in parts.items()})
 
 
-def main():
+def main(argv):
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--small", action="store_true", help="CPU-sized shape")
   parser.add_argument("--tpu", default=None, help="TPU topology (e.g. v5p:1x1x1): the compiler's estimate")
@@ -113,7 +114,7 @@ def main():
   parser.add_argument("--repeats", type=int, default=20)
   parser.add_argument("--dtype", default="bfloat16")
   parser.add_argument("--param_dtype", default="float32", help="of the weights (the compute casts to --dtype)")
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   small = dict(tokens=1024, model_dim=64, hidden_dim=128, experts="8", group_sizes="256")
   ref = dict(tokens=16384, model_dim=1024, hidden_dim=4096, experts="8,32,128" if args.tpu else "32",
              group_sizes="1024" if args.tpu else "256,1024")
@@ -179,4 +180,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, prog="python bench/moe_layer.py")
