@@ -12,6 +12,8 @@ from collections.abc import Callable
 from gshard_mt.errors import UserError
 
 QUIET = ("absl", "jax._src.xla_bridge", "orbax")
+# What `quiet_tpu_host_lookup` names where no TPU chip is present: a local host and any accelerator type.
+TPU_HOST_VARIABLES = {"TPU_WORKER_HOSTNAMES": "localhost", "TPU_ACCELERATOR_TYPE": "v3-8"}
 
 
 def setup_logging():
@@ -28,8 +30,8 @@ def quiet_tpu_host_lookup():
   from jax._src import hardware_utils
 
   if hardware_utils.num_available_tpu_chips_and_device_id()[0] == 0:
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v3-8")
+    for name, value in TPU_HOST_VARIABLES.items():
+      os.environ.setdefault(name, value)
 
 
 def parser(doc: str, *, config: bool = False) -> argparse.ArgumentParser:

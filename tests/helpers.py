@@ -3,6 +3,7 @@
 import os
 import pathlib
 
+from gshard_mt import cli
 from gshard_mt import config as config_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -34,5 +35,5 @@ def fresh_env(**extra) -> dict[str, str]:
   """The environment for a subprocess as a fresh shell gives it: without the libtpu host variables that any
   in-process `cli.run` or TPU compile of this test session sets (`cli.quiet_tpu_host_lookup`), which would hide
   the warnings libtpu prints where a program does not set them itself."""
-  env = {k: v for k, v in os.environ.items() if k not in ("TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE")}
+  env = {k: v for k, v in os.environ.items() if k not in cli.TPU_HOST_VARIABLES}
   return {**env, **extra}
