@@ -15,7 +15,6 @@ operation.
 from __future__ import annotations
 
 import collections
-import re
 
 from gshard_mt import cli
 from gshard_mt import config as config_lib
@@ -53,17 +52,10 @@ def main(argv):
   devices = tpu.topology_devices(parsed.topology)
   config = dryrun.load_for(parsed.config, {**overrides, "model.scan_layers": "False"}, len(devices))
   program = dryrun.compile_step(config, devices)[2]
-  text = program.as_text()
-  frames = roofline._frames(text)
-  where = {}
-  for line in text.splitlines():
-    if m := re.match(r"^\s*(?:ROOT )?%?([\w.\-]+) = ", line):
-      frame, op = re.search(r"stack_frame_id=(\d+)", line), re.search(r'op_name="([^"]*)"', line)
-      where[m.group(1)] = (frames.get(int(frame.group(1)), ("", "")) if frame else ("", ""), op.group(1) if op else "")
   parts = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
-  rows = roofline.instruction_costs(text, *roofline.compiler_roofline(devices[0]))
+  rows = roofline.instruction_costs(program.as_text(), *roofline.compiler_roofline(devices[0]))
   for row in rows:
-    row["part"] = part_of(*where.get(row["name"], (("", ""), "")), row["opcode"])
+    row["part"] = part_of(row["source"], row["op_name"], row["opcode"])
     total = parts[row["part"]]
     total[0] += row["seconds"]
     total[1] += row["flops"]
@@ -76,14 +68,11 @@ def main(argv):
   for name, (seconds, flops, nbytes) in sorted(parts.items(), key=lambda kv: -kv[1][0]):
     print(f"| {name} | {seconds * 1e3:.2f} | {seconds / summed:.0%} | {flops / 1e9:.0f} | {nbytes / 2**30:.2f} |")
   if parsed.top:
-    shapes = {m.group(1): m.group(2) for m in re.finditer(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\S+)", text, re.M)}
     print("\n| est. ms | GiB | GFLOP | part | opcode | result | JAX operation |\n|---|---|---|---|---|---|---|")
     listed = [r for r in rows if parsed.part in r["part"]]
     for row in sorted(listed, key=lambda r: -r["seconds"])[:parsed.top]:
-      op = where.get(row["name"], (("", ""), ""))[1]
       print(f"| {row['seconds'] * 1e3:.3f} | {row['bytes'] / 2**30:.3f} | {row['flops'] / 1e9:.1f} | {row['part']} "
-            f"| {row['opcode']} | {shapes.get(row['name'], '')} | {op[-90:]} |")
-
+            f"| {row['opcode']} | {row['result'][:60]} | {row['op_name'][-90:]} |")
 
 if __name__ == "__main__":
   cli.run(main, prog="python bench/step_breakdown.py")

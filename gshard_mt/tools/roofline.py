@@ -150,7 +150,8 @@ def _kind(opcode: str, line: str, flops: float, source: tuple[str, str]) -> str:
 
 
 def instruction_costs(text: str, flops_per_s: float, bytes_per_s: float) -> list[dict]:
-  """Per scheduled instruction of the compiled program `text`: name, opcode, kind, flops, bytes, seconds.
+  """Per scheduled instruction of the compiled program `text`: name, opcode, result (its type), source ((file,
+  function) of its innermost frame), op_name (the JAX operation), kind, flops, bytes, seconds.
 
   Loops and calls are followed into their bodies once (as cost_analysis counts them); an asynchronous operation
   (start / update / done) is charged at its 'done': its result read once and written once."""
@@ -188,10 +189,11 @@ def instruction_costs(text: str, flops_per_s: float, bytes_per_s: float) -> list
           inner = {n: r for n, r, *_ in parsed[callee.group(1)]}
           flops = sum(convolution_flops(r, inner[_args(o)[0]], inner[_args(o)[1]], a)
                       for _, r, op, o, a, _ in parsed[callee.group(1)] if op == "convolution")
-      frame = re.search(r"stack_frame_id=(\d+)", line)
+      frame, op_name = re.search(r"stack_frame_id=(\d+)", line), re.search(r'op_name="([^"]*)"', line)
       source = frames.get(int(frame.group(1)), ("", "")) if frame else ("", "")
-      rows.append(dict(name=instr, opcode=opcode, kind=_kind(opcode, line, flops, source), flops=flops,
-                       bytes=nbytes, seconds=max(flops / flops_per_s, nbytes / bytes_per_s)))
+      rows.append(dict(name=instr, opcode=opcode, result=result, source=source,
+                       op_name=op_name.group(1) if op_name else "", kind=_kind(opcode, line, flops, source),
+                       flops=flops, bytes=nbytes, seconds=max(flops / flops_per_s, nbytes / bytes_per_s)))
 
   visit(entry)
   return rows

@@ -59,6 +59,10 @@ def test_instruction_costs_and_kinds():
   assert set(rows) == {"g", "t", "k", "y", "f"}  # parameters cost nothing
   kinds = {name: r["kind"] for name, r in rows.items()}
   assert kinds == {"g": "dispatch", "t": "collectives", "k": "matmul", "y": "elementwise", "f": "matmul"}
+  g = rows["g"]  # where it comes from, for callers that split by part (bench/step_breakdown.py)
+  assert g["result"] == "bf16[100,1024]{1,0}" and g["op_name"] == "x"
+  assert g["source"] == ("/x/gshard_mt/moe/dispatch.py", "IndexDispatcher.dispatch")
+  assert rows["t"]["result"].startswith("(bf16[100,1024]") and rows["t"]["op_name"] == ""
   assert rows["k"]["flops"] == 1000 and rows["k"]["bytes"] == 2000  # the kernel's declared cost
   assert rows["y"]["bytes"] == 2 * 100 * 1024 * 2 and rows["y"]["seconds"] == rows["y"]["bytes"] / 1e9
   f = rows["f"]
