@@ -1,10 +1,11 @@
-"""Dev-loss curves of finished runs, against step and against wall-clock minutes, and their dev BLEU where
-`eval.py --split dev --step N` has scored checkpoints, in one picture.
+"""Dev-loss curves of finished runs, against step and against wall-clock minutes, and their dev BLEU, in one
+picture: of checkpoints that `eval.py --split dev --step N` has scored, else the greedy dev sample that training
+logs with `eval_bleu_every`.
 
-  python bench/plot_curves.py runs/sweeps/embedding/* --out bench/results/embedding.png [--title ...]
+  python bench/plot_curves.py runs/sweeps/embedding/* --out bench/results/embedding.png [--title ...] [--no_time]
 
-Reads each work directory's metrics.jsonl (the rows with a dev loss) and eval/dev-<step>/scores.json, and prints
-them as Markdown too.
+Reads each work directory's metrics.jsonl (the rows with a dev loss or dev BLEU) and eval/dev-<step>/scores.json,
+and prints them as Markdown too. --no_time leaves out the minutes panel (for runs that shared a machine).
 """
 
 from __future__ import annotations
@@ -28,9 +29,14 @@ def dev_rows(workdir: pathlib.Path) -> list[dict]:
   return [r for r in plot.read_jsonl(workdir / "metrics.jsonl") if r.get("dev_loss") is not None]
 
 
-def dev_bleu(workdir: pathlib.Path) -> list[tuple[int, float]]:
-  """(step, average dev BLEU) of every scored checkpoint, by step."""
-  return list(zip(*plot.dev_bleu(workdir)))
+def dev_bleu(workdir: pathlib.Path) -> tuple[list[tuple[int, float]], str]:
+  """(step, average dev BLEU) of every scored checkpoint, by step, else of the greedy dev sample training logged;
+  and which of the two it is."""
+  scored = list(zip(*plot.dev_bleu(workdir)))
+  if scored:
+    return scored, "eval.py --split dev"
+  logged = [(r["step"], r["dev_bleu"]) for r in plot.read_jsonl(workdir / "metrics.jsonl") if "dev_bleu" in r]
+  return logged, "greedy dev sample, eval_bleu_every"
 
 
 def main():
@@ -38,10 +44,13 @@ def main():
   parser.add_argument("runs", nargs="+", type=pathlib.Path)
   parser.add_argument("--out", required=True, type=pathlib.Path)
   parser.add_argument("--title", default="")
+  parser.add_argument("--no_time", action="store_true", help="no panel against wall-clock minutes")
   args = parser.parse_args()
   runs = {run.name: dev_rows(run) for run in args.runs}
-  timed = all("wall_s" in r for rows in runs.values() for r in rows)  # older runs did not log wall_s
-  bleu = {run.name: dev_bleu(run) for run in args.runs}
+  # older runs did not log wall_s
+  timed = not args.no_time and all("wall_s" in r for rows in runs.values() for r in rows)
+  bleu_kinds = {run.name: dev_bleu(run) for run in args.runs}
+  bleu = {name: points for name, (points, _) in bleu_kinds.items()}
   panels = 1 + timed + any(bleu.values())
   fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4), squeeze=False)
   by_step = axes[0][0]
@@ -59,7 +68,8 @@ def main():
       if points:
         ax.plot(*zip(*points), marker="s", label=name)
         print(f"| {name} dev BLEU | " + " | ".join(f"{step}: {b:.1f}" for step, b in points) + " |")
-    ax.set(xlabel="training step", ylabel="average dev BLEU", title="dev BLEU (eval.py --split dev)")
+    kinds = sorted({kind for points, kind in bleu_kinds.values() if points})
+    ax.set(xlabel="training step", ylabel="average dev BLEU", title="dev BLEU (" + "; ".join(kinds) + ")")
   for ax in axes[0]:
     ax.grid(alpha=0.3)
   by_step.legend(fontsize=8)

@@ -2,22 +2,21 @@
 checkpoint of its lowest dev loss, and reports what experts buy, as the paper's Figure 6 and Table 3 do.
 
   python -m gshard_mt.tools.study --sweep configs/sweeps/study.py [--root runs/sweeps/study] [--report_only]
-                                  [-- extra train.py arguments applied to every point]
+                                  [--jobs N] [-- extra train.py arguments applied to every point]
 
 Points whose `data.languages` names one language are bilingual baselines; the others are multilingual models
 (dense when `model.moe_interval` is 0). Writes into the root: report.md and report.json (ΔBLEU and ΔchrF++ of
 each multilingual model against the bilingual baselines per language, sorted by training data size; average BLEU,
 chrF++, dev loss and tokens/s against the number of experts; per MoE layer, expert-load balance and dropped
 fractions), delta_bleu.png and experts.png. Finished points are not trained or decoded again; with
---report_only, points whose training has not finished are left out.
+--report_only, points whose training has not finished are left out. --jobs N trains and decodes N points at once
+(as the sweep command does).
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
-import shlex
-import subprocess
 
 import numpy as np
 
@@ -66,7 +65,8 @@ def summarize(workdir: pathlib.Path, point: dict) -> dict:
   experts = config.moe.num_experts if config.model.moe_interval else 0
   languages = [lang.strip() for lang in config.data.languages.split(",") if lang.strip()]
   return {"name": point["name"], "bilingual": len(languages) == 1, "source": config.data.source,
-          "languages": config.data.languages, "experts": experts, "best_step": step,
+          "languages": config.data.languages, "experts": experts, "moe_interval": config.model.moe_interval,
+          "best_step": step,
           "dev_loss": min(r["dev_loss"] for r in rows if r["step"] == step and "dev_loss" in r),
           "tokens_per_s": float(np.median(speeds)) if speeds else None, "routing": routing(rows),
           "test": scores["languages"] if scores else {}, "average_bleu": scores["average"]["bleu"] if scores else None,
@@ -103,14 +103,21 @@ def compare(points: list[dict]) -> list[dict]:
   return sorted(out, key=lambda r: -r["train_pairs"])
 
 
+def moe_layers(point: dict) -> str:
+  """Which FFNs are MoE layers: '-' (dense), 'all' or '1 in N'."""
+  interval = point["moe_interval"] if point["experts"] else 0
+  return {0: "-", 1: "all"}.get(interval, f"1 in {interval}")
+
+
 def markdown(points: list[dict], table: list[dict]) -> str:
   f = lambda v, d=1: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
   multi = [p for p in points if not p["bilingual"]]
   lines = ["# MoE versus dense", "", "## Multilingual models", "",
-           "| model | experts | best step | dev loss | avg test BLEU | avg test chrF++ | tokens/s |",
-           "|---|---|---|---|---|---|---|"]
-  lines += [f"| {p['name']} | {p['experts'] or 'dense'} | {p['best_step']} | {f(p['dev_loss'], 3)} | "
-            f"{f(p['average_bleu'])} | {f(p['average_chrf'])} | {f(p['tokens_per_s'], 0)} |" for p in multi]
+           "| model | experts | MoE layers | best step | dev loss | avg test BLEU | avg test chrF++ | tokens/s |",
+           "|---|---|---|---|---|---|---|---|"]
+  lines += [f"| {p['name']} | {p['experts'] or 'dense'} | {moe_layers(p)} | {p['best_step']} | "
+            f"{f(p['dev_loss'], 3)} | {f(p['average_bleu'])} | {f(p['average_chrf'])} | {f(p['tokens_per_s'], 0)} |"
+            for p in multi]
   names = [p["name"] for p in multi if p["test"]]
   lines += ["", "## ΔBLEU against bilingual baselines (test BLEU; sorted by training pairs)", "",
             "| stream | train pairs | test sentences | bilingual | " + " | ".join(f"{n} (Δ)" for n in names) + " |",
@@ -143,7 +150,6 @@ def plot(points: list[dict], table: list[dict], root: pathlib.Path) -> list[path
   import matplotlib.pyplot as plt
 
   multi = [p for p in points if not p["bilingual"]]
-  label = lambda p: "dense" if not p["experts"] else f"{p['experts']} experts"  # noqa: E731
   paths = []
   if table:
     fig, axes = plt.subplots(2, 1, figsize=(max(6, 1.6 * len(table)), 7), sharex=True)
@@ -151,7 +157,7 @@ def plot(points: list[dict], table: list[dict], root: pathlib.Path) -> list[path
     for ax, key, metric in zip(axes, ("delta_", "delta_chrf_"), ("BLEU", "chrF++")):
       for i, p in enumerate(multi):
         ax.bar(np.arange(len(table)) + (i - (len(multi) - 1) / 2) * width,
-               [r.get(key + p["name"], np.nan) for r in table], width, label=label(p))
+               [r.get(key + p["name"], np.nan) for r in table], width, label=p["name"])
       ax.axhline(0, color="black", lw=0.8)
       ax.set(ylabel=f"Δ{metric} vs bilingual (test)")
       ax.grid(axis="y", alpha=0.3)
@@ -165,10 +171,11 @@ def plot(points: list[dict], table: list[dict], root: pathlib.Path) -> list[path
   panels = (("average_bleu", "average test BLEU, all streams"), ("average_chrf", "average test chrF++"),
             ("dev_loss", "best dev loss (NLL)"), ("tokens_per_s", "training tokens/s"))
   fig, axes = plt.subplots(1, len(panels), figsize=(18, 3.8))
-  x = [label(p).replace(" experts", "") for p in multi]
+  x = [p["name"] for p in multi]  # the sweep's order: dense, then more and more experts, then other conditions
   for ax, (key, title) in zip(axes, panels):
     ax.plot(x, [np.nan if p[key] is None else p[key] for p in multi], marker="o")
-    ax.set(xlabel="experts per MoE layer (equal FLOPs per token)", title=title)
+    ax.set(xlabel="model (equal FLOPs per token)", title=title)
+    ax.tick_params(axis="x", labelrotation=30)
     ax.grid(alpha=0.3)
   fig.tight_layout()
   paths.append(root / "experts.png")
@@ -184,30 +191,23 @@ def trained(workdir: pathlib.Path) -> bool:
   return (workdir / "checkpoints" / str(config_lib.load_saved(workdir).num_train_steps)).exists()
 
 
-def run_point(base: str, workdir: pathlib.Path, point: dict, extra: list[str]):
+def run_point(base: str, workdir: pathlib.Path, point: dict, extra: list[str], log: pathlib.Path | None = None):
   """Trains the point (resuming where it stopped) and decodes its best checkpoint's test split once."""
   if not trained(workdir):
-    cmd = sweep_lib.command(base, workdir, point, extra)
-    print(f"== {point['name']}: {shlex.join(cmd)}", flush=True)
-    subprocess.run(cmd, check=True)
+    sweep_lib.run(sweep_lib.command(base, workdir, point, extra), point["name"], log)
   step = best_step(workdir)
   if test_scores(workdir, step) is None:
-    cmd = sweep_lib.eval_command(workdir, "--step", str(step))
-    print(f"== {point['name']}: {shlex.join(cmd)}", flush=True)
-    subprocess.run(cmd, check=True)
+    sweep_lib.run(sweep_lib.eval_command(workdir, "--step", str(step)), point["name"], log)
 
 
 def main(argv):
   parser = sweep_lib.parser(__doc__)
   parser.add_argument("--report_only", action="store_true", help="report the points already finished")
   args, base, points, root, extra = sweep_lib.parse(parser, argv)
-  done = []
-  for point in points:
-    workdir = root / point["name"]
-    if not args.report_only:
-      run_point(base, workdir, point, extra)
-    if trained(workdir):
-      done.append(summarize(workdir, point))
+  if not args.report_only:
+    sweep_lib.run_points(points, lambda point, log: run_point(base, root / point["name"], point, extra, log), root,
+                         args.jobs)
+  done = [summarize(root / point["name"], point) for point in points if trained(root / point["name"])]
   if not done:
     raise WorkdirError(f"{root}: no finished point to report")
   table = compare(done)

@@ -1,10 +1,11 @@
 """Runs a sweep: one training run per point, each in its own work directory, then a results table.
 
   python -m gshard_mt.tools.sweep --sweep configs/sweeps/experts.py [--root runs/sweeps/experts] [--print_only]
-                            [--eval]  [-- extra train.py arguments applied to every point]
+                            [--eval] [--jobs N] [-- extra train.py arguments applied to every point]
 
 A sweep file defines BASE (a config file) and get_sweep() -> list of {'name': ..., 'config.key': value, ...}.
-Points already finished are not run again (their work directory resumes at the last step). Writes results.csv,
+Points already finished are not run again (their work directory resumes at the last step). With --jobs N, N points
+run at once, sharing the machine's accelerators (each point's output goes to <point>/sweep.log). Writes results.csv,
 results.md and results.png (dev loss and BLEU against the swept value; redraw with python -m gshard_mt.tools.plot).
 """
 
@@ -15,10 +16,13 @@ import csv
 import io
 import json
 import math
+import os
 import pathlib
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from gshard_mt import cli
 from gshard_mt import config as config_lib
@@ -90,11 +94,38 @@ def eval_command(workdir: pathlib.Path, *args: str) -> list[str]:
   return [sys.executable, str(ROOT / "eval.py"), "--workdir", str(workdir), *args]
 
 
+def run(cmd: list[str], name: str, log: pathlib.Path | None = None):
+  """Runs one command of a point; with a `log`, its output is appended there instead of shown."""
+  print(f"== {name}: {shlex.join(cmd)}" + (f" (output: {log})" if log else ""), flush=True)
+  if log is None:
+    subprocess.run(cmd, check=True)
+    return
+  log.parent.mkdir(parents=True, exist_ok=True)
+  with open(log, "a") as out:
+    subprocess.run(cmd, check=True, stdout=out, stderr=subprocess.STDOUT)
+
+
+def run_points(points: list[dict], run_point: Callable[[dict, pathlib.Path | None], None], root: pathlib.Path,
+               jobs: int):
+  """`run_point(point, log)` for every point, `jobs` at a time. Several at once share the accelerators, so each
+  process then allocates device memory as it needs it (instead of JAX's 75% of it) and logs to <point>/sweep.log."""
+  if jobs < 1:
+    raise ConfigError(f"--jobs must be at least 1, got {jobs}")
+  if jobs == 1:
+    for point in points:
+      run_point(point, None)
+    return
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # inherited by the points' processes
+  with ThreadPoolExecutor(jobs) as pool:
+    list(pool.map(lambda point: run_point(point, root / point["name"] / "sweep.log"), points))  # raises a failure
+
+
 def parser(doc: str) -> argparse.ArgumentParser:
-  """The arguments every command over a sweep takes: --sweep and --root."""
+  """The arguments every command over a sweep takes: --sweep, --root and --jobs."""
   p = cli.parser(doc)
   p.add_argument("--sweep", required=True)
   p.add_argument("--root", default=None, help="default: runs/sweeps/<sweep file name>")
+  p.add_argument("--jobs", type=int, default=1, help="points run at once (default 1)")
   return p
 
 
@@ -112,18 +143,19 @@ def main(argv):
   p.add_argument("--print_only", action="store_true", help="print the commands instead of running them")
   p.add_argument("--eval", action="store_true", help="also run eval.py (test split) on each point")
   args, base, points, root, extra = parse(p, argv)
-  rows = []
-  for point in points:
+  if args.print_only:
+    for point in points:
+      print(shlex.join(command(base, root / point["name"], point, extra)))
+    return
+
+  def run_point(point: dict, log: pathlib.Path | None):
     workdir = root / point["name"]
-    cmd = command(base, workdir, point, extra)
-    if args.print_only:
-      print(shlex.join(cmd))
-      continue
-    print(f"== {point['name']}: {shlex.join(cmd)}", flush=True)
-    subprocess.run(cmd, check=True)
+    run(command(base, workdir, point, extra), point["name"], log)
     if args.eval:
-      subprocess.run(eval_command(workdir), check=True)
-    rows.append(summarize(workdir, point))
+      run(eval_command(workdir), point["name"], log)
+
+  run_points(points, run_point, root, args.jobs)
+  rows = [summarize(root / point["name"], point) for point in points]
   if rows:
     root.mkdir(parents=True, exist_ok=True)
     print(write_tables(rows, root))

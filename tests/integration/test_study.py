@@ -1,5 +1,5 @@
-"""The study's whole code path at toy size: two multilingual points and a bilingual baseline, trained, decoded
-at their best checkpoints and reported with pictures."""
+"""The study's whole code path at toy size: two multilingual points and a bilingual baseline, trained two at a time,
+decoded at their best checkpoints and reported with pictures."""
 
 import json
 import shutil
@@ -27,7 +27,7 @@ def get_sweep():
     shutil.copytree(tokenizer_dir, root / name / "tokenizer")
   point_keys = ("--config.data.languages=", "--config.moe.num_experts=")  # set per point: extra args come last
   extra = [a for a in small_args(eval_every=3, num_train_steps=6) if not a.startswith(point_keys)]
-  study.main(["--sweep", str(sweep), "--root", str(root), "--", *extra])
+  study.main(["--sweep", str(sweep), "--root", str(root), "--jobs", "2", "--", *extra])
   report = json.loads((root / "report.json").read_text())
   names = [p["name"] for p in report["points"]]
   assert names == ["dense", "e2", "bi_fra"]
@@ -39,3 +39,6 @@ def get_sweep():
   assert row["stream"] == "fra" and row["delta_e2"] == pytest.approx(e2["test"]["fra"]["bleu"] - row["bilingual"])
   assert (root / "delta_bleu.png").stat().st_size > 0 and (root / "experts.png").stat().st_size > 0
   assert "| fra |" in (root / "report.md").read_text()
+  for name in names:  # with --jobs, each point's training and decoding write to its own log
+    log = (root / name / "sweep.log").read_text()
+    assert "train" in log and "wrote" in log

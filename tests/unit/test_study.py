@@ -10,7 +10,7 @@ from gshard_mt.tools import study
 
 def point(name, experts, bilingual=False, languages="", source="tatoeba+multi30k", test=None):
   return {"name": name, "bilingual": bilingual, "source": source, "languages": languages, "experts": experts,
-          "best_step": 10, "dev_loss": 2.0, "tokens_per_s": 100.0, "routing": {}, "test": test or {},
+          "moe_interval": 2, "best_step": 10, "dev_loss": 2.0, "tokens_per_s": 100.0, "routing": {}, "test": test or {},
           "average_bleu": None, "average_chrf": None, "signature": "nrefs:1|case:mixed"}
 
 
@@ -63,3 +63,11 @@ def test_best_step_is_the_checkpoint_with_the_lowest_dev_loss(tmp_path):
   (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 3, "dev_loss": 1.0}))
   with pytest.raises(WorkdirError, match="no checkpoint with a dev loss"):
     study.best_step(tmp_path)
+
+
+def test_moe_layers_names_which_ffns_are_moe():
+  assert study.moe_layers({"experts": 0, "moe_interval": 0}) == "-"
+  assert study.moe_layers({"experts": 8, "moe_interval": 1}) == "all"
+  assert study.moe_layers({"experts": 8, "moe_interval": 2}) == "1 in 2"
+  table = study.markdown([point("e8_all", 8) | {"moe_interval": 1}], [])
+  assert "| e8_all | 8 | all | 10 | 2.000 |" in table

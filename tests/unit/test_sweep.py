@@ -1,5 +1,7 @@
 """Sweeps: commands per point and validation of every point before running."""
 
+import os
+
 import pytest
 
 from gshard_mt.errors import ConfigError
@@ -42,3 +44,36 @@ def test_a_finished_sweep_writes_its_tables_and_picture(tmp_path, monkeypatch, c
   sweep.main(["--sweep", str(ROOT / "configs" / "sweeps" / "experts.py"), "--root", str(tmp_path)])
   assert len(ran) == 5 and "wrote" in capsys.readouterr().out
   assert {p.name for p in tmp_path.iterdir()} == {"results.csv", "results.md", "results.png"}
+
+
+def test_jobs_run_points_at_once_with_their_own_logs(tmp_path, monkeypatch):
+  """--jobs N: every point runs once, its output goes to <point>/sweep.log, and the processes allocate device memory
+  as they need it (JAX would otherwise take 75% of an accelerator per process)."""
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
+  ran = []
+
+  def fake_run(cmd, check, stdout=None, stderr=None):
+    stdout.write(f"ran {cmd[-1]}\n")
+    ran.append((cmd[-1], os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE")))
+
+  monkeypatch.setattr(sweep.subprocess, "run", fake_run)
+  points = [{"name": f"p{i}"} for i in range(5)]
+  sweep.run_points(points, lambda p, log: sweep.run(["train", p["name"]], p["name"], log), tmp_path, jobs=3)
+  assert sorted(ran) == [(f"p{i}", "false") for i in range(5)]
+  assert all((tmp_path / f"p{i}" / "sweep.log").read_text() == f"ran p{i}\n" for i in range(5))
+
+
+def test_jobs_one_runs_in_order_and_a_failure_stops_the_sweep(tmp_path):
+  order = []
+
+  def run_point(point, log):
+    assert log is None  # one at a time: output straight to the terminal
+    order.append(point["name"])
+    if point["name"] == "b":
+      raise sweep.subprocess.CalledProcessError(1, ["train.py"])
+
+  with pytest.raises(sweep.subprocess.CalledProcessError):
+    sweep.run_points([{"name": n} for n in "abc"], run_point, tmp_path, jobs=1)
+  assert order == ["a", "b"]
+  with pytest.raises(ConfigError, match="--jobs must be at least 1"):
+    sweep.run_points([{"name": "a"}], run_point, tmp_path, jobs=0)
