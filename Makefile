@@ -72,7 +72,7 @@ bench: venv
 	$(PY) bench/moe_layer.py --small --tpu v5p:1x1x1  # the TPU compiler's estimate (libtpu), any machine
 	$(PY) bench/input_pipeline.py
 
-bench-gpu: venv  # the accelerator suite, under 20 minutes on one GPU: bench/results/<date>-<device>.json, RESULTS.md
+bench-gpu: venv  # the accelerator suite, about 3 minutes on one H100: bench/results/<date>-<device>.json, RESULTS.md
 	$(PY) bench/gpu_suite.py $(ARGS)
 
 inspect-data: venv

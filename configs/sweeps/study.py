@@ -9,6 +9,7 @@ dense model on one language's data, Multi30k ones for 600 steps; the low-resourc
 (200 steps) sized to their few hundred pairs (they overfit early, and the study decodes each point's best
 checkpoint). Measured 2026-11-23 (bench/RESULTS.md, "MoE versus dense"): best dev loss 3.803 dense, 3.788 / 3.802 /
 3.803 with 4 / 8 / 16 experts; bilingual baselines ahead on all six compared languages at this budget.
+configs/sweeps/study_long.py trains the same points ten times longer, where MoE pulls ahead.
 """
 
 BASE = "configs/study.py"
