@@ -35,8 +35,7 @@ def dev_bleu(workdir: pathlib.Path) -> tuple[list[tuple[int, float]], str]:
   scored = list(zip(*plot.dev_bleu(workdir)))
   if scored:
     return scored, "eval.py --split dev"
-  logged = [(r["step"], r["dev_bleu"]) for r in plot.read_jsonl(workdir / "metrics.jsonl") if "dev_bleu" in r]
-  return logged, "greedy dev sample, eval_bleu_every"
+  return list(zip(*plot.series(plot.read_jsonl(workdir / "metrics.jsonl"), "dev_bleu"))), "greedy dev sample"
 
 
 def main():
@@ -49,9 +48,8 @@ def main():
   runs = {run.name: dev_rows(run) for run in args.runs}
   # older runs did not log wall_s
   timed = not args.no_time and all("wall_s" in r for rows in runs.values() for r in rows)
-  bleu_kinds = {run.name: dev_bleu(run) for run in args.runs}
-  bleu = {name: points for name, (points, _) in bleu_kinds.items()}
-  panels = 1 + timed + any(bleu.values())
+  bleu = {run.name: dev_bleu(run) for run in args.runs}  # name -> (points, where they come from)
+  panels = 1 + timed + any(points for points, _ in bleu.values())
   fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4), squeeze=False)
   by_step = axes[0][0]
   for name, rows in runs.items():
@@ -62,13 +60,13 @@ def main():
   by_step.set(xlabel="training step", ylabel="dev loss (nats per token)", title=args.title or "dev loss")
   if timed:
     axes[0][1].set(xlabel="wall-clock minutes (evaluations included)", ylabel="dev loss", title="against time")
-  if any(bleu.values()):
+  if any(points for points, _ in bleu.values()):
     ax = axes[0][-1]
-    for name, points in bleu.items():
+    for name, (points, _) in bleu.items():
       if points:
         ax.plot(*zip(*points), marker="s", label=name)
         print(f"| {name} dev BLEU | " + " | ".join(f"{step}: {b:.1f}" for step, b in points) + " |")
-    kinds = sorted({kind for points, kind in bleu_kinds.values() if points})
+    kinds = sorted({kind for points, kind in bleu.values() if points})
     ax.set(xlabel="training step", ylabel="average dev BLEU", title="dev BLEU (" + "; ".join(kinds) + ")")
   for ax in axes[0]:
     ax.grid(alpha=0.3)

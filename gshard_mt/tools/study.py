@@ -7,8 +7,8 @@ checkpoint of its lowest dev loss, and reports what experts buy, as the paper's 
 Points whose `data.languages` names one language are bilingual baselines; the others are multilingual models
 (dense when `model.moe_interval` is 0). Writes into the root: report.md and report.json (ΔBLEU and ΔchrF++ of
 each multilingual model against the bilingual baselines per language, sorted by training data size; average BLEU,
-chrF++, dev loss and tokens/s against the number of experts; per MoE layer, expert-load balance and dropped
-fractions), delta_bleu.png and experts.png. Finished points are not trained or decoded again; with
+chrF++, dev loss and tokens/s of each model; per MoE layer, expert-load balance and dropped fractions),
+delta_bleu.png and experts.png. Finished points are not trained or decoded again; with
 --report_only, points whose training has not finished are left out. --jobs N trains and decodes N points at once
 (as the sweep command does).
 """
@@ -105,8 +105,7 @@ def compare(points: list[dict]) -> list[dict]:
 
 def moe_layers(point: dict) -> str:
   """Which FFNs are MoE layers: '-' (dense), 'all' or '1 in N'."""
-  interval = point["moe_interval"] if point["experts"] else 0
-  return {0: "-", 1: "all"}.get(interval, f"1 in {interval}")
+  return {0: "-", 1: "all"}.get(point["moe_interval"], f"1 in {point['moe_interval']}")
 
 
 def markdown(points: list[dict], table: list[dict]) -> str:
@@ -173,7 +172,7 @@ def plot(points: list[dict], table: list[dict], root: pathlib.Path) -> list[path
   fig, axes = plt.subplots(1, len(panels), figsize=(18, 3.8))
   x = [p["name"] for p in multi]  # the sweep's order: dense, then more and more experts, then other conditions
   for ax, (key, title) in zip(axes, panels):
-    ax.plot(x, [np.nan if p[key] is None else p[key] for p in multi], marker="o")
+    ax.plot(x, [np.nan if p[key] is None else p[key] for p in multi], marker="o", ls="none")  # points, no trend
     ax.set(xlabel="model (equal FLOPs per token)", title=title)
     ax.tick_params(axis="x", labelrotation=30)
     ax.grid(alpha=0.3)

@@ -5,7 +5,7 @@
 
 A sweep file defines BASE (a config file) and get_sweep() -> list of {'name': ..., 'config.key': value, ...}.
 Points already finished are not run again (their work directory resumes at the last step). With --jobs N, N points
-run at once, sharing the machine's accelerators (each point's output goes to <point>/sweep.log). Writes results.csv,
+run at once, sharing the machine's GPUs or CPUs (each point's output goes to <point>/sweep.log). Writes results.csv,
 results.md and results.png (dev loss and BLEU against the swept value; redraw with python -m gshard_mt.tools.plot).
 """
 
@@ -21,8 +21,9 @@ import pathlib
 import shlex
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from gshard_mt import cli
 from gshard_mt import config as config_lib
@@ -95,29 +96,51 @@ def eval_command(workdir: pathlib.Path, *args: str) -> list[str]:
 
 
 def run(cmd: list[str], name: str, log: pathlib.Path | None = None):
-  """Runs one command of a point; with a `log`, its output is appended there instead of shown."""
-  print(f"== {name}: {shlex.join(cmd)}" + (f" (output: {log})" if log else ""), flush=True)
+  """Runs one command of a point. With a `log` (points running at once), its output is appended there, after the
+  same header line the terminal gets, and the process allocates accelerator memory as it needs it rather than
+  JAX's 75% of it (unless the environment says otherwise)."""
+  header = f"== {name}: {shlex.join(cmd)}"
+  sys.stdout.write(header + (f" (output: {log})" if log else "") + "\n")  # one write: threads do not interleave it
+  sys.stdout.flush()
   if log is None:
     subprocess.run(cmd, check=True)
     return
   log.parent.mkdir(parents=True, exist_ok=True)
   with open(log, "a") as out:
-    subprocess.run(cmd, check=True, stdout=out, stderr=subprocess.STDOUT)
+    out.write(header + "\n")
+    out.flush()
+    subprocess.run(cmd, check=True, stdout=out, stderr=subprocess.STDOUT,
+                   env={"XLA_PYTHON_CLIENT_PREALLOCATE": "false", **os.environ})
 
 
 def run_points(points: list[dict], run_point: Callable[[dict, pathlib.Path | None], None], root: pathlib.Path,
                jobs: int):
-  """`run_point(point, log)` for every point, `jobs` at a time. Several at once share the accelerators, so each
-  process then allocates device memory as it needs it (instead of JAX's 75% of it) and logs to <point>/sweep.log."""
-  if jobs < 1:
-    raise ConfigError(f"--jobs must be at least 1, got {jobs}")
+  """`run_point(point, log)` for every point, `jobs` at a time, each logging to <root>/<point>/sweep.log when more
+  than one runs (their processes share the accelerators; GPUs and CPUs allow that, a TPU host one process only).
+  The first failure stops the sweep: running points finish, queued ones do not start, and the error names the
+  failed point's log."""
   if jobs == 1:
     for point in points:
       run_point(point, None)
     return
-  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # inherited by the points' processes
-  with ThreadPoolExecutor(jobs) as pool:
-    list(pool.map(lambda point: run_point(point, root / point["name"] / "sweep.log"), points))  # raises a failure
+  logs = {point["name"]: root / point["name"] / "sweep.log" for point in points}
+  failed = threading.Event()  # checked as each point starts: a freed worker would otherwise take the next one
+
+  def guarded(point: dict):
+    if failed.is_set():
+      return
+    try:
+      run_point(point, logs[point["name"]])
+    except BaseException:
+      failed.set()
+      raise
+
+  with ThreadPoolExecutor(jobs) as pool:  # leaving it waits for the points still running
+    futures = {pool.submit(guarded, point): point["name"] for point in points}
+    for future in as_completed(futures):
+      if future.exception() is not None:
+        name = futures[future]
+        raise RuntimeError(f"sweep point {name!r} failed ({future.exception()}); its output: {logs[name]}")
 
 
 def parser(doc: str) -> argparse.ArgumentParser:
@@ -133,6 +156,8 @@ def parse(p: argparse.ArgumentParser, argv: list[str]):
   """(parsed arguments, base config, points, root, train.py arguments given after '--')."""
   extra = argv[argv.index("--") + 1:] if "--" in argv else []
   args = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+  if args.jobs < 1:
+    raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
   sweep = pathlib.Path(args.sweep)
   base, points = load_sweep(sweep)
   return args, base, points, pathlib.Path(args.root or ROOT / "runs" / "sweeps" / sweep.stem), extra

@@ -41,4 +41,4 @@ def get_sweep():
   assert "| fra |" in (root / "report.md").read_text()
   for name in names:  # with --jobs, each point's training and decoding write to its own log
     log = (root / name / "sweep.log").read_text()
-    assert "train" in log and "wrote" in log
+    assert f"== {name}: " in log and "done: step 6" in log and f"wrote {root / name}/eval/test-" in log

@@ -10,8 +10,9 @@ from gshard_mt.tools import study
 
 def point(name, experts, bilingual=False, languages="", source="tatoeba+multi30k", test=None):
   return {"name": name, "bilingual": bilingual, "source": source, "languages": languages, "experts": experts,
-          "moe_interval": 2, "best_step": 10, "dev_loss": 2.0, "tokens_per_s": 100.0, "routing": {}, "test": test or {},
-          "average_bleu": None, "average_chrf": None, "signature": "nrefs:1|case:mixed"}
+          "moe_interval": 2 if experts else 0, "best_step": 10, "dev_loss": 2.0, "tokens_per_s": 100.0,
+          "routing": {}, "test": test or {}, "average_bleu": None, "average_chrf": None,
+          "signature": "nrefs:1|case:mixed"}
 
 
 def scores(**bleu):

@@ -1,6 +1,8 @@
 """Sweeps: commands per point and validation of every point before running."""
 
 import os
+import threading
+import time
 
 import pytest
 
@@ -47,23 +49,44 @@ def test_a_finished_sweep_writes_its_tables_and_picture(tmp_path, monkeypatch, c
 
 
 def test_jobs_run_points_at_once_with_their_own_logs(tmp_path, monkeypatch):
-  """--jobs N: every point runs once, its output goes to <point>/sweep.log, and the processes allocate device memory
-  as they need it (JAX would otherwise take 75% of an accelerator per process)."""
+  """--jobs N: the points run at the same time, each once, with its output (after the header line) in
+  <point>/sweep.log, and their processes allocate device memory as they need it (JAX would otherwise take 75% of an
+  accelerator per process) without the sweep's own environment changing."""
   monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
+  together = threading.Barrier(3, timeout=10)  # breaks (and the test fails) unless all three run at once
   ran = []
 
-  def fake_run(cmd, check, stdout=None, stderr=None):
+  def fake_run(cmd, check, stdout, stderr, env):
+    together.wait()
     stdout.write(f"ran {cmd[-1]}\n")
-    ran.append((cmd[-1], os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE")))
+    ran.append((cmd[-1], env["XLA_PYTHON_CLIENT_PREALLOCATE"]))
 
   monkeypatch.setattr(sweep.subprocess, "run", fake_run)
-  points = [{"name": f"p{i}"} for i in range(5)]
+  points = [{"name": f"p{i}"} for i in range(3)]
   sweep.run_points(points, lambda p, log: sweep.run(["train", p["name"]], p["name"], log), tmp_path, jobs=3)
-  assert sorted(ran) == [(f"p{i}", "false") for i in range(5)]
-  assert all((tmp_path / f"p{i}" / "sweep.log").read_text() == f"ran p{i}\n" for i in range(5))
+  assert sorted(ran) == [(f"p{i}", "false") for i in range(3)]
+  assert all((tmp_path / f"p{i}" / "sweep.log").read_text() == f"== p{i}: train p{i}\nran p{i}\n" for i in range(3))
+  assert "XLA_PYTHON_CLIENT_PREALLOCATE" not in os.environ
 
 
-def test_jobs_one_runs_in_order_and_a_failure_stops_the_sweep(tmp_path):
+def test_the_first_failure_stops_the_sweep_and_names_its_log(tmp_path):
+  started, slow_running = [], threading.Event()
+
+  def run_point(point, log):
+    started.append(point["name"])
+    if point["name"] == "a":
+      slow_running.wait(10)
+      raise sweep.subprocess.CalledProcessError(1, ["train.py"])
+    if point["name"] == "b":
+      slow_running.set()
+      time.sleep(0.3)  # still running when a fails: it finishes, c never starts
+
+  with pytest.raises(RuntimeError, match=f"sweep point 'a' failed .*its output: {tmp_path / 'a' / 'sweep.log'}"):
+    sweep.run_points([{"name": n} for n in "abc"], run_point, tmp_path, jobs=2)
+  assert sorted(started) == ["a", "b"]
+
+
+def test_jobs_one_runs_in_order_and_stops_at_a_failure(tmp_path):
   order = []
 
   def run_point(point, log):
@@ -75,5 +98,9 @@ def test_jobs_one_runs_in_order_and_a_failure_stops_the_sweep(tmp_path):
   with pytest.raises(sweep.subprocess.CalledProcessError):
     sweep.run_points([{"name": n} for n in "abc"], run_point, tmp_path, jobs=1)
   assert order == ["a", "b"]
-  with pytest.raises(ConfigError, match="--jobs must be at least 1"):
-    sweep.run_points([{"name": "a"}], run_point, tmp_path, jobs=0)
+
+
+def test_jobs_below_one_is_an_error_before_anything_runs(tmp_path):
+  with pytest.raises(ConfigError, match="--jobs must be at least 1, got 0"):
+    sweep.main(["--sweep", str(ROOT / "configs" / "sweeps" / "experts.py"), "--root", str(tmp_path), "--jobs", "0"])
+  assert not any(tmp_path.iterdir())
