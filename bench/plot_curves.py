@@ -49,7 +49,8 @@ def main():
   # older runs did not log wall_s
   timed = not args.no_time and all("wall_s" in r for rows in runs.values() for r in rows)
   bleu = {run.name: dev_bleu(run) for run in args.runs}  # name -> (points, where they come from)
-  panels = 1 + timed + any(points for points, _ in bleu.values())
+  has_bleu = any(points for points, _ in bleu.values())
+  panels = 1 + timed + has_bleu
   fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4), squeeze=False)
   by_step = axes[0][0]
   for name, rows in runs.items():
@@ -60,7 +61,7 @@ def main():
   by_step.set(xlabel="training step", ylabel="dev loss (nats per token)", title=args.title or "dev loss")
   if timed:
     axes[0][1].set(xlabel="wall-clock minutes (evaluations included)", ylabel="dev loss", title="against time")
-  if any(points for points, _ in bleu.values()):
+  if has_bleu:
     ax = axes[0][-1]
     for name, (points, _) in bleu.items():
       if points:
