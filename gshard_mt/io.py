@@ -1,39 +1,176 @@
-"""Writing files and directories so that a killed run never leaves half of one under the final name."""
+"""The one path layer: every file the project reads or writes goes through `etils.epath`, so a work directory may
+be a local folder or object storage (`gs://bucket/run` on a TPU pod, whose hosts share no disk).
+
+Writes never leave half of a file under its final name: a temporary name beside it, then a rename. Storage
+faults (a full disk, a read-only or forbidden path) are recognised by `storage_fault`, which the entry points
+turn into one line (`gshard_mt.cli.run`).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import importlib.util
 import os
-import pathlib
 import shutil
 
+from etils import epath
 
-def write_atomically(path: str | pathlib.Path, data: str | bytes) -> None:
-  """Writes `data` to a temporary name beside `path`, then renames it over `path` (atomic on one filesystem)."""
-  path = pathlib.Path(path)
-  tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-  if isinstance(data, bytes):
-    tmp.write_bytes(data)
+from gshard_mt.errors import UserError
+
+# What each object-storage scheme needs installed for epath to open it (its fsspec backend, or TensorFlow).
+BACKENDS = {"gs": ("gcsfs", "pip install -e '.[gcs]' (gcsfs)"), "s3": ("s3fs", "pip install s3fs"),
+            "az": ("adlfs", "pip install adlfs"), "hf": ("huggingface_hub", "pip install huggingface_hub")}
+# The errors of storage rather than of the program: they end a command with one line and STORAGE_EXIT_CODE.
+STORAGE_ERRNOS = {errno.ENOSPC: "disk full", errno.EDQUOT: "quota exceeded", errno.EROFS: "read-only file system",
+                  errno.EACCES: "permission denied", errno.EPERM: "operation not permitted"}
+STORAGE_EXIT_CODE = 74  # sysexits.h EX_IOERR: a fault of the storage, not of the input (which exits 2)
+
+PathLike = str | os.PathLike
+
+
+def scheme(path: PathLike) -> str | None:
+  """'gs' for gs://bucket/x, None for a local path."""
+  text = os.fspath(path)
+  return text.split("://", 1)[0] if "://" in text else None
+
+
+def path(p: PathLike) -> epath.Path:
+  """The epath of `p`. A scheme that epath does not know, or whose backend is not installed, is a UserError
+  naming what to install, raised before anything is written."""
+  name = scheme(p)
+  if name is not None:
+    if name not in BACKENDS:
+      raise UserError(f"{os.fspath(p)}: unknown storage scheme '{name}://' (local paths, "
+                      + ", ".join(f"{s}://" for s in BACKENDS) + ")")
+    module, install = BACKENDS[name]
+    if importlib.util.find_spec(module) is None and importlib.util.find_spec("tensorflow") is None:
+      raise UserError(f"{os.fspath(p)}: the {name}:// backend is not installed ({install})")
+  return epath.Path(p)
+
+
+def is_local(p: PathLike) -> bool:
+  return scheme(p) is None
+
+
+def _temporary(target: epath.Path, kind: str) -> epath.Path:
+  return target.with_name(f".{target.name}.{kind}{os.getpid()}")
+
+
+def write_atomically(target: PathLike, data: str | bytes) -> None:
+  """Writes `data` to a temporary name beside `target`, then renames it over `target` (atomic on one local
+  filesystem; a single object write on object storage). On any error the temporary is removed."""
+  target = path(target)
+  tmp = _temporary(target, "tmp")
+  try:
+    if isinstance(data, bytes):
+      tmp.write_bytes(data)
+    else:
+      tmp.write_text(data)
+    tmp.replace(target)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      tmp.unlink(missing_ok=True)
+    raise
+
+
+def append(target: PathLike, data: str) -> None:
+  """Appends `data` to a text file and syncs it. Object storage has no append: the object is written again whole
+  (the files appended to, metrics and event logs, stay small)."""
+  target = path(target)
+  if is_local(target):
+    with open(target, "a") as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
   else:
-    tmp.write_text(data)
-  os.replace(tmp, path)
+    write_atomically(target, (target.read_text() if target.exists() else "") + data)
+
+
+def append_bytes(target: PathLike, data: bytes) -> None:
+  """`append` for binary files (TensorBoard's event records)."""
+  target = path(target)
+  if is_local(target):
+    with open(target, "ab") as f:
+      f.write(data)
+      f.flush()
+  else:
+    write_atomically(target, (target.read_bytes() if target.exists() else b"") + data)
+
+
+def remove_tree(target: PathLike) -> None:
+  target = path(target)
+  if target.is_dir():
+    target.rmtree()
+  elif target.exists():
+    target.unlink()
 
 
 @contextlib.contextmanager
-def directory_atomically(path: str | pathlib.Path):
-  """Yields a temporary directory beside `path` to fill; on success it replaces `path` whole, on an error it is
-  removed and `path` is left as it was."""
-  path = pathlib.Path(path)
-  tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-  shutil.rmtree(tmp, ignore_errors=True)
+def directory_atomically(target: PathLike):
+  """Yields a temporary directory beside `target` to fill; on success it replaces `target` whole, on an error it
+  is removed and `target` is left as it was."""
+  target = path(target)
+  tmp, old = _temporary(target, "tmp"), _temporary(target, "old")
+  remove_tree(tmp)
   tmp.mkdir(parents=True)
   try:
     yield tmp
   except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
+    with contextlib.suppress(OSError):
+      remove_tree(tmp)
     raise
-  old = path.with_name(f".{path.name}.old{os.getpid()}")
-  if path.exists():
-    os.replace(path, old)
-  os.replace(tmp, path)
-  shutil.rmtree(old, ignore_errors=True)
+  if target.exists():
+    target.rename(old)
+  tmp.rename(target)
+  remove_tree(old)
+
+
+def check_writable(directory: PathLike, what: str = "output directory") -> epath.Path:
+  """Creates `directory` and writes and removes a probe file in it, so that a directory that cannot be written
+  is refused in one line before any expensive work."""
+  directory = path(directory)
+  try:
+    directory.mkdir(parents=True, exist_ok=True)
+    probe = _temporary(directory / "probe", "write")
+    probe.write_text("")
+    probe.unlink()
+  except OSError as e:
+    raise UserError(f"{what} {directory} cannot be written: {e.strerror or e}") from None
+  return directory
+
+
+def storage_fault(error: BaseException) -> OSError | None:
+  """The storage fault (ENOSPC, EDQUOT, EROFS, EACCES, EPERM) behind `error`, following causes, contexts and
+  exception groups (Orbax and thread pools wrap the OSError of a failed write); None when there is none."""
+  seen, todo = set(), [error]
+  while todo:
+    e = todo.pop()
+    if e is None or id(e) in seen:
+      continue
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
+      return e
+    todo += [e.__cause__, e.__context__] + list(getattr(e, "exceptions", ()))
+  return None
+
+
+def describe_fault(fault: OSError) -> str:
+  """One line: the path, what failed, and the free space of its filesystem where it can be read."""
+  where = fault.filename or "(a file)"
+  line = f"{where}: {STORAGE_ERRNOS[fault.errno]} ({fault.strerror or os.strerror(fault.errno)})"
+  if where != "(a file)" and is_local(where):
+    probe = os.path.abspath(os.fspath(where))
+    while probe and not os.path.exists(probe):
+      probe = os.path.dirname(probe)
+    with contextlib.suppress(OSError):
+      line += f"; {_size(shutil.disk_usage(probe).free)} free on its filesystem"
+  return line
+
+
+def _size(n: float) -> str:
+  for unit in ("B", "KiB", "MiB"):
+    if n < 1024:
+      return f"{n:.1f} {unit}"
+    n /= 1024
+  return f"{n:.1f} GiB"
