@@ -1,5 +1,7 @@
-"""What every command shares: logging, loading a config file with `--config.key=value` overrides, and user
-errors (a bad config, corpus or work directory) printed as one line with exit status 2, never a traceback."""
+"""What every command shares: logging, loading a config file with `--config.key=value` overrides, and the ways a
+command ends without a traceback: user errors (a bad config, corpus or work directory) in one line with exit
+status 2; storage faults (a full disk, a read-only or forbidden path) in one line with the path, what failed and
+the free space, exit status 74 (`io.STORAGE_EXIT_CODE`); Ctrl-C outside the training loop in one line, 130."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import os
 import sys
 from collections.abc import Callable
 
+from gshard_mt import io
 from gshard_mt.errors import UserError
 
 QUIET = ("absl", "jax._src.xla_bridge", "orbax")
@@ -52,11 +55,25 @@ def parse_with_overrides(p: argparse.ArgumentParser, argv: list[str]):
 
 
 def run(main: Callable[[list[str]], object], argv: list[str] | None = None, prog: str | None = None):
-  """Runs main(argv) with logging set up; a UserError ends the program with its message and status 2."""
+  """Runs main(argv) with logging set up; a UserError ends the program with its message and status 2, a storage
+  fault with its one line and status 74, Ctrl-C with status 130."""
   setup_logging()
   quiet_tpu_host_lookup()
+  prog = prog or sys.argv[0]
   try:
     return main(sys.argv[1:] if argv is None else argv)
   except UserError as e:
-    print(f"{prog or sys.argv[0]}: error: {e}", file=sys.stderr)
+    print(f"{prog}: error: {e}", file=sys.stderr)
     sys.exit(2)
+  except KeyboardInterrupt:
+    print(f"{prog}: interrupted", file=sys.stderr)
+    sys.exit(130)
+  except BaseException as e:
+    fault = io.storage_fault(e)
+    if fault is None:
+      raise
+    print(f"{prog}: error: {io.describe_fault(fault)}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # At once: a checkpointer's or data loader's threads may still wait on the storage that failed.
+    os._exit(io.STORAGE_EXIT_CODE)

@@ -1,36 +1,48 @@
 """Orbax checkpoints of the train state and the data-iterator state, saved together, asynchronously.
 
 Restoring takes an abstract target (shapes, dtypes and shardings), so a checkpoint restores onto any mesh.
-A step directory that fails to restore (a half-written or truncated checkpoint) is skipped with a warning and
-the previous one is used. Orbax writes each step to a temporary directory and renames it when complete, so a
-killed save never appears as a step.
+A step that fails to restore (a half-written or truncated checkpoint) is skipped with a warning and the previous
+one is used; the training run moves it aside to `<step>.unreadable` (never deleting it), so that it can save that
+step again. When none restores, one line lists each step and why. Orbax writes each step to a temporary directory
+and renames it when complete, so a killed save never appears as a step; the temporaries of a failed save are
+removed.
 """
 
 from __future__ import annotations
 
 import logging
-import pathlib
 
 import jax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
+
+from gshard_mt import io
+from gshard_mt.errors import WorkdirError
 
 log = logging.getLogger(__name__)
 
+UNREADABLE = ".unreadable"
 
-class RestoreError(RuntimeError):
+
+class RestoreError(WorkdirError):
   """Checkpoints exist but none of them restores onto the target (e.g. shapes that do not match the config)."""
+
+
+def _reason(error: Exception) -> str:
+  return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
 
 
 class Checkpoints:
   """Saves every `every` steps (and on request), keeps the last `keep`."""
 
-  def __init__(self, directory: str | pathlib.Path, every: int = 1000, keep: int = 3, async_save: bool = True):
-    self.directory = pathlib.Path(directory).resolve()
+  def __init__(self, directory: io.PathLike, every: int = 1000, keep: int = 3, async_save: bool = True):
+    directory = io.path(directory)
+    self.directory = directory.resolve() if io.is_local(directory) else directory
     self.every = every
     self.manager = ocp.CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                             enable_async_checkpointing=async_save),
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
+                                             cleanup_tmp_directories=True),
         item_names=("state", "data"))
 
   def steps(self) -> list[int]:
@@ -47,28 +59,51 @@ class Checkpoints:
     return self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)), force=force)
 
-  def restore(self, abstract_state, step: int | None = None):
+  def restore(self, abstract_state, step: int | None = None, set_aside: bool = False):
     """(step, state, data_state) of `step`, else of the newest step that restores; None when there is no
-    checkpoint at all, RestoreError when there are some but none restores."""
-    candidates = [step] if step is not None else list(reversed(self.steps()))
+    checkpoint at all, RestoreError when there are some but none restores. With `set_aside`, the steps newer
+    than the one restored, which failed, are renamed `<step>.unreadable` (on process 0; every process then
+    forgets them)."""
     if step is not None and step not in self.steps():
       raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory} (have {self.steps()})")
-    error = None
-    for s in candidates:
+    failed = []
+    for s in [step] if step is not None else list(reversed(self.steps())):
       try:
         out = self.manager.restore(s, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
-        return s, out["state"], out["data"]
       except Exception as e:  # noqa: BLE001 - any unreadable step falls back to an older one
         if step is not None:
           raise
-        error = e
-        log.warning("checkpoint %s/%d cannot be restored (%s: %s); trying the previous one", self.directory, s,
-                    type(e).__name__, str(e).splitlines()[0][:200])
-    if error is not None:
-      raise RestoreError(f"no checkpoint in {self.directory} restores: {type(error).__name__}: "
-                         f"{str(error).splitlines()[0][:300]}")
+        failed.append((s, _reason(e)))
+        log.warning("checkpoint %s/%d cannot be restored (%s); trying the previous one", self.directory, s,
+                    failed[-1][1])
+        continue
+      if failed and set_aside:
+        self._set_aside([f for f, _ in failed])
+      return s, out["state"], out["data"]
+    if failed:
+      raise RestoreError(f"no checkpoint in {self.directory} restores: "
+                         + "; ".join(f"step {s}: {why}" for s, why in failed))
     return None
+
+  def _set_aside(self, steps: list[int]):
+    if jax.process_index() == 0:
+      for s in steps:
+        target = self.directory / f"{s}{UNREADABLE}"
+        n = 1
+        while target.exists():
+          target, n = self.directory / f"{s}{UNREADABLE}.{n}", n + 1
+        (self.directory / str(s)).rename(target)
+        log.warning("moved the unreadable checkpoint %s/%d aside to %s", self.directory, s, target)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices("gshard_mt: unreadable checkpoints set aside")
+    self.manager.reload()
+
+  def remove_partial(self):
+    """Removes the temporary directories of saves that did not complete (process 0)."""
+    if jax.process_index() == 0 and self.directory.exists():
+      for tmp in self.directory.glob("*.orbax-checkpoint-tmp*"):
+        io.remove_tree(tmp)
 
   def wait(self):
     self.manager.wait_until_finished()

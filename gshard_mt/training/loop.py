@@ -14,8 +14,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import pathlib
+import os
 import signal
+import sys
 import time
 
 import flax.linen as nn
@@ -26,6 +27,7 @@ from sacrebleu.metrics import BLEU, CHRF
 from tqdm import tqdm
 
 from gshard_mt import config as config_lib
+from gshard_mt import io, lock
 from gshard_mt.data import packing, pipeline
 from gshard_mt.errors import ConfigError
 from gshard_mt.evaluation import decode
@@ -166,24 +168,52 @@ class StepLogger:
 
 
 @contextlib.contextmanager
-def preemption_notice():
-  """Yields a list that becomes non-empty once the run should stop and save. One process: a SIGTERM handler.
-  Several: JAX's preemption service sees a SIGTERM on any process and names a step that every process stops at
-  (`reached`), so all of them save the same checkpoint together."""
-  flag: list = []
-  previous = None if jax.process_count() > 1 else signal.signal(signal.SIGTERM, lambda *_: flag.append(True))
+def stop_requests():
+  """Yields a list that names the signal once the run should save a checkpoint and stop: on SIGTERM (a
+  preemption) or the first Ctrl-C; a second Ctrl-C exits at once. One process: signal handlers. Several: JAX's
+  preemption service sees a SIGTERM on any process and names a step that every process stops at (`reached`), so
+  all of them save the same checkpoint together; a Ctrl-C becomes a SIGTERM to take the same path."""
+  flag, interrupts = [], []
+  several = jax.process_count() > 1
+
+  def on_sigint(*_):
+    if interrupts:
+      print("\ninterrupted again: exiting without waiting for the checkpoint", file=sys.stderr, flush=True)
+      os._exit(130)
+    interrupts.append(True)
+    log.warning("Ctrl-C: saving a checkpoint and exiting (Ctrl-C again exits at once)")
+    if several:
+      os.kill(os.getpid(), signal.SIGTERM)
+    else:
+      flag.append("Ctrl-C")
+
+  previous = {signal.SIGINT: signal.signal(signal.SIGINT, on_sigint)}
+  if not several:
+    previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, lambda *_: flag.append("SIGTERM"))
   try:
     yield flag
   finally:
-    if previous is not None:
-      signal.signal(signal.SIGTERM, previous)
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
+
+
+def close_all(*closers):
+  """Calls every closer, even after one fails; then raises the first failure."""
+  errors = []
+  for close in closers:
+    try:
+      close()
+    except Exception as e:  # noqa: BLE001 - the rest must still close
+      errors.append(e)
+  if errors:
+    raise errors[0]
 
 
 def reached_preemption_point(step: int) -> bool:
   return jax.process_count() > 1 and multihost_utils.reached_preemption_sync_point(step)
 
 
-def prepare(config, workdir: pathlib.Path) -> pipeline.Data:
+def prepare(config, workdir) -> pipeline.Data:
   """Checks and saves the config, then loads the data (process 0 first: it trains and caches the tokenizer)."""
   config_lib.validate(config, jax.device_count())
   if jax.process_index() == 0:
@@ -196,8 +226,9 @@ def prepare(config, workdir: pathlib.Path) -> pipeline.Data:
 
 
 def restore_or_init(setup: Setup, ckpts: checkpoint_lib.Checkpoints, batches, seed: int):
-  """The newest readable checkpoint (moving the batches to where it stopped), or a fresh state."""
-  restored = ckpts.restore(setup.abstract_target())
+  """The newest readable checkpoint (moving the batches to where it stopped, and the unreadable newer ones
+  aside), or a fresh state."""
+  restored = ckpts.restore(setup.abstract_target(), set_aside=True)
   if not restored:
     return setup.init_state(seed)
   step, state, data_state = restored
@@ -206,21 +237,29 @@ def restore_or_init(setup: Setup, ckpts: checkpoint_lib.Checkpoints, batches, se
   return state
 
 
-def train_and_evaluate(config, workdir: str | pathlib.Path) -> dict:
-  """Trains (resuming when the work directory has checkpoints); returns the last logged metrics."""
-  workdir = pathlib.Path(workdir)
+def train_and_evaluate(config, workdir: io.PathLike) -> dict:
+  """Trains (resuming when the work directory has checkpoints), holding the work directory's lock; returns the
+  last logged metrics."""
+  workdir = io.path(workdir)
+  with lock.hold(workdir, enabled=jax.process_index() == 0):
+    return _train(config, workdir)
+
+
+def _train(config, workdir) -> dict:
   data = prepare(config, workdir)
   setup = build(config, data.tokenizer.vocab_size)
   ckpts = checkpoint_lib.Checkpoints(workdir / "checkpoints", config.checkpoint_every, config.keep_checkpoints)
   batches = data.train_batches(config, jax.process_index(), jax.process_count())
   state = restore_or_init(setup, ckpts, batches, config.seed)
   step = start = int(jax.device_get(state.step))
+  writer = metrics_lib.Writer(workdir, enabled=jax.process_index() == 0)
+  writer.keep_until(start)  # the rows a killed run logged past its last checkpoint are logged again
   step_fn = setup.jit_train_step(Transformer(setup.model_cfg, deterministic=False), config)
   is_main = jax.process_index() == 0
   bar = tqdm(total=config.num_train_steps, initial=start, disable=not is_main, desc="train", unit="step")
   flops_per_token = tuple(metrics_lib.step_flops(state.params, config.moe.num_experts, *side)
                           for side in ((1, 0), (0, 1)))  # per source token, per target token
-  logger = StepLogger(config, metrics_lib.Writer(workdir, enabled=is_main), bar, flops_per_token, ckpts.directory)
+  logger = StepLogger(config, writer, bar, flops_per_token, ckpts.directory)
   logger.last_saved = ckpts.latest()
   if config.eval_bleu_every:  # one translator, compiled once; each evaluation gives it the current parameters
     sample = stratified_sample(data.tokens["dev"], list(data.text["dev"]), config.eval_bleu_sentences, config.seed)
@@ -235,8 +274,9 @@ def train_and_evaluate(config, workdir: str | pathlib.Path) -> dict:
     ckpts.save(step, state, {"seed": batches.seed, "next_index": next_index}, force=True)
     logger.last_saved = step
 
+  closers = (feed.close, bar.close, ckpts.wait, ckpts.close)
   try:
-    with preemption_notice() as preempted, jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+    with stop_requests() as preempted, jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
       while step < config.num_train_steps and not preempted:
         index, batch = next(feed)
         state, step_metrics = step_fn(state, batch)
@@ -244,7 +284,7 @@ def train_and_evaluate(config, workdir: str | pathlib.Path) -> dict:
         step += 1
         bar.update(1)
         if reached_preemption_point(step):
-          preempted.append(True)
+          preempted.append("SIGTERM")
         last = step == config.num_train_steps
         if step % config.log_every == 0 or last:
           logger.flush(step, batches.packing_efficiency)
@@ -259,10 +299,13 @@ def train_and_evaluate(config, workdir: str | pathlib.Path) -> dict:
         if dev:
           logger.log_dev(step, dev, time.perf_counter() - started)
       if preempted:
-        log.warning("SIGTERM: saving a checkpoint at step %d and exiting", step)
+        log.warning("%s: saving a checkpoint at step %d and exiting", preempted[0], step)
         if logger.last_saved != step:
           save(step, step)
-  finally:
-    for close in (feed.close, bar.close, ckpts.wait, ckpts.close, logger.writer.close):
-      close()
+  except BaseException:
+    with contextlib.suppress(Exception):  # the failure that stopped the run is the one to report
+      close_all(*closers)
+    ckpts.remove_partial()
+    raise
+  close_all(*closers)
   return {"step": step, **logger.last, "preempted": bool(preempted)}

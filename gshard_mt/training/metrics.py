@@ -8,10 +8,18 @@ from __future__ import annotations
 import json
 import math
 import os
-import pathlib
+import socket
+import struct
+import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from tensorboardX import summary
+from tensorboardX.proto import event_pb2
+from tensorboardX.record_writer import masked_crc32c
+
+from gshard_mt import io
 
 # Peak dense bf16 FLOP/s per device, for the MFU estimate; unknown devices (CPUs) report no MFU.
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "TPU v3": 123e12, "TPU v4": 275e12,
@@ -76,16 +84,56 @@ def mfu(flops_per_second: float, device_kind: str, num_devices: int) -> float | 
   return None
 
 
-class Writer:
-  """Appends one JSON object per logged step to workdir/metrics.jsonl and mirrors scalars to TensorBoard."""
+class EventLog:
+  """A TensorBoard event file, written through the path layer at each log step, in the caller's thread: a
+  background writer (tensorboardX's) dies on a full disk and then blocks training on its full queue."""
 
-  def __init__(self, workdir: str | pathlib.Path, enabled: bool = True):
+  def __init__(self, directory: io.PathLike):
+    directory = io.path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    self.path = directory / f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
+    self._write([event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")])
+
+  def add(self, step: int, scalars: dict[str, float], histograms: dict | None = None):
+    values = [summary.scalar(k, v) for k, v in scalars.items()]
+    values += [summary.histogram(k, np.asarray(v), "auto") for k, v in (histograms or {}).items()]
+    self._write([event_pb2.Event(wall_time=time.time(), step=int(step), summary=v) for v in values])
+
+  def _write(self, events):
+    records = []
+    for event in events:
+      data = event.SerializeToString()
+      header = struct.pack("Q", len(data))
+      records += [header, struct.pack("I", masked_crc32c(header)), data, struct.pack("I", masked_crc32c(data))]
+    io.append_bytes(self.path, b"".join(records))
+
+
+def read_jsonl(path: io.PathLike) -> list[dict]:
+  """The rows of a JSON-lines file ([] when it does not exist)."""
+  path = io.path(path)
+  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+class Writer:
+  """Appends one JSON object per logged step to workdir/metrics.jsonl (per-expert vectors to expert_load.jsonl)
+  and mirrors them to TensorBoard. Disabled on processes other than 0."""
+
+  def __init__(self, workdir: io.PathLike, enabled: bool = True):
     self.enabled = enabled
-    self.path = pathlib.Path(workdir) / "metrics.jsonl"
-    self.tb = None
-    if enabled:
-      from tensorboardX import SummaryWriter  # writes event files without TensorFlow
-      self.tb = SummaryWriter(str(pathlib.Path(workdir) / "tensorboard"))
+    self.path = io.path(workdir) / "metrics.jsonl"
+    self.vectors_path = io.path(workdir) / "expert_load.jsonl"
+    self.events = EventLog(io.path(workdir) / "tensorboard") if enabled else None
+
+  def keep_until(self, step: int):
+    """Drops the rows past `step` (a run resumed from the checkpoint of `step`, or started afresh at 0, logs them
+    again), so that each step is logged once. Each file is replaced whole, atomically."""
+    if not self.enabled:
+      return
+    for path in (self.path, self.vectors_path):
+      rows = read_jsonl(path)
+      kept = [r for r in rows if r["step"] <= step]
+      if len(kept) < len(rows):
+        io.write_atomically(path, "".join(json.dumps(r) + "\n" for r in kept))
 
   def write(self, step: int, values: dict):
     if not self.enabled:
@@ -94,23 +142,16 @@ class Writer:
     for k, v in values.items():
       v = float(v) if v is not None else None
       row[k] = None if v is not None and not math.isfinite(v) else v
-      if row[k] is not None:
-        self.tb.add_scalar(k, row[k], step)
-    with open(self.path, "a") as f:
-      f.write(json.dumps(row) + "\n")
-      f.flush()
-      os.fsync(f.fileno())
+    io.append(self.path, json.dumps(row) + "\n")
+    self.events.add(step, {k: v for k, v in row.items() if k != "step" and v is not None})
 
   def write_vectors(self, step: int, vectors: dict):
     """Appends {'step', name: [values]} to workdir/expert_load.jsonl; TensorBoard gets each as a histogram."""
     if not self.enabled or not vectors:
       return
     row = {"step": int(step)} | {k: [float(x) for x in v] for k, v in vectors.items()}
-    for k, v in vectors.items():
-      self.tb.add_histogram(k, v, step)
-    with open(self.path.with_name("expert_load.jsonl"), "a") as f:
-      f.write(json.dumps(row) + "\n")
+    io.append(self.vectors_path, json.dumps(row) + "\n")
+    self.events.add(step, {}, vectors)
 
   def close(self):
-    if self.tb is not None:
-      self.tb.close()
+    """Nothing is buffered: every row and event is on storage when its write returns."""
