@@ -53,11 +53,15 @@ def test_should_save_every_n_steps(tmp_path):
     assert ckpts.latest() is None and ckpts.restore(abstract(state(0))) is None  # nothing saved yet
 
 
-@QUIET_FAILED_READS
-def test_an_unreadable_newest_step_falls_back_with_a_warning(three_steps, caplog):
-  for path in (three_steps / "3" / "state").rglob("*"):
+def truncate(step_dir):
+  for path in (step_dir / "state").rglob("*"):
     if path.is_file():
       path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 3])
+
+
+@QUIET_FAILED_READS
+def test_an_unreadable_newest_step_falls_back_with_a_warning(three_steps, caplog):
+  truncate(three_steps / "3")
   with caplog.at_level(logging.WARNING), checkpoint_lib.Checkpoints(three_steps) as ckpts:
     step, restored, data_state = ckpts.restore(abstract(state(0)))
   assert step == 2 and data_state == {"next_index": 20} and float(restored["w"][0, 0]) == 2.0
@@ -66,12 +70,33 @@ def test_an_unreadable_newest_step_falls_back_with_a_warning(three_steps, caplog
 
 
 @QUIET_FAILED_READS
+def test_an_unreadable_step_is_set_aside_and_saved_again(three_steps):
+  truncate(three_steps / "3")
+  with checkpoint_lib.Checkpoints(three_steps, keep=2, async_save=False) as ckpts:
+    step, _, _ = ckpts.restore(abstract(state(0)), set_aside=True)
+    assert step == 2 and ckpts.steps() == [2]
+    ckpts.save(3, state(3), {"next_index": 30}, force=True)  # the step the unreadable one had
+    assert ckpts.steps() == [2, 3]
+  assert sorted(p.name for p in three_steps.iterdir() if not p.name.startswith(".")) == ["2", "3", "3.unreadable"]
+  gc.collect()
+
+
+@QUIET_FAILED_READS
 def test_no_step_restores_onto_another_shape(three_steps):
   wrong = {"step": jax.ShapeDtypeStruct((2,), jnp.int32), "w": jax.ShapeDtypeStruct((5, 3), jnp.float32)}
-  with checkpoint_lib.Checkpoints(three_steps) as ckpts, pytest.raises(checkpoint_lib.RestoreError,
-                                                                      match="no checkpoint in .* restores"):
-    ckpts.restore(wrong)
+  with checkpoint_lib.Checkpoints(three_steps) as ckpts, pytest.raises(
+      checkpoint_lib.RestoreError, match=r"no checkpoint in .* restores: step 3: \w+: .*; step 2: \w+: "):
+    ckpts.restore(wrong, set_aside=True)
+  assert sorted(p.name for p in three_steps.iterdir() if not p.name.startswith(".")) == ["2", "3"]  # none moved
   gc.collect()
+
+
+def test_the_temporaries_of_a_failed_save_are_removed(tmp_path):
+  with checkpoint_lib.Checkpoints(tmp_path) as ckpts:
+    (tmp_path / "4.orbax-checkpoint-tmp-1234").mkdir()
+    (tmp_path / "4.orbax-checkpoint-tmp-1234" / "half").write_text("x")
+    ckpts.remove_partial()
+  assert list(tmp_path.iterdir()) == []
 
 
 def test_abstract_with_shardings():

@@ -1,4 +1,8 @@
-"""What every command shares: a user error ends it with one line and status 2; anything else is a bug."""
+"""What every command shares: a user error ends it with one line and status 2, a storage fault with one line and
+status 74, Ctrl-C with one line and 130; anything else is a bug."""
+
+import errno
+import os
 
 import pytest
 
@@ -25,6 +29,34 @@ def test_other_errors_are_not_hidden():
 
   with pytest.raises(RuntimeError, match="a bug"):
     cli.run(main, [])
+
+
+@pytest.mark.parametrize("code, what", [(errno.ENOSPC, "disk full"), (errno.EROFS, "read-only file system"),
+                                        (errno.EACCES, "permission denied")])
+def test_storage_faults_end_in_one_line_with_the_free_space(code, what, tmp_path, capsys, monkeypatch):
+  exits = []
+  monkeypatch.setattr(os, "_exit", exits.append)
+  target = tmp_path / "run" / "metrics.jsonl"
+
+  def main(argv):  # as Orbax reports a failed write: the OSError two levels down, in an exception group
+    try:
+      raise OSError(code, os.strerror(code), str(target))
+    except OSError as e:
+      raise ExceptionGroup("save failed", [RuntimeError("commit failed")]) from e
+
+  cli.run(main, [], prog="tool")
+  err = capsys.readouterr().err
+  assert exits == [74] and err.count("\n") == 1
+  assert err.startswith(f"tool: error: {target}: {what} (") and " free on its filesystem" in err
+
+
+def test_ctrl_c_outside_the_loop_is_one_line(capsys):
+  def main(argv):
+    raise KeyboardInterrupt
+
+  with pytest.raises(SystemExit) as exit_info:
+    cli.run(main, [], prog="tool")
+  assert exit_info.value.code == 130 and capsys.readouterr().err == "tool: interrupted\n"
 
 
 def test_config_with_overrides(tmp_path):

@@ -47,6 +47,52 @@ def test_writer_appends_json_lines_and_drops_non_finite(tmp_path):
   writer = metrics.Writer(tmp_path)
   writer.write(1, {"loss": 2.5, "bad": float("nan")})
   writer.write(2, {"loss": 2.0})
-  writer.close()
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert rows == [{"step": 1, "loss": 2.5, "bad": None}, {"step": 2, "loss": 2.0}]
+
+
+def read_events(directory) -> list:
+  """Every event of the TensorBoard files in `directory`, each record's length and CRCs checked as TensorBoard's
+  reader checks them."""
+  import struct
+
+  from tensorboardX.proto import event_pb2
+  from tensorboardX.record_writer import masked_crc32c
+
+  events = []
+  for path in sorted(directory.iterdir()):
+    data, at = path.read_bytes(), 0
+    while at < len(data):
+      header = data[at:at + 8]
+      (length,), (header_crc,) = struct.unpack("Q", header), struct.unpack("I", data[at + 8:at + 12])
+      body = data[at + 12:at + 12 + length]
+      (body_crc,) = struct.unpack("I", data[at + 12 + length:at + 16 + length])
+      assert header_crc == masked_crc32c(header) and body_crc == masked_crc32c(body)
+      events.append(event_pb2.Event.FromString(body))
+      at += 16 + length
+  return events
+
+
+def test_tensorboard_events_are_valid_records(tmp_path):
+  writer = metrics.Writer(tmp_path)
+  writer.write(3, {"loss": 2.5, "bad": float("nan")})
+  writer.write_vectors(3, {"moe/encoder_0/load": np.array([0.25, 0.75])})
+  events = read_events(tmp_path / "tensorboard")
+  assert events[0].file_version == "brain.Event:2"
+  values = {v.tag: v for e in events[1:] for v in e.summary.value}
+  assert {e.step for e in events[1:]} == {3} and values["loss"].simple_value == 2.5 and "bad" not in values
+  assert values["moe/encoder_0/load"].histo.num == 2 and values["moe/encoder_0/load"].histo.sum == 1.0
+
+
+def test_keep_until_drops_the_rows_past_a_step(tmp_path):
+  writer = metrics.Writer(tmp_path)
+  for step in (1, 2, 3, 4):
+    writer.write(step, {"loss": float(step)})
+    writer.write_vectors(step, {"load": [0.5, 0.5]})
+  writer.write(2, {"dev_loss": 1.0})
+  writer.keep_until(2)
+  assert [r["step"] for r in metrics.read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 2]
+  assert [r["step"] for r in metrics.read_jsonl(tmp_path / "expert_load.jsonl")] == [1, 2]
+  writer.keep_until(0)  # a run that starts afresh
+  assert metrics.read_jsonl(tmp_path / "metrics.jsonl") == [] and sorted(p.name for p in tmp_path.iterdir()) == [
+      "expert_load.jsonl", "metrics.jsonl", "tensorboard"]
