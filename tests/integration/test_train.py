@@ -15,6 +15,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from gshard_mt.data import pipeline
+from gshard_mt.errors import WorkdirError
 from gshard_mt.evaluation import decode, evaluate
 from gshard_mt.training import checkpoint as checkpoint_lib
 from gshard_mt.training import loop
@@ -94,19 +95,20 @@ def test_resume_is_exact(uninterrupted, workdir):
     np.testing.assert_array_equal(a, b)
 
 
-def test_truncated_latest_checkpoint_falls_back(uninterrupted, tmp_path, caplog):
+def test_an_unreadable_checkpoint_is_set_aside_and_the_run_finishes(uninterrupted, tmp_path, caplog):
+  reference, _ = uninterrupted
   workdir = tmp_path / "copy"
-  shutil.copytree(uninterrupted[0], workdir)
+  shutil.copytree(reference, workdir)
   for path in (workdir / "checkpoints" / "6" / "state").rglob("*"):
     if path.is_file():
       path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 3])
-  config = small_config()
-  data = pipeline.load(config, workdir)
-  setup = build(config, data.tokenizer.vocab_size)
-  with caplog.at_level(logging.WARNING), checkpoint_lib.Checkpoints(workdir / "checkpoints") as ckpts:
-    step, state, data_state = ckpts.restore(setup.abstract_target())
-  assert step == 3 and data_state["next_index"] == 3 and int(state.step) == 3
-  assert "checkpoints/6 cannot be restored" in caplog.text
+  with caplog.at_level(logging.WARNING):
+    result = loop.train_and_evaluate(small_config(eval_every=6), workdir)  # resumes at 3, saves 6 again
+  assert "checkpoints/6 cannot be restored" in caplog.text and result["step"] == 6
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["3", "6", "6.unreadable"]
+  rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+  assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4, 5, 6]  # each step once
+  assert losses(workdir) == losses(reference)
 
 
 def test_nonfinite_stop_names_the_step_and_writes_no_checkpoint(workdir):
@@ -139,20 +141,49 @@ def test_target_rows_of_their_own_length(workdir):
   assert np.isfinite(result["dev_loss"])
 
 
-def test_sigterm_saves_a_checkpoint_that_resumes(workdir):
-  args = [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"), "--workdir",
-          str(workdir), *small_args(num_train_steps=10_000, checkpoint_every=10_000)]
-  proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def train_command(workdir, *before, **overrides):
+  return [sys.executable, *before, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / "tiny.py"),
+          "--workdir", str(workdir), *small_args(**overrides)]
+
+
+@pytest.mark.parametrize("signum, name", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C")])
+def test_a_signal_saves_a_checkpoint_that_resumes(workdir, signum, name):
+  proc = subprocess.Popen(train_command(workdir, num_train_steps=10_000, checkpoint_every=10_000),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   metrics = workdir / "metrics.jsonl"
   deadline = time.time() + 240
   while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
     assert proc.poll() is None, proc.stdout.read()
     time.sleep(0.5)
-  proc.send_signal(signal.SIGTERM)
+  with pytest.raises(WorkdirError, match=f"is in use by another writer: host .*, pid {proc.pid},"):
+    loop.train_and_evaluate(small_config(), workdir)  # a second writer
+  proc.send_signal(signum)
   out, _ = proc.communicate(timeout=120)
   assert proc.returncode == 0, out
-  assert "SIGTERM: saving a checkpoint" in out
+  assert f"{name}: saving a checkpoint" in out and "Traceback" not in out
   steps = [int(s) for s in os.listdir(workdir / "checkpoints")]
   assert len(steps) == 1 and steps[0] >= 3
+  if signum == signal.SIGINT:
+    return
   result = loop.train_and_evaluate(small_config(num_train_steps=steps[0] + 1, log_every=1), workdir)
   assert result["step"] == steps[0] + 1 and np.isfinite(result["loss"])
+
+
+def test_a_full_disk_ends_in_one_line_and_loses_nothing(workdir):
+  """ENOSPC on the metrics write after step 4 (injected: the write of a process with a full disk): exit 74 at
+  once with one line naming the file; the checkpoint of step 3 is intact and no temporary is left."""
+  inject = ("import errno, runpy, sys; from gshard_mt import io; append = io.append\n"
+            "def full(path, data):\n"
+            "  if 'step\": 5' in data: raise OSError(errno.ENOSPC, 'No space left on device', str(path))\n"
+            "  append(path, data)\n"
+            "io.append = full; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+  proc = subprocess.run(train_command(workdir, "-c", inject), capture_output=True, text=True, timeout=240)
+  assert proc.returncode == 74, proc.stderr
+  assert proc.stderr.splitlines()[-1].startswith(f"train.py: error: {workdir / 'metrics.jsonl'}: disk full (")
+  assert "Traceback" not in proc.stderr
+  assert [r["step"] for r in map(json.loads, open(workdir / "metrics.jsonl")) if "loss" in r] == [1, 2, 3, 4]
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["3"]
+  assert not [p for p in workdir.rglob("*") if ".tmp" in p.name or "orbax-checkpoint-tmp" in p.name]
+  _, state, _ = checkpoint_lib.Checkpoints(workdir / "checkpoints").restore(
+      build(small_config(), pipeline.load(small_config(), workdir).tokenizer.vocab_size).abstract_target())
+  assert int(state.step) == 3
