@@ -35,7 +35,8 @@ $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON_FOR_VENV) -m venv $(VENV)
 	@$(PY) tools/jax_build.py --build $(JAX_BUILD) > $(VENV)/.jax_build
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	extras=test; if [ "$$(cat $(VENV)/.jax_build)" = tpu ]; then extras=test,gcs; fi; \
+	  $(PY) -m pip install -q -e ".[$$extras]"
 	@build=$$(cat $(VENV)/.jax_build); if [ "$$build" != cpu ]; then \
 	  jax="jax[$$build]==$$($(PY) -c 'import importlib.metadata as m; print(m.version("jax"))')"; \
 	  echo "$(PY) -m pip install -q '$$jax'"; $(PY) -m pip install -q "$$jax"; fi

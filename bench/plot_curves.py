@@ -22,14 +22,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from gshard_mt import io  # noqa: E402
 from gshard_mt.tools import plot  # noqa: E402
 
 
-def dev_rows(workdir: pathlib.Path) -> list[dict]:
+def dev_rows(workdir) -> list[dict]:
   return [r for r in plot.read_jsonl(workdir / "metrics.jsonl") if r.get("dev_loss") is not None]
 
 
-def dev_bleu(workdir: pathlib.Path) -> tuple[list[tuple[int, float]], str]:
+def dev_bleu(workdir) -> tuple[list[tuple[int, float]], str]:
   """(step, average dev BLEU) of every scored checkpoint, by step, else of the greedy dev sample training logged;
   and which of the two it is."""
   scored = list(zip(*plot.dev_bleu(workdir)))
@@ -40,11 +41,12 @@ def dev_bleu(workdir: pathlib.Path) -> tuple[list[tuple[int, float]], str]:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("runs", nargs="+", type=pathlib.Path)
+  parser.add_argument("runs", nargs="+")
   parser.add_argument("--out", required=True, type=pathlib.Path)
   parser.add_argument("--title", default="")
   parser.add_argument("--no_time", action="store_true", help="no panel against wall-clock minutes")
   args = parser.parse_args()
+  args.runs = [io.path(run) for run in args.runs]  # work directories, local or in object storage
   runs = {run.name: dev_rows(run) for run in args.runs}
   # older runs did not log wall_s
   timed = not args.no_time and all("wall_s" in r for rows in runs.values() for r in rows)

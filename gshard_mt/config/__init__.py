@@ -9,15 +9,18 @@ import ast
 import difflib
 import importlib.util
 import json
+import math
+import os
 import pathlib
+import traceback
 
 import ml_collections
 
+from gshard_mt import io
 from gshard_mt.config import defaults
 from gshard_mt.data import packing
 from gshard_mt.data.corpus import SOURCES
-from gshard_mt.errors import ConfigError
-from gshard_mt.io import write_atomically
+from gshard_mt.errors import ConfigError, UserError
 from gshard_mt.model.transformer import EMBEDDING_SCHEMES
 from gshard_mt.moe.config import MoeConfig
 from gshard_mt.parallel import mesh as mesh_lib
@@ -34,19 +37,56 @@ CHOICES = {
     "partitioning": ("data", "expert", "expert_model"),
 }
 LENGTH_KEYS = ("data.max_length", "data.max_target_length")  # the row lengths of `packing.row_lengths`, in order
+POSITIVE_KEYS = ("batch_size", "num_train_steps", "log_every", "checkpoint_every", "keep_checkpoints",
+                 "model.emb_dim", "model.num_heads", "model.head_dim", "model.mlp_dim", "model.max_position",
+                 "data.max_length", "data.vocab_size", "eval_bleu_sentences")
+# Integer keys where 0 is allowed, with what 0 means.
+NONNEGATIVE_KEYS = {"data.max_target_length": "0 = data.max_length", "eval_bleu_every": "0 = never",
+                    "eval_every": "0 = never", "eval_batches": "0 = all", "optimizer.warmup_steps": "0 = none",
+                    "data.min_eval_pairs": "0 = no minimum"}
+# Float keys: a finite number (nan and inf mean nothing here) in the range its test gives.
+FLOAT_RANGES = {
+    "optimizer.learning_rate": (lambda x: x > 0, "> 0"),
+    "optimizer.grad_clip_norm": (lambda x: x >= 0, ">= 0 (0 = no clipping)"),
+    "optimizer.weight_decay": (lambda x: x >= 0, ">= 0"),
+    "optimizer.label_smoothing": (lambda x: 0 <= x < 1, "in [0, 1)"),
+    "model.dropout_rate": (lambda x: 0 <= x < 1, "in [0, 1)"),
+    "model.attention_dropout_rate": (lambda x: 0 <= x < 1, "in [0, 1)"),
+    "data.dev_fraction": (lambda x: 0 <= x < 1, "in [0, 1)"),
+    "data.test_fraction": (lambda x: 0 <= x < 1, "in [0, 1)"),
+    "data.character_coverage": (lambda x: 0 < x <= 1, "in (0, 1]"),
+}
+
+
+def _where(path: pathlib.Path, error: BaseException) -> str:
+  """`path:line` of the innermost place in the file `path` that `error` came from (just `path` if none)."""
+  here = os.path.abspath(path)
+  if isinstance(error, SyntaxError) and error.filename and os.path.abspath(error.filename) == here:
+    return f"{path}:{error.lineno}"
+  lines = [f.lineno for f in traceback.extract_tb(error.__traceback__) if os.path.abspath(f.filename) == here]
+  return f"{path}:{lines[-1]}" if lines else str(path)
+
+
+def run_file_code(path: str | pathlib.Path, function, *args, **kwargs):
+  """Calls `function`, code of the user's Python file `path`: an exception it raises becomes one line naming the
+  file, the line and the exception (`configs/x.py:12: ZeroDivisionError: division by zero`)."""
+  try:
+    return function(*args, **kwargs)
+  except UserError:
+    raise  # already one line naming what is at fault
+  except Exception as e:  # noqa: BLE001 - any error of a user's file is the user's to fix
+    detail = e.msg if isinstance(e, SyntaxError) else e  # its str() repeats the file and line
+    raise ConfigError(f"{_where(pathlib.Path(path), e)}: {type(e).__name__}: {detail}") from None
 
 
 def load_module(path: str | pathlib.Path, needs: str):
   """A Python file (a config or a sweep) as a module, which must define `needs`."""
-  path = pathlib.Path(path)
+  path = pathlib.Path(path)  # a Python file to import: local, as every import is
   if not path.is_file():
     raise ConfigError(f"{path}: file not found")
   spec = importlib.util.spec_from_file_location(f"_gshard_{path.stem}", path)
   module = importlib.util.module_from_spec(spec)
-  try:
-    spec.loader.exec_module(module)
-  except (SyntaxError, ImportError, NameError) as e:
-    raise ConfigError(f"{path}: cannot be loaded ({type(e).__name__}: {e})") from None
+  run_file_code(path, spec.loader.exec_module, module)
   if not hasattr(module, needs):
     raise ConfigError(f"{path} has no {needs}")
   return module
@@ -54,7 +94,7 @@ def load_module(path: str | pathlib.Path, needs: str):
 
 def load_file(path: str | pathlib.Path, **kwargs) -> ml_collections.ConfigDict:
   """`get_config(**kwargs)` of a config file."""
-  return load_module(path, "get_config").get_config(**kwargs)
+  return run_file_code(path, load_module(path, "get_config").get_config, **kwargs)
 
 
 def _parse_value(key: str, text: str, current):
@@ -115,21 +155,29 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
   if any(s not in SOURCES for s in sources) or len(set(sources)) != len(sources):
     raise ConfigError(f"data.source={config.data.source!r}: expected one of {SOURCES}, or several different ones "
                       "joined with '+' (e.g. 'tatoeba+multi30k')")
-  for key in ("batch_size", "num_train_steps", "log_every", "checkpoint_every", "keep_checkpoints",
-              "model.emb_dim", "model.num_heads", "model.head_dim", "model.mlp_dim", "data.max_length",
-              "data.vocab_size", "eval_bleu_sentences"):
-    if not isinstance(flat[key], int) or flat[key] <= 0:
+  for key in POSITIVE_KEYS:
+    if not _integer(flat[key]) or flat[key] <= 0:
       raise ConfigError(f"{key}={flat[key]!r}: expected a positive integer")
-  if not isinstance(config.data.max_target_length, int) or config.data.max_target_length < 0:
-    raise ConfigError(f"data.max_target_length={config.data.max_target_length!r}: expected an integer >= 0 "
-                      "(0 = data.max_length)")
-  if not isinstance(config.eval_bleu_every, int) or config.eval_bleu_every < 0:
-    raise ConfigError(f"eval_bleu_every={config.eval_bleu_every!r}: expected an integer >= 0 (0 = never)")
+  for key, zero in NONNEGATIVE_KEYS.items():
+    if not _integer(flat[key]) or flat[key] < 0:
+      raise ConfigError(f"{key}={flat[key]!r}: expected an integer >= 0 ({zero})")
+  for key, (test, expected) in FLOAT_RANGES.items():
+    value = flat[key]
+    if not _number(value) or not math.isfinite(value) or not test(value):
+      raise ConfigError(f"{key}={value!r}: expected a finite number {expected}")
   if not config.data.temperature > 0:
     raise ConfigError(f"data.temperature={config.data.temperature}: expected > 0 (inf for uniform)")
   _validate_moe(config)
   if num_devices is not None:
     _validate_mesh(config, num_devices)
+
+
+def _integer(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _validate_moe(config):
@@ -197,9 +245,9 @@ def split_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:
   return rest, overrides
 
 
-def save(config: ml_collections.ConfigDict, workdir: str | pathlib.Path):
+def save(config: ml_collections.ConfigDict, workdir: io.PathLike):
   """Writes workdir/config.json atomically; a resumed run must have the same model, moe and data keys."""
-  path = pathlib.Path(workdir) / "config.json"
+  path = io.path(workdir) / "config.json"
   if path.exists():
     # a key the run's config lacks is one added since: the run had its default's behaviour
     old = flatten(defaults.get_config()) | flatten(ml_collections.ConfigDict(json.loads(path.read_text())))
@@ -210,11 +258,11 @@ def save(config: ml_collections.ConfigDict, workdir: str | pathlib.Path):
       raise ConfigError(f"{path} was written for a different run: " + ", ".join(
           f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in changed) + "; use a new --workdir")
   path.parent.mkdir(parents=True, exist_ok=True)
-  write_atomically(path, config.to_json(indent=2))
+  io.write_atomically(path, config.to_json(indent=2))
 
 
-def load_saved(workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
-  path = pathlib.Path(workdir) / "config.json"
+def load_saved(workdir: io.PathLike) -> ml_collections.ConfigDict:
+  path = io.path(workdir) / "config.json"
   if not path.is_file():
     raise ConfigError(f"{path} not found: is {workdir} a gshard_mt work directory?")
   return ml_collections.ConfigDict(json.loads(path.read_text()))

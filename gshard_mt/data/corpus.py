@@ -24,6 +24,7 @@ import hashlib
 import pathlib
 import re
 
+from gshard_mt import io
 from gshard_mt.errors import DataError
 
 SPLITS = ("train", "dev", "test")
@@ -56,11 +57,12 @@ def language_of(stream: str) -> str:
   return stream.split(".", 1)[0]
 
 
-def read_lines(path: pathlib.Path) -> tuple[list[str], int]:
+def read_lines(path: io.PathLike) -> tuple[list[str], int]:
   """Lines of a UTF-8 text file (plain or .gz), without newlines; returns (lines, number of empty lines)."""
+  path = io.path(path)
   if not path.is_file():
     raise DataError(f"{path}: file not found")
-  raw = gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
+  raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
   lines = raw.split(b"\n")
   if lines and lines[-1] == b"":
     lines.pop()
@@ -96,9 +98,9 @@ def _clean(src, tgt, origin) -> tuple[Pairs, int]:
   return Pairs(keep_src, keep_tgt, origin), empty
 
 
-def load_folder(path: str | pathlib.Path) -> tuple[Corpus, int]:
+def load_folder(path: io.PathLike) -> tuple[Corpus, int]:
   """All `<prefix>.xx-eng.xx` + `<prefix>.xx-eng.eng` pairs in `path`; returns (corpus, empty lines skipped)."""
-  folder = pathlib.Path(path)
+  folder = io.path(path)
   if not folder.is_dir():
     raise DataError(f"{folder}: data folder not found (data.path)")
   corpus, empty = {}, 0
@@ -116,9 +118,9 @@ def load_folder(path: str | pathlib.Path) -> tuple[Corpus, int]:
   return corpus, empty
 
 
-def load_tsv(path: str | pathlib.Path) -> tuple[Corpus, int]:
+def load_tsv(path: io.PathLike) -> tuple[Corpus, int]:
   """A `lang<TAB>source<TAB>english` file; returns (corpus, empty lines skipped)."""
-  lines, _ = read_lines(pathlib.Path(path))
+  lines, _ = read_lines(path)
   by_lang: dict[str, tuple[list, list]] = {}
   empty = 0
   for number, line in enumerate(lines, start=1):

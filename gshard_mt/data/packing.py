@@ -8,13 +8,12 @@ Attention is masked to equal segment ids, so packed pairs never see each other.
 from __future__ import annotations
 
 import dataclasses
-import io
-import pathlib
+from io import BytesIO
 
 import numpy as np
 
+from gshard_mt import io
 from gshard_mt.data.tokenizer import EOS_ID
-from gshard_mt.io import write_atomically
 
 FIELDS = ("inputs", "targets")
 BATCH_KEYS = tuple(f"{f}{suffix}" for f in FIELDS for suffix in ("", "_segmentation", "_position"))
@@ -57,15 +56,17 @@ class TokenizedSplit:
       return tokens, np.concatenate([[0], np.cumsum(lengths)])
     return cls(list(languages), np.asarray(lang, np.int32), *flat(src), *flat(tgt))
 
-  def save(self, path: pathlib.Path):
+  def save(self, path: io.PathLike):
+    """Whole or not at all: the arrays are written to memory, then once to `path` (io.write_atomically)."""
     arrays = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "languages"}
-    buffer = io.BytesIO()
+    buffer = BytesIO()
     np.savez(buffer, languages=np.array(self.languages), **arrays)
-    write_atomically(path, buffer.getvalue())
+    io.write_atomically(path, buffer.getvalue())
 
   @classmethod
-  def load(cls, path: pathlib.Path):
-    with np.load(path) as z:
+  def load(cls, path: io.PathLike):
+    # NumPy opens local files only: an object's bytes are read first
+    with np.load(path if io.is_local(path) else BytesIO(io.path(path).read_bytes())) as z:
       return cls(languages=z["languages"].tolist(), **{k: z[k] for k in z.files if k != "languages"})
 
 

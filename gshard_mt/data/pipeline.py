@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import pathlib
 import queue
 import threading
 from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from gshard_mt import io
 from gshard_mt.data import corpus as corpus_lib
 from gshard_mt.data import packing, sampling
 from gshard_mt.data import tokenizer as tokenizer_lib
@@ -205,7 +205,7 @@ class Data:
                         config.data.seed, process_index, process_count)
 
 
-def load(config, workdir: str | pathlib.Path) -> Data:
+def load(config, workdir: io.PathLike) -> Data:
   """Reads the configured corpus, trains or loads the tokenizer, tokenizes (cached) and computes the rates."""
   text, info = corpus_lib.load_corpus(config.data)
   tok = tokenizer_lib.train_or_load(text["train"], workdir, config.data.vocab_size, config.data.source_tags,

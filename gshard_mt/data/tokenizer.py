@@ -10,16 +10,15 @@ characters outside the vocabulary fall back to their UTF-8 bytes (256 byte piece
 from __future__ import annotations
 
 import hashlib
-import io
 import os
-import pathlib
+from io import BytesIO
 
 import numpy as np
 import sentencepiece as spm
 
+from gshard_mt import io
 from gshard_mt.data.corpus import Corpus, language_of
 from gshard_mt.errors import DataError
-from gshard_mt.io import write_atomically
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 # Lossless: raw text in and out (no NFKC: it would turn "…" into "..." and references keep "…").
@@ -30,9 +29,10 @@ TRAINER_OPTIONS = {"byte_fallback": True, "split_digits": True, "normalization_r
 class Tokenizer:
   """Encodes and decodes with a SentencePiece model; knows the source-language tags."""
 
-  def __init__(self, model_path: str | pathlib.Path):
-    self.path = pathlib.Path(model_path)
-    self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
+  def __init__(self, model_path: io.PathLike):
+    self.path = io.path(model_path)
+    # from bytes: the model may be in object storage, which SentencePiece cannot open
+    self.sp = spm.SentencePieceProcessor(model_proto=self.path.read_bytes())
 
   @property
   def vocab_size(self) -> int:
@@ -56,7 +56,7 @@ class Tokenizer:
     return self.sp.decode([i for i in ids if i != PAD_ID and not self.sp.is_control(i)])
 
 
-def train_or_load(train: Corpus, workdir: str | pathlib.Path, vocab_size: int, source_tags: bool,
+def train_or_load(train: Corpus, workdir: io.PathLike, vocab_size: int, source_tags: bool,
                   character_coverage: float = 0.9995, max_sentences: int = 1_000_000) -> Tokenizer:
   """The cached tokenizer for this training data and settings, training it first when missing."""
   languages = sorted(train)
@@ -64,11 +64,11 @@ def train_or_load(train: Corpus, workdir: str | pathlib.Path, vocab_size: int, s
   text = "".join(s + "\n" + t + "\n" for lang in languages for s, t in zip(train[lang].src, train[lang].tgt))
   settings = f"{vocab_size}|{character_coverage}|{tags}|{TRAINER_OPTIONS}|"
   key = hashlib.sha256(settings.encode() + text.encode()).hexdigest()[:12]
-  model_path = pathlib.Path(workdir) / "tokenizer" / f"spm-{vocab_size}-{key}.model"
+  model_path = io.path(workdir) / "tokenizer" / f"spm-{vocab_size}-{key}.model"
   if model_path.exists():
     return Tokenizer(model_path)
   model_path.parent.mkdir(parents=True, exist_ok=True)
-  model = io.BytesIO()
+  model = BytesIO()
   try:
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(text.splitlines()), model_writer=model, model_type="unigram",
@@ -82,5 +82,5 @@ def train_or_load(train: Corpus, workdir: str | pathlib.Path, vocab_size: int, s
       raise DataError(f"data.vocab_size={vocab_size} is smaller than the characters this data needs; raise it or "
                       f"lower data.character_coverage={character_coverage}: {e}") from None
     raise
-  write_atomically(model_path, model.getvalue())
+  io.write_atomically(model_path, model.getvalue())
   return Tokenizer(model_path)

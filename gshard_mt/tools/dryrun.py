@@ -29,11 +29,10 @@ import re
 import sys
 import time
 
-from gshard_mt import cli
+from gshard_mt import cli, io
 from gshard_mt import config as config_lib
 from gshard_mt.data.packing import BATCH_KEYS, FIELDS, row_lengths
 from gshard_mt.errors import ConfigError, UserError
-from gshard_mt.io import write_atomically
 
 NO_CPU_ALL_TO_ALL_DECOMPOSER = "--xla_disable_hlo_passes=all_to_all_decomposer"
 
@@ -305,10 +304,11 @@ def plan(config_path: str, overrides: dict, topology: str | None = None, num_dev
   return report
 
 
-def write(report: dict, config_path: str, out: pathlib.Path):
+def write(report: dict, config_path: str, out: io.PathLike):
+  out = io.path(out)
   out.mkdir(parents=True, exist_ok=True)
-  write_atomically(out / "dryrun.json", json.dumps(report, indent=2))
-  write_atomically(out / "dryrun.md", markdown(report, config_path))
+  io.write_atomically(out / "dryrun.json", json.dumps(report, indent=2))
+  io.write_atomically(out / "dryrun.md", markdown(report, config_path))
 
 
 def main(argv):
@@ -329,10 +329,10 @@ def main(argv):
   parsed = parser.parse_args(args)
   for key, value in parse_mesh(parsed.mesh).items():
     overrides[f"mesh.{key}"] = str(value)
+  name = (parsed.topology or str(parsed.devices)).replace(":", "-")
+  out = io.path(parsed.out or f"runs/dryrun/{pathlib.Path(parsed.config).stem}-{name}")  # its scheme: before compiling
   report = plan(parsed.config, overrides, parsed.topology, parsed.devices, parsed.hbm_gib, not parsed.no_step_time,
                 cpu_all_to_all=parsed.cpu_all_to_all)
-  name = (parsed.topology or str(parsed.devices)).replace(":", "-")
-  out = pathlib.Path(parsed.out or f"runs/dryrun/{pathlib.Path(parsed.config).stem}-{name}")
   write(report, parsed.config, out)
   print(markdown(report, parsed.config))
   print(f"wrote {out}/dryrun.json and dryrun.md")

@@ -19,17 +19,19 @@ from __future__ import annotations
 import csv
 import json
 import math
-import pathlib
+from io import BytesIO, StringIO
 
 import numpy as np
+from etils import epath
 
-from gshard_mt import cli
+from gshard_mt import cli, io
 from gshard_mt import config as config_lib
 from gshard_mt.config import defaults
 from gshard_mt.errors import WorkdirError
 
 
-def read_jsonl(path: pathlib.Path) -> list[dict]:
+def read_jsonl(path: io.PathLike) -> list[dict]:
+  path = io.path(path)
   return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
@@ -39,14 +41,14 @@ def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
   return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def dev_bleu(workdir: pathlib.Path) -> tuple[list[int], list[float]]:
+def dev_bleu(workdir: epath.Path) -> tuple[list[int], list[float]]:
   """(steps, average BLEU) of the single-checkpoint dev evaluations (eval/dev-<step>/scores.json)."""
   scores = sorted((json.loads(p.read_text()) for p in (workdir / "eval").glob("dev-*/scores.json")
                    if p.parent.name.split("-")[1].isdigit()), key=lambda s: s["step"])
   return [s["step"] for s in scores], [s["average"]["bleu"] for s in scores]
 
 
-def plot_training(workdir: pathlib.Path, rows: list[dict], plt) -> pathlib.Path:
+def plot_training(workdir: epath.Path, rows: list[dict], plt) -> epath.Path:
   fig, axes = plt.subplots(1, 4, figsize=(18, 3.8))
   axes[0].plot(*series(rows, "loss"), label="training loss (label-smoothed)")
   axes[0].plot(*series(rows, "dev_loss"), marker="o", label="dev loss (NLL)")
@@ -75,10 +77,10 @@ def plot_training(workdir: pathlib.Path, rows: list[dict], plt) -> pathlib.Path:
     ax.grid(alpha=0.3)
   fig.suptitle(str(workdir))
   fig.tight_layout()
-  return _save(fig, workdir / "training.png", plt)
+  return save_figure(fig, workdir / "training.png", plt)
 
 
-def plot_routing(workdir: pathlib.Path, rows: list[dict], loads: list[dict], plt) -> pathlib.Path | None:
+def plot_routing(workdir: epath.Path, rows: list[dict], loads: list[dict], plt) -> epath.Path | None:
   layers = sorted({k[: -len("/load")] for r in loads for k in r if k.endswith("/load")},
                   key=lambda name: ("decoder" in name, name))  # encoder layers first
   if not layers:
@@ -100,10 +102,10 @@ def plot_routing(workdir: pathlib.Path, rows: list[dict], loads: list[dict], plt
     drops.grid(alpha=0.3)
     drops.legend(fontsize=8)
   fig.tight_layout()
-  return _save(fig, workdir / "routing.png", plt)
+  return save_figure(fig, workdir / "routing.png", plt)
 
 
-def read_results(path: pathlib.Path) -> list[dict]:
+def read_results(path: epath.Path) -> list[dict]:
   """The rows of a sweep's results.csv, numbers as floats (names stay text) and empty cells as None."""
 
   def value(text: str):
@@ -114,8 +116,8 @@ def read_results(path: pathlib.Path) -> list[dict]:
     except ValueError:
       return text
 
-  with open(path, newline="") as f:
-    return [{k: v if k == "name" else value(v) for k, v in row.items()} for row in csv.DictReader(f)]
+  return [{k: v if k == "name" else value(v) for k, v in row.items()}
+          for row in csv.DictReader(StringIO(path.read_text()))]
 
 
 def swept_key(rows: list[dict]) -> str | None:
@@ -134,7 +136,7 @@ def _number(value) -> bool:
   return isinstance(value, float) and math.isfinite(value)
 
 
-def plot_sweep(root: pathlib.Path, plt) -> pathlib.Path:
+def plot_sweep(root: epath.Path, plt) -> epath.Path:
   """results.png beside a sweep's results.csv: dev loss and, when any point was evaluated, BLEU per point."""
   rows = read_results(root / "results.csv")
   key = swept_key(rows)
@@ -176,18 +178,19 @@ def plot_sweep(root: pathlib.Path, plt) -> pathlib.Path:
     axes[1].set(title="average BLEU (eval.py)", xticks=[], yticks=[])
   fig.suptitle(f"{root}: " + (f"sweep over {key}" if key else f"{len(rows)} sweep points"))
   fig.tight_layout()
-  return _save(fig, root / "results.png", plt)
+  return save_figure(fig, root / "results.png", plt)
 
 
-def _save(fig, path: pathlib.Path, plt) -> pathlib.Path:
-  tmp = path.with_name(f".{path.name}.tmp.png")  # atomic: a half-written picture never has the final name
-  fig.savefig(tmp, dpi=100)
+def save_figure(fig, path: epath.Path, plt, dpi: int = 100) -> epath.Path:
+  """Writes a picture whole (io.write_atomically: a half-written one never has the final name) and closes it."""
+  image = BytesIO()
+  fig.savefig(image, format=path.suffix[1:], dpi=dpi)
   plt.close(fig)
-  tmp.replace(path)
+  io.write_atomically(path, image.getvalue())
   return path
 
 
-def plot_run(workdir) -> list[pathlib.Path]:
+def plot_run(workdir: io.PathLike) -> list[epath.Path]:
   """Writes training.png (and routing.png for a MoE model) into a work directory, or results.png into a sweep's
   root directory; returns their paths."""
   import matplotlib
@@ -195,7 +198,7 @@ def plot_run(workdir) -> list[pathlib.Path]:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  workdir = pathlib.Path(workdir)
+  workdir = io.path(workdir)
   rows = read_jsonl(workdir / "metrics.jsonl")
   if not rows and (workdir / "results.csv").exists():
     return [plot_sweep(workdir, plt)]

@@ -16,9 +16,9 @@ delta_bleu.png and experts.png. Finished points are not trained or decoded again
 from __future__ import annotations
 
 import json
-import pathlib
 
 import numpy as np
+from etils import epath
 
 from gshard_mt import cli
 from gshard_mt import config as config_lib
@@ -26,12 +26,12 @@ from gshard_mt.data.corpus import language_of
 from gshard_mt.errors import WorkdirError
 from gshard_mt.io import write_atomically
 from gshard_mt.tools import sweep as sweep_lib
-from gshard_mt.tools.plot import read_jsonl
+from gshard_mt.tools.plot import read_jsonl, save_figure
 
 ROUTING_KEYS = ("load_cv", "load_min", "load_max", "top1_dropped", "top2_dropped")
 
 
-def best_step(workdir: pathlib.Path) -> int:
+def best_step(workdir: epath.Path) -> int:
   """The checkpointed step with the lowest dev loss (early stopping, the same rule for every point)."""
   saved = {int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()}
   dev = [(r["dev_loss"], r["step"]) for r in read_jsonl(workdir / "metrics.jsonl") if "dev_loss" in r]
@@ -41,7 +41,7 @@ def best_step(workdir: pathlib.Path) -> int:
   return min(scored)[1]
 
 
-def test_scores(workdir: pathlib.Path, step: int) -> dict | None:
+def test_scores(workdir: epath.Path, step: int) -> dict | None:
   path = workdir / "eval" / f"test-{step}" / "scores.json"
   return json.loads(path.read_text()) if path.exists() else None
 
@@ -55,7 +55,7 @@ def routing(rows: list[dict], tail: float = 0.25) -> dict[str, dict[str, float]]
           for layer in layers}
 
 
-def summarize(workdir: pathlib.Path, point: dict) -> dict:
+def summarize(workdir: epath.Path, point: dict) -> dict:
   """One point: its kind, experts, best step, dev loss, tokens/s, routing and per-stream test scores."""
   config = config_lib.load_saved(workdir)
   rows = read_jsonl(workdir / "metrics.jsonl")
@@ -142,7 +142,7 @@ def markdown(points: list[dict], table: list[dict]) -> str:
   return "\n".join(lines)
 
 
-def plot(points: list[dict], table: list[dict], root: pathlib.Path) -> list[pathlib.Path]:
+def plot(points: list[dict], table: list[dict], root: epath.Path) -> list[epath.Path]:
   import matplotlib
 
   matplotlib.use("Agg")
@@ -164,9 +164,7 @@ def plot(points: list[dict], table: list[dict], root: pathlib.Path) -> list[path
     axes[0].legend(fontsize=8)
     axes[1].set_xticks(range(len(table)), [f"{r['stream']}\n{r['train_pairs']:,} pairs" for r in table], fontsize=8)
     fig.tight_layout()
-    paths.append(root / "delta_bleu.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(save_figure(fig, root / "delta_bleu.png", plt, dpi=110))
   panels = (("average_bleu", "average test BLEU, all streams"), ("average_chrf", "average test chrF++"),
             ("dev_loss", "best dev loss (NLL)"), ("tokens_per_s", "training tokens/s"))
   fig, axes = plt.subplots(1, len(panels), figsize=(18, 3.8))
@@ -177,20 +175,18 @@ def plot(points: list[dict], table: list[dict], root: pathlib.Path) -> list[path
     ax.tick_params(axis="x", labelrotation=30)
     ax.grid(alpha=0.3)
   fig.tight_layout()
-  paths.append(root / "experts.png")
-  fig.savefig(paths[-1], dpi=110)
-  plt.close(fig)
+  paths.append(save_figure(fig, root / "experts.png", plt, dpi=110))
   return paths
 
 
-def trained(workdir: pathlib.Path) -> bool:
+def trained(workdir: epath.Path) -> bool:
   """Whether the point's run has its last checkpoint."""
   if not (workdir / "config.json").exists():
     return False
   return (workdir / "checkpoints" / str(config_lib.load_saved(workdir).num_train_steps)).exists()
 
 
-def run_point(base: str, workdir: pathlib.Path, point: dict, extra: list[str], log: pathlib.Path | None = None):
+def run_point(base: str, workdir: epath.Path, point: dict, extra: list[str], log: epath.Path | None = None):
   """Trains the point (resuming where it stopped) and decodes its best checkpoint's test split once."""
   if not trained(workdir):
     sweep_lib.run(sweep_lib.command(base, workdir, point, extra), point["name"], log)

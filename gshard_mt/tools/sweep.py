@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
 import json
 import math
 import os
@@ -24,11 +23,14 @@ import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from io import StringIO
 
-from gshard_mt import cli
+from etils import epath
+
+from gshard_mt import cli, io
 from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError
-from gshard_mt.io import write_atomically
+from gshard_mt.tools import plot
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -36,7 +38,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def load_sweep(path: pathlib.Path) -> tuple[str, list[dict]]:
   """(the base config file, the points) of a sweep file, each point's overrides checked against the base."""
   module = config_lib.load_module(path, "get_sweep")
-  points = module.get_sweep()
+  points = config_lib.run_file_code(path, module.get_sweep)
   names = [p.get("name") for p in points]
   if None in names or len(set(names)) != len(names):
     raise ConfigError(f"{path}: every sweep point needs a unique 'name', got {names}")
@@ -49,21 +51,20 @@ def _text(value) -> str:
   return "inf" if isinstance(value, float) and math.isinf(value) else str(value)
 
 
-def command(base: str, workdir: pathlib.Path, point: dict, extra: list[str]) -> list[str]:
+def command(base: str, workdir: epath.Path, point: dict, extra: list[str]) -> list[str]:
   overrides = [f"--config.{k}={_text(v)}" for k, v in point.items() if k != "name"]
   return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / base), "--workdir", str(workdir),
           *overrides, *extra]
 
 
-def summarize(workdir: pathlib.Path, point: dict) -> dict:
+def summarize(workdir: epath.Path, point: dict) -> dict:
   """Parameters, final dev loss, tokens/s and (if evaluated) average BLEU of one finished point."""
   from gshard_mt.model.transformer import count_params
 
   row = {"name": point["name"], **{k: v for k, v in point.items() if k != "name"}}
   config = config_lib.load_saved(workdir)
   row["parameters"] = count_params(config)
-  metrics = [json.loads(line) for line in open(workdir / "metrics.jsonl")] if (
-      workdir / "metrics.jsonl").exists() else []
+  metrics = plot.read_jsonl(workdir / "metrics.jsonl")
   dev = [m for m in metrics if "dev_loss" in m]
   train_rows = [m for m in metrics if "tokens_per_s" in m]
   row["step"] = max((m["step"] for m in metrics), default=0)
@@ -76,29 +77,30 @@ def summarize(workdir: pathlib.Path, point: dict) -> dict:
   return row
 
 
-def write_tables(rows: list[dict], root: pathlib.Path):
+def write_tables(rows: list[dict], root: epath.Path):
   keys = list(dict.fromkeys(k for r in rows for k in r))
-  table = io.StringIO(newline="")
+  table = StringIO(newline="")
   writer = csv.DictWriter(table, keys)
   writer.writeheader()
   writer.writerows(rows)
-  write_atomically(root / "results.csv", table.getvalue())
+  io.write_atomically(root / "results.csv", table.getvalue())
   fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
   lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
   lines += ["| " + " | ".join(fmt(r.get(k)) for k in keys) + " |" for r in rows]
-  write_atomically(root / "results.md", "\n".join(lines) + "\n")
+  io.write_atomically(root / "results.md", "\n".join(lines) + "\n")
   return "\n".join(lines)
 
 
-def eval_command(workdir: pathlib.Path, *args: str) -> list[str]:
+def eval_command(workdir: epath.Path, *args: str) -> list[str]:
   """eval.py on a point's work directory (test split unless `args` say otherwise)."""
   return [sys.executable, str(ROOT / "eval.py"), "--workdir", str(workdir), *args]
 
 
-def run(cmd: list[str], name: str, log: pathlib.Path | None = None):
+def run(cmd: list[str], name: str, log: epath.Path | None = None):
   """Runs one command of a point. With a `log` (points running at once), its output is appended there, after the
   same header line the terminal gets, and the process allocates accelerator memory as it needs it rather than
-  JAX's 75% of it (unless the environment says otherwise)."""
+  JAX's 75% of it (unless the environment says otherwise). A log in object storage, which has no append, gets
+  the output when the command ends."""
   header = f"== {name}: {shlex.join(cmd)}"
   sys.stdout.write(header + (f" (output: {log})" if log else "") + "\n")  # one write: threads do not interleave it
   sys.stdout.flush()
@@ -106,14 +108,18 @@ def run(cmd: list[str], name: str, log: pathlib.Path | None = None):
     subprocess.run(cmd, check=True)
     return
   log.parent.mkdir(parents=True, exist_ok=True)
-  with open(log, "a") as out:
-    out.write(header + "\n")
-    out.flush()
-    subprocess.run(cmd, check=True, stdout=out, stderr=subprocess.STDOUT,
-                   env={"XLA_PYTHON_CLIENT_PREALLOCATE": "false", **os.environ})
+  io.append(log, header + "\n")
+  env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", **os.environ}
+  if io.is_local(log):
+    with log.open("a") as out:
+      subprocess.run(cmd, check=True, stdout=out, stderr=subprocess.STDOUT, env=env)
+    return
+  done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+  io.append(log, done.stdout)
+  done.check_returncode()
 
 
-def run_points(points: list[dict], run_point: Callable[[dict, pathlib.Path | None], None], root: pathlib.Path,
+def run_points(points: list[dict], run_point: Callable[[dict, epath.Path | None], None], root: epath.Path,
                jobs: int):
   """`run_point(point, log)` for every point, `jobs` at a time, each logging to <root>/<point>/sweep.log when more
   than one runs (their processes share the accelerators; GPUs and CPUs allow that, a TPU host one process only).
@@ -160,7 +166,7 @@ def parse(p: argparse.ArgumentParser, argv: list[str]):
     raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
   sweep = pathlib.Path(args.sweep)
   base, points = load_sweep(sweep)
-  return args, base, points, pathlib.Path(args.root or ROOT / "runs" / "sweeps" / sweep.stem), extra
+  return args, base, points, io.path(args.root or ROOT / "runs" / "sweeps" / sweep.stem), extra
 
 
 def main(argv):
@@ -173,7 +179,7 @@ def main(argv):
       print(shlex.join(command(base, root / point["name"], point, extra)))
     return
 
-  def run_point(point: dict, log: pathlib.Path | None):
+  def run_point(point: dict, log: epath.Path | None):
     workdir = root / point["name"]
     run(command(base, workdir, point, extra), point["name"], log)
     if args.eval:
@@ -184,8 +190,6 @@ def main(argv):
   if rows:
     root.mkdir(parents=True, exist_ok=True)
     print(write_tables(rows, root))
-    from gshard_mt.tools import plot  # matplotlib: only once there is something to draw
-
     print(f"wrote {root}/results.csv, results.md and {plot.plot_run(root)[0].name}")
 
 

@@ -39,6 +39,15 @@ def test_split_overrides():
     ({"moe.num_experts": "1"}, "at least 2 experts"),
     ({"batch_size": "0"}, "batch_size=0: expected a positive integer"),
     ({"data.temperature": "0.0"}, "data.temperature"),
+    ({"optimizer.learning_rate": "nan"}, r"optimizer.learning_rate=nan: expected a finite number > 0"),
+    ({"optimizer.learning_rate": "inf"}, r"optimizer.learning_rate=inf: expected a finite number > 0"),
+    ({"optimizer.learning_rate": "0"}, r"optimizer.learning_rate=0.0: expected a finite number > 0"),
+    ({"optimizer.grad_clip_norm": "-1"}, r"optimizer.grad_clip_norm=-1.0: expected a finite number >= 0"),
+    ({"optimizer.label_smoothing": "1"}, r"optimizer.label_smoothing=1.0: expected a finite number in \[0, 1\)"),
+    ({"model.dropout_rate": "nan"}, r"model.dropout_rate=nan: expected a finite number in \[0, 1\)"),
+    ({"data.character_coverage": "0"}, r"data.character_coverage=0.0: expected a finite number in \(0, 1\]"),
+    ({"optimizer.warmup_steps": "-1"}, r"optimizer.warmup_steps=-1: expected an integer >= 0 \(0 = none\)"),
+    ({"eval_every": "-5"}, r"eval_every=-5: expected an integer >= 0 \(0 = never\)"),
 ])
 def test_validation_errors(overrides, message):
   with pytest.raises(ConfigError, match=message):
@@ -75,6 +84,21 @@ def test_a_key_added_since_a_run_started_resumes_at_its_default(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps(old))
   with pytest.raises(ConfigError, match="data.max_target_length: 0 -> 16; use a new --workdir"):
     config_lib.save(small_config(**{"data.max_target_length": 16}), tmp_path)
+
+
+@pytest.mark.parametrize("text, line, error", [
+    ("def get_config():\n  return 1 / 0\n", 2, "ZeroDivisionError: division by zero"),  # in get_config()
+    ("import math\nSCALE = math.sqrt(-1)\n", 2, "ValueError: math domain error"),  # as the file is run
+    ("def get_config(:\n  pass\n", 1, "SyntaxError: "),
+    ("import ml_collections\n\ndef get_config():\n  return ml_collections.ConfigDict().nope\n", 4,
+     "AttributeError: "),  # raised in another module, at this file's line
+])
+def test_a_config_file_that_raises_is_one_line_naming_its_line(tmp_path, text, line, error):
+  path = tmp_path / "broken.py"
+  path.write_text(text)
+  with pytest.raises(ConfigError) as raised:
+    config_lib.load(path)
+  assert str(raised.value).startswith(f"{path}:{line}: {error}") and "\n" not in str(raised.value)
 
 
 def test_missing_config_file():

@@ -25,7 +25,7 @@ def fake_run(tmp_path, layers=("moe/encoder_0", "moe/decoder_0"), E=4):
 def test_writes_both_pictures(tmp_path):
   written = plot.plot_run(fake_run(tmp_path))
   assert [p.name for p in written] == ["training.png", "routing.png"]
-  assert all(p.stat().st_size > 10_000 for p in written) and not list(tmp_path.glob(".*tmp*"))
+  assert all(p.stat().length > 10_000 for p in written) and not list(tmp_path.glob(".*tmp*"))
 
 
 def test_a_dense_run_has_no_routing_picture(tmp_path):
@@ -74,4 +74,4 @@ def test_sweep_picture_from_results_csv(tmp_path):
     [{"name": f"policy_{p}", "moe.second_expert_policy": p, "dev_loss": 3.0} for p in ("all", "random")],
     [{"name": "only", "moe.num_experts": 4, "dev_loss": None}]])
 def test_sweep_picture_of_categories_and_unfinished_points(tmp_path, rows):
-  assert plot.plot_run(fake_sweep(tmp_path, rows))[0].stat().st_size > 10_000
+  assert plot.plot_run(fake_sweep(tmp_path, rows))[0].stat().length > 10_000
