@@ -9,6 +9,7 @@ import argparse
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable
 
 from gshard_mt import io
@@ -20,9 +21,15 @@ TPU_HOST_VARIABLES = {"TPU_WORKER_HOSTNAMES": "localhost", "TPU_ACCELERATOR_TYPE
 
 
 def setup_logging():
+  """INFO logging; the reports of a storage fault by the threads of Orbax and TensorStore (tracebacks, logged
+  and unhandled) are left out: the command ends with its own one line about it."""
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
   for name in QUIET:
     logging.getLogger(name).setLevel(logging.WARNING)
+  for handler in logging.getLogger().handlers:
+    handler.addFilter(lambda record: not (record.exc_info and io.storage_fault(record.exc_info[1])))
+  report = threading.excepthook
+  threading.excepthook = lambda args: None if io.storage_fault(args.exc_value) else report(args)
 
 
 def quiet_tpu_host_lookup():

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import importlib.util
 import os
+import re
 import shutil
 
 from etils import epath
@@ -24,6 +25,8 @@ BACKENDS = {"gs": ("gcsfs", "pip install -e '.[gcs]' (gcsfs)"), "s3": ("s3fs", "
 # The errors of storage rather than of the program: they end a command with one line and STORAGE_EXIT_CODE.
 STORAGE_ERRNOS = {errno.ENOSPC: "disk full", errno.EDQUOT: "quota exceeded", errno.EROFS: "read-only file system",
                   errno.EACCES: "permission denied", errno.EPERM: "operation not permitted"}
+TENSORSTORE_ERRNOS = {"RESOURCE_EXHAUSTED": errno.ENOSPC, "PERMISSION_DENIED": errno.EACCES}
+TENSORSTORE_FAULT = re.compile(r'(?P<status>RESOURCE_EXHAUSTED|PERMISSION_DENIED): .*? at local file "(?P<file>[^"]+)"')
 STORAGE_EXIT_CODE = 74  # sysexits.h EX_IOERR: a fault of the storage, not of the input (which exits 2)
 
 PathLike = str | os.PathLike
@@ -140,19 +143,32 @@ def check_writable(directory: PathLike, what: str = "output directory") -> epath
   return directory
 
 
+def _tensorstore_fault(error: BaseException) -> OSError | None:
+  """TensorStore, which writes Orbax's arrays, reports a failed write as a ValueError carrying an absl status
+  code and the file: the OSError it stands for."""
+  match = TENSORSTORE_FAULT.match(str(error)) if isinstance(error, ValueError) else None
+  if match is None:
+    return None
+  code = TENSORSTORE_ERRNOS[match["status"]]
+  return OSError(code, os.strerror(code), match["file"])
+
+
 def storage_fault(error: BaseException) -> OSError | None:
   """The storage fault (ENOSPC, EDQUOT, EROFS, EACCES, EPERM) behind `error`, following causes, contexts and
-  exception groups (Orbax and thread pools wrap the OSError of a failed write); None when there is none."""
-  seen, todo = set(), [error]
+  exception groups (Orbax and thread pools wrap the OSError of a failed write); None when there is none. A fault
+  that names its file is preferred to one that does not."""
+  seen, todo, found = set(), [error], []
   while todo:
     e = todo.pop()
     if e is None or id(e) in seen:
       continue
     seen.add(id(e))
     if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
-      return e
+      found.append(e)
+    elif (fault := _tensorstore_fault(e)) is not None:
+      found.append(fault)
     todo += [e.__cause__, e.__context__] + list(getattr(e, "exceptions", ()))
-  return None
+  return max(found, key=lambda e: e.filename is not None, default=None)
 
 
 def describe_fault(fault: OSError) -> str:

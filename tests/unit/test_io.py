@@ -36,3 +36,21 @@ def test_directory_atomically_leaves_the_old_one_on_an_error(tmp_path):
     raise RuntimeError("killed")
   assert (path / "model").read_text() == "old"
   assert [p.name for p in tmp_path.iterdir()] == ["tokenizer"]
+
+
+def test_storage_faults_behind_wrappers_and_tensorstore():
+  import errno
+
+  try:
+    try:
+      raise OSError(errno.ENOSPC, "No space left on device")  # no file: the one with a file is preferred
+    except OSError as e:
+      raise ValueError('RESOURCE_EXHAUSTED: Error writing "x/0" in OCDBT database at local file "/ck/5.tmp/": '
+                       'Failed writing') from e
+  except ValueError as e:
+    fault = io.storage_fault(e)
+  assert fault.errno == errno.ENOSPC and fault.filename == "/ck/5.tmp/"
+  assert io.storage_fault(ValueError("INVALID_ARGUMENT: bad shape")) is None
+  assert io.storage_fault(OSError(errno.ENOENT, "missing", "f")) is None  # not a storage fault: a bug or bad input
+  assert io.describe_fault(OSError(errno.EROFS, "Read-only file system", "/no/such/dir/f")).startswith(
+      "/no/such/dir/f: read-only file system (Read-only file system); ")
