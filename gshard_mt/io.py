@@ -60,17 +60,29 @@ def _temporary(target: epath.Path, kind: str) -> epath.Path:
   return target.with_name(f".{target.name}.{kind}{os.getpid()}")
 
 
+@contextlib.contextmanager
+def _naming(target: epath.Path):
+  """A write's OSError names the file it was writing (a full disk fails `write`, which names none)."""
+  try:
+    yield
+  except OSError as e:
+    if e.filename is None and e.errno is not None:
+      raise OSError(e.errno, e.strerror, os.fspath(target)) from e
+    raise
+
+
 def write_atomically(target: PathLike, data: str | bytes) -> None:
   """Writes `data` to a temporary name beside `target`, then renames it over `target` (atomic on one local
   filesystem; a single object write on object storage). On any error the temporary is removed."""
   target = path(target)
   tmp = _temporary(target, "tmp")
   try:
-    if isinstance(data, bytes):
-      tmp.write_bytes(data)
-    else:
-      tmp.write_text(data)
-    tmp.replace(target)
+    with _naming(target):
+      if isinstance(data, bytes):
+        tmp.write_bytes(data)
+      else:
+        tmp.write_text(data)
+      tmp.replace(target)
   except BaseException:
     with contextlib.suppress(OSError):
       tmp.unlink(missing_ok=True)
@@ -82,7 +94,7 @@ def append(target: PathLike, data: str) -> None:
   (the files appended to, metrics and event logs, stay small)."""
   target = path(target)
   if is_local(target):
-    with open(target, "a") as f:
+    with _naming(target), open(target, "a") as f:
       f.write(data)
       f.flush()
       os.fsync(f.fileno())
@@ -94,7 +106,7 @@ def append_bytes(target: PathLike, data: bytes) -> None:
   """`append` for binary files (TensorBoard's event records)."""
   target = path(target)
   if is_local(target):
-    with open(target, "ab") as f:
+    with _naming(target), open(target, "ab") as f:
       f.write(data)
       f.flush()
   else:
