@@ -19,9 +19,11 @@ from etils import epath
 
 from gshard_mt.errors import UserError
 
-# What each object-storage scheme needs installed for epath to open it (its fsspec backend, or TensorFlow).
-BACKENDS = {"gs": ("gcsfs", "pip install -e '.[gcs]' (gcsfs)"), "s3": ("s3fs", "pip install s3fs"),
-            "az": ("adlfs", "pip install adlfs"), "hf": ("huggingface_hub", "pip install huggingface_hub")}
+# What each object-storage scheme needs installed: epath's fsspec backend, and for gs:// the client Orbax asks
+# about the bucket's layout.
+BACKENDS = {"gs": (("gcsfs", "google.cloud.storage"), "pip install -e '.[gcs]' (gcsfs, google-cloud-storage)"),
+            "s3": (("s3fs",), "pip install s3fs"), "az": (("adlfs",), "pip install adlfs"),
+            "hf": (("huggingface_hub",), "pip install huggingface_hub")}
 # The errors of storage rather than of the program: they end a command with one line and STORAGE_EXIT_CODE.
 STORAGE_ERRNOS = {errno.ENOSPC: "disk full", errno.EDQUOT: "quota exceeded", errno.EROFS: "read-only file system",
                   errno.EACCES: "permission denied", errno.EPERM: "operation not permitted"}
@@ -46,10 +48,17 @@ def path(p: PathLike) -> epath.Path:
     if name not in BACKENDS:
       raise UserError(f"{os.fspath(p)}: unknown storage scheme '{name}://' (local paths, "
                       + ", ".join(f"{s}://" for s in BACKENDS) + ")")
-    module, install = BACKENDS[name]
-    if importlib.util.find_spec(module) is None and importlib.util.find_spec("tensorflow") is None:
+    modules, install = BACKENDS[name]
+    if not all(_installed(m) for m in modules):
       raise UserError(f"{os.fspath(p)}: the {name}:// backend is not installed ({install})")
   return epath.Path(p)
+
+
+def _installed(module: str) -> bool:
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:  # a missing parent package (google.cloud)
+    return False
 
 
 def is_local(p: PathLike) -> bool:

@@ -2,8 +2,8 @@
 
 epath's own test helper (`etils.epath.testing.mock_epath`) swaps the backends of every scheme for one whose
 functions we wrap to map the paths; TensorStore, which writes Orbax's arrays through its own GCS driver, is
-given its file driver on the mapped folder instead. `etils` stands in for the gcsfs package that `gshard_mt.io`
-asks for. Nothing else changes: the code under test sees and writes `gs://` paths.
+given its file driver on the mapped folder instead, and the bucket is a flat one (Orbax asks GCS for its layout).
+`etils` stands in for the packages that `gshard_mt.io` asks for. Nothing else changes: the code under test sees and writes `gs://` paths.
 
   python -m tests.fake_storage ROOT script.py [args...]   runs a script with the mapping in place
 """
@@ -37,7 +37,8 @@ def mapped_gs(root: str | os.PathLike):
     stack.enter_context(testing.mock_epath(
         open=one, exists=one, isdir=one, listdir=one, makedirs=one, mkdir=one, remove=one, rmtree=one, stat=one,
         rename=two, replace=two, copy=two, glob=glob, walk=walk))
-    stack.enter_context(mock.patch.dict(io.BACKENDS, gs=("etils", "gcsfs")))
+    stack.enter_context(mock.patch.dict(io.BACKENDS, gs=(("etils",), "gcsfs")))
+    stack.enter_context(mock.patch.object(gcs_utils, "is_hierarchical_namespace_enabled", lambda path: False))
     stack.enter_context(mock.patch.object(gcs_utils, "get_kvstore_for_gcs",
                                           lambda path, *a, **k: {"driver": "file", "path": local(path)}))
     yield
