@@ -3,7 +3,8 @@
 epath's own test helper (`etils.epath.testing.mock_epath`) swaps the backends of every scheme for one whose
 functions we wrap to map the paths; TensorStore, which writes Orbax's arrays through its own GCS driver, is
 given its file driver on the mapped folder instead, and the bucket is a flat one (Orbax asks GCS for its layout).
-`etils` stands in for the packages that `gshard_mt.io` asks for. Nothing else changes: the code under test sees and writes `gs://` paths.
+`etils` stands in for the packages that `gshard_mt.io` asks for. Nothing else changes: the code under test sees
+and writes `gs://` paths.
 
   python -m tests.fake_storage ROOT script.py [args...]   runs a script with the mapping in place
 """
