@@ -2,9 +2,11 @@
 
   python translate.py --workdir runs/tiny [--step N] [--src_lang fra] [--beam_size 4] [--alpha 0.6]
                       [--average_last N] [--input FILE] [--output FILE] [--batch_size N] [--max_decode_len N]
+                      [--config.distributed.KEY=VALUE ...]
 
 Lines are `text`, or `lang<TAB>text` when languages are mixed (--src_lang: the language of lines without a tab).
-See README.md. The logic lives in gshard_mt/evaluation/translate.py.
+On several hosts run the same command on each (--config.distributed.*, as eval.py): process 0 reads the input and
+writes the translations. See README.md. The logic lives in gshard_mt/evaluation/translate.py.
 """
 
 import logging
@@ -15,22 +17,20 @@ from gshard_mt import cli
 
 
 def main(argv):
+  from gshard_mt.evaluation import flags
+
   p = cli.parser(__doc__)
   p.add_argument("--workdir", required=True)
-  p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
   p.add_argument("--src_lang", default=None, help="source language of lines without 'lang<TAB>' (e.g. fra)")
-  p.add_argument("--beam_size", type=int, default=4)
-  p.add_argument("--alpha", type=float, default=0.6, help="length penalty ((5 + len) / 6) ** alpha")
-  p.add_argument("--average_last", type=int, default=None,
-                 help="translate with the mean parameters of the last N checkpoints (up to and including --step)")
+  flags.add_decoding_flags(p, "translate")
   p.add_argument("--input", default=None, help="a UTF-8 file, one sentence a line (default: standard input)")
   p.add_argument("--output", default=None, help="default: standard output")
-  p.add_argument("--batch_size", type=int, default=None, help="sentences per batch (default: batch_size)")
-  p.add_argument("--max_decode_len", type=int, default=None, help="default: the config's data.max_length")
-  args = p.parse_args(argv)
+  args, config = flags.parse(p, argv)
   logging.getLogger().setLevel(logging.WARNING)  # standard output is the translations; stderr only what matters
   from gshard_mt.evaluation import translate
+  from gshard_mt.parallel import distributed
 
+  distributed.initialize_distributed(config)
   try:
     translate.translate(args.workdir, input_path=args.input, output_path=args.output, src_lang=args.src_lang,
                         step=args.step, average_last=args.average_last, beam_size=args.beam_size, alpha=args.alpha,

@@ -37,3 +37,23 @@ def fresh_env(**extra) -> dict[str, str]:
   the warnings libtpu prints where a program does not set them itself."""
   env = {k: v for k, v in os.environ.items() if k not in cli.TPU_HOST_VARIABLES}
   return {**env, **extra}
+
+
+def initialised_run(workdir, tokenizer_dir, **config_json):
+  """A work directory (with the session's tokenizer) holding the checkpoint, at step 1, of an initialised model of
+  `small_config()`: what eval.py and translate.py need, without compiling a train step. `config_json` overrides
+  keys of the saved config.json only (e.g. a mesh the test process has not the devices for)."""
+  import shutil
+
+  from gshard_mt.data import pipeline
+  from gshard_mt.training import checkpoint as checkpoint_lib
+  from gshard_mt.training.setup import build
+
+  shutil.copytree(tokenizer_dir, workdir / "tokenizer")
+  config = small_config()
+  data = pipeline.load(config, workdir)
+  state = build(config, data.tokenizer.vocab_size).init_state(config.seed)
+  with checkpoint_lib.Checkpoints(workdir / "checkpoints", async_save=False) as ckpts:
+    ckpts.save(1, state, {"seed": 0, "next_index": 0}, force=True)
+  config_lib.save(small_config(**config_json), workdir)
+  return workdir

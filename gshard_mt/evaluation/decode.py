@@ -19,6 +19,7 @@ from gshard_mt.data.packing import SOURCE_KEYS
 from gshard_mt.data.tokenizer import EOS_ID, PAD_ID, UNK_ID
 from gshard_mt.model.layers import NEG_INF
 from gshard_mt.model.transformer import Transformer
+from gshard_mt.parallel import distributed
 
 # step_fn(tokens [N] int32, position int32, cache) -> (log_probs [N, V] float32, cache)
 StepFn = Callable
@@ -154,12 +155,18 @@ class Translator:
   `params` are the model's (the training loop swaps in new ones). Inside, the layers are unrolled
   (scan_layers=False, the parameters split per unit): each layer's cache is then an array of the search's loop
   state, written in place at every step, where a scan over the layers would copy it.
+
+  With `batch_sharding` (the rows' NamedSharding on the parameters' mesh), every process passes the same whole
+  batch and places the rows its own devices hold; the output is gathered whole on every process. Without it the
+  batch goes in as it is, on one process.
   """
 
-  def __init__(self, model_cfg, params, beam_size: int = 4, alpha: float = 0.6, max_len: int = 64):
+  def __init__(self, model_cfg, params, beam_size: int = 4, alpha: float = 0.6, max_len: int = 64,
+               batch_sharding: jax.sharding.NamedSharding | None = None):
     self.model_cfg, self.params = model_cfg, params
     self.model = Transformer(dataclasses.replace(model_cfg, scan_layers=False), deterministic=True, decode=True)
     self.beam_size, self.alpha, self.max_len = beam_size, alpha, max_len
+    self.batch_sharding = batch_sharding
     self._translate = jax.jit(self._run)
 
   def _run(self, params, batch):
@@ -207,7 +214,15 @@ class Translator:
     return tokens[:, 0]
 
   def __call__(self, batch: dict) -> np.ndarray:
-    return np.asarray(self._translate(self.params, {k: batch[k] for k in SOURCE_KEYS}))
+    """Padded source rows [B, Ls] -> output tokens [B, max_len]."""
+    source = {k: batch[k] for k in SOURCE_KEYS}
+    if self.batch_sharding is None:
+      return np.asarray(self._translate(self.params, source))
+    rows = len(source["inputs"])
+    extra = -rows % distributed.row_shards(self.batch_sharding)  # empty rows, so that every device has whole rows
+    source = {k: np.pad(v, ((0, extra), (0, 0))) for k, v in source.items()}
+    out = self._translate(self.params, distributed.placed(source, self.batch_sharding))
+    return distributed.gathered(out)[:rows]
 
   def by_pair(self, batch: dict) -> dict[int, list[int]]:
     """The output ids (up to EOS) of each real row of a padded batch, keyed by its `index` (padding rows, -1,

@@ -3,14 +3,15 @@
   python eval.py --workdir runs/tiny [--split test] [--beam_size 4] [--baseline runs/dense]
 
 Writes workdir/eval/<split>-<step>/: hyp.<lang>.txt per language, scores.json, report.md and
-bleu_by_language.png, into a temporary directory that is renamed into place only when complete.
+bleu_by_language.png, into a temporary directory that is renamed into place only when complete (after a check,
+before decoding, that it can be written). On several hosts every process decodes its rows of each batch on the
+config's mesh, and process 0 alone scores and writes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import pathlib
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -18,19 +19,21 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest
 from tqdm import tqdm
 
 from gshard_mt import config as config_lib
+from gshard_mt import io
 from gshard_mt.data import pipeline
 from gshard_mt.errors import WorkdirError
-from gshard_mt.evaluation import decode, report
-from gshard_mt.io import directory_atomically
+from gshard_mt.evaluation import decode, flags, report
+from gshard_mt.parallel import distributed
+from gshard_mt.parallel.shardings import batch_sharding
 from gshard_mt.training import checkpoint as checkpoint_lib
 
 BUCKETS = ("high", "medium", "low")
-
 
 
 def resource_buckets(train_pairs: dict[str, int]) -> dict[str, str]:
@@ -55,7 +58,17 @@ def paired_bootstrap(hyps: list[str], base_hyps: list[str], refs: list[str], sam
   return float(results["BLEU"][1].p_value)
 
 
-def _baseline_scores(baseline: pathlib.Path, split: str) -> dict:
+def versus_baseline(bleu: float, base_bleu: float, hyps: list[str], base_hyps: list[str] | None, refs: list[str],
+                    bootstrap_samples: int) -> dict:
+  """One language against the baseline: ΔBLEU (the system's BLEU minus the baseline's) and, given the baseline's
+  hypotheses and a number of samples, the paired bootstrap p-value."""
+  out = {"delta_bleu": bleu - base_bleu}
+  if bootstrap_samples and base_hyps is not None:
+    out["bootstrap_p"] = paired_bootstrap(hyps, base_hyps, refs, bootstrap_samples)
+  return out
+
+
+def _baseline_scores(baseline: epath.Path, split: str) -> dict:
   runs = sorted((baseline / "eval").glob(f"{split}-*/scores.json"), key=lambda p: int(p.parent.name.split("-")[1]))
   if not runs:
     raise WorkdirError(f"baseline {baseline} has no scores for the {split} split (run eval.py --workdir {baseline} "
@@ -65,21 +78,27 @@ def _baseline_scores(baseline: pathlib.Path, split: str) -> dict:
 
 @dataclasses.dataclass
 class Restored:
-  """A trained work directory, ready to decode: its config, data, model setup and the parameters of one step."""
+  """A trained work directory, ready to decode: its config, data, model setup and the parameters of one step,
+  placed on the config's mesh."""
 
-  workdir: pathlib.Path
+  workdir: epath.Path
   config: Any
   data: Any
   model_cfg: Any
   step: int
   params: Any
   averaged: tuple[int, ...] = ()  # the checkpoint steps whose parameters were averaged (empty: `step` alone)
+  batch_sharding: Any = None  # the rows of a batch on the parameters' mesh (None: as they come, one process)
+
+  def translator(self, beam_size: int, alpha: float, max_len: int) -> decode.Translator:
+    """The Translator of these parameters, each process passing its rows of every batch."""
+    return decode.Translator(self.model_cfg, self.params, beam_size, alpha, max_len, self.batch_sharding)
 
 
 def restore(workdir, *, step: int | None = None, split: str = "test", average_last: int | None = None) -> Restored:
   """Checks the work directory and restores the parameters of `step` (default: the newest checkpoint); with
   `average_last=N`, the mean parameters of the last N checkpoints up to and including `step`."""
-  workdir = pathlib.Path(workdir)
+  workdir = io.path(workdir)
   config = config_lib.load_saved(workdir)
   if split not in ("dev", "test"):
     raise WorkdirError(f"--split must be dev or test, got {split!r}")
@@ -93,14 +112,15 @@ def restore(workdir, *, step: int | None = None, split: str = "test", average_la
   from gshard_mt.training.setup import build  # JAX-heavy; imported once the inputs have been checked
 
   setup = build(config, data.tokenizer.vocab_size)
+  rows = batch_sharding(setup.mesh, setup.rules)
   if averaged:
     params = average_params(_restore_state(workdir, setup.abstract_target(), s)[1].params for s in averaged)
-    return Restored(workdir, config, data, setup.model_cfg, averaged[-1], params, averaged)
+    return Restored(workdir, config, data, setup.model_cfg, averaged[-1], params, averaged, rows)
   step, state = _restore_state(workdir, setup.abstract_target(), step)
-  return Restored(workdir, config, data, setup.model_cfg, step, state.params)
+  return Restored(workdir, config, data, setup.model_cfg, step, state.params, batch_sharding=rows)
 
 
-def _restore_state(workdir: pathlib.Path, abstract, step: int | None):
+def _restore_state(workdir: epath.Path, abstract, step: int | None):
   """(step, train state) of `step` (default: the newest that restores), checkpoint problems as WorkdirError."""
   directory = workdir / "checkpoints"
   try:
@@ -109,7 +129,8 @@ def _restore_state(workdir: pathlib.Path, abstract, step: int | None):
   except FileNotFoundError as e:
     raise WorkdirError(str(e)) from None
   except Exception as e:  # noqa: BLE001 - orbax reports shape mismatches in several ways
-    raise WorkdirError(f"the checkpoint in {directory.resolve()} does not match {workdir}/config.json "
+    where = directory.resolve() if io.is_local(directory) else directory
+    raise WorkdirError(f"the checkpoint in {where} does not match {workdir}/config.json "
                        f"({type(e).__name__}: {str(e).splitlines()[0][:300]})") from None
   return step, state
 
@@ -151,7 +172,7 @@ def decode_pairs(translator: decode.Translator, run: Restored, *, split: str, id
   translator(batches[0])
   hyp_by_id, out_tokens = {}, 0
   start = time.perf_counter()
-  for batch in tqdm(batches, desc=f"decode {split}", unit="batch", disable=not progress):
+  for batch in tqdm(batches, desc=f"decode {split}", unit="batch", disable=not progress or jax.process_index()):
     for pair, seq in translator.by_pair(batch).items():
       hyp_by_id[pair] = run.data.tokenizer.decode(seq)
       out_tokens += len(seq) + 1
@@ -169,11 +190,11 @@ def score_languages(run: Restored, *, split: str, hyps: dict[str, list[str]], ba
     refs = run.data.text[split][lang].tgt
     per_lang[lang] = score(lines, refs, bleu, chrf) | {"train_pairs": train_pairs[lang], "resource": buckets[lang]}
     if base and lang in base["languages"]:
-      per_lang[lang]["delta_bleu"] = per_lang[lang]["bleu"] - base["languages"][lang]["bleu"]
-      base_hyp_file = pathlib.Path(base["path"]) / f"hyp.{lang}.txt"
-      if bootstrap_samples and base_hyp_file.exists():
-        base_hyps = base_hyp_file.read_text().split("\n")[: len(refs)]
-        per_lang[lang]["bootstrap_p"] = paired_bootstrap(lines, base_hyps, refs, bootstrap_samples)
+      base_hyp_file = io.path(base["path"]) / f"hyp.{lang}.txt"
+      read = bootstrap_samples and base_hyp_file.exists()
+      base_hyps = base_hyp_file.read_text().split("\n")[: len(refs)] if read else None
+      per_lang[lang] |= versus_baseline(per_lang[lang]["bleu"], base["languages"][lang]["bleu"], lines, base_hyps,
+                                        refs, bootstrap_samples)
   return per_lang, {"bleu": str(bleu.get_signature()), "chrf": str(chrf.get_signature())}
 
 
@@ -193,10 +214,12 @@ def averages(per_lang: dict, base: dict | None) -> tuple[dict, dict]:
 
 
 def evaluate(workdir, *, split="test", step=None, beam_size=4, alpha=0.6, max_decode_len=None, languages=None,
-             baseline=None, batch_size=None, bootstrap_samples=0, average_last=None) -> dict:
+             baseline=None, batch_size=None, bootstrap_samples=0, average_last=None) -> dict | None:
   """Decodes `split` with the checkpoint of `step` (default: the newest), or with the mean parameters of the last
-  `average_last` checkpoints up to it, and writes the scores; returns them."""
-  base = _baseline_scores(pathlib.Path(baseline), split) if baseline else None
+  `average_last` checkpoints up to it, and writes the scores; returns them on process 0 (None on the others)."""
+  flags.check(beam_size=beam_size, max_decode_len=max_decode_len, batch_size=batch_size, average_last=average_last,
+              bootstrap=bootstrap_samples)
+  base = distributed.checked_on_process_0(lambda: _baseline_scores(io.path(baseline), split) if baseline else None)
   run = restore(workdir, step=step, split=split, average_last=average_last)
   tokens = run.data.tokens[split]
   wanted = languages or sorted(run.data.text[split])
@@ -205,10 +228,14 @@ def evaluate(workdir, *, split="test", step=None, beam_size=4, alpha=0.6, max_de
     raise WorkdirError(f"unknown language code(s) {unknown} for --languages; {workdir} has {tokens.languages}")
   max_len = max_decode_len or run.config.data.max_length
   rows = batch_size or run.config.batch_size
-  translator = decode.Translator(run.model_cfg, run.params, beam_size, alpha, max_len)
+  out_dir = run.workdir / "eval" / (f"{split}-{run.step}" + (f"-avg{len(run.averaged)}" if run.averaged else ""))
+  # Where directory_atomically writes: a directory that cannot be written is refused before decoding.
+  distributed.checked_on_process_0(lambda: io.check_writable(out_dir.parent, "eval output directory"))
   lang_ids = {lang: pipeline.language_ids(tokens, lang) for lang in wanted}
-  hyp_by_id, speed = decode_pairs(translator, run, split=split, ids=np.concatenate(list(lang_ids.values())),
-                                  rows=rows)
+  hyp_by_id, speed = decode_pairs(run.translator(beam_size, alpha, max_len), run, split=split,
+                                  ids=np.concatenate(list(lang_ids.values())), rows=rows)
+  if jax.process_index():
+    return None
   hyps = {lang: [hyp_by_id[int(i)] for i in ids] for lang, ids in lang_ids.items()}
   per_lang, signatures = score_languages(run, split=split, hyps=hyps, base=base, bootstrap_samples=bootstrap_samples)
   overall, by_resource = averages(per_lang, base)
@@ -220,13 +247,12 @@ def evaluate(workdir, *, split="test", step=None, beam_size=4, alpha=0.6, max_de
                    "seconds": speed["seconds"], "sentences_per_s": speed["sentences"] / speed["seconds"],
                    "tokens_per_s": speed["tokens"] / speed["seconds"], "averaged_steps": list(run.averaged)},
   } | ({"baseline": base["path"]} if base else {})
-  out_dir = run.workdir / "eval" / (f"{split}-{run.step}" + (f"-avg{len(run.averaged)}" if run.averaged else ""))
   _write_atomically(out_dir, scores, hyps)
   return scores | {"output_dir": str(out_dir)}
 
 
-def _write_atomically(out_dir: pathlib.Path, scores: dict, hyps: dict):
-  with directory_atomically(out_dir) as tmp:
+def _write_atomically(out_dir: epath.Path, scores: dict, hyps: dict):
+  with io.directory_atomically(out_dir) as tmp:
     for lang, lines in hyps.items():
       (tmp / f"hyp.{lang}.txt").write_text("\n".join(lines) + "\n")
     (tmp / "scores.json").write_text(json.dumps(scores, indent=2))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import pathlib
+from io import BytesIO
+
+from gshard_mt import io
 
 COLOURS = {"high": "#1f77b4", "medium": "#ff7f0e", "low": "#2ca02c"}
 
@@ -50,8 +52,9 @@ def summary(scores: dict, show: int = 5) -> str:
   return "\n".join(out)
 
 
-def plot(scores: dict, path: pathlib.Path):
-  """Bars of BLEU (ΔBLEU with a baseline) per language, sorted, coloured by resource size."""
+def plot(scores: dict, path: io.PathLike):
+  """Bars of BLEU (ΔBLEU with a baseline) per language, sorted, coloured by resource size, written as a PNG to
+  `path` (any storage: rendered in memory, then written whole)."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -69,5 +72,7 @@ def plot(scores: dict, path: pathlib.Path):
                "per language")
   ax.legend(handles=[Patch(color=c, label=f"{b} resource") for b, c in COLOURS.items()], fontsize=7)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  png = BytesIO()
+  fig.savefig(png, format="png", dpi=120)
   plt.close(fig)
+  io.write_atomically(path, png.getvalue())

@@ -5,7 +5,9 @@
 
 Input lines are UTF-8 `text`, or `lang<TAB>text` when languages are mixed (--src_lang is then the language of the
 lines without a tab). Decoding is eval.py's: the same restore (and checkpoint averaging), tokenizer, padded batches
-and `Translator`, so a sentence gets the same hypothesis from both.
+and `Translator`, so a sentence gets the same hypothesis from both. On several hosts (the same command on each,
+with `--config.distributed.*`) process 0 alone reads the input, which it sends to the others a window at a time,
+and writes the translations; every process decodes its rows of each batch.
 """
 
 from __future__ import annotations
@@ -14,19 +16,22 @@ import contextlib
 import dataclasses
 import functools
 import itertools
-import pathlib
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import BinaryIO, TextIO
 
+import jax
 import numpy as np
 
+from gshard_mt import io
 from gshard_mt.data import pipeline
 from gshard_mt.data.corpus import language_of
 from gshard_mt.data.packing import TokenizedSplit
-from gshard_mt.errors import DataError, UserError, WorkdirError
-from gshard_mt.evaluation import decode
+from gshard_mt.errors import DataError, WorkdirError
+from gshard_mt.evaluation import decode, flags
 from gshard_mt.evaluation.evaluate import Restored, restore
+from gshard_mt.parallel import distributed
 
 WINDOW_BATCHES = 8  # batches of lines read ahead and sorted by length together (similar lengths decode together)
 
@@ -140,6 +145,18 @@ def translate_stream(raw_lines: Iterable[bytes], sink: TextIO, translator: LineT
   return count
 
 
+def shared_lines(source: BinaryIO | None, window: int) -> Iterator[bytes]:
+  """The lines of process 0's `source` (None on the other processes), on every process: on several, process 0
+  reads `window` lines at a time and sends each such chunk to the others; an empty chunk ends the input."""
+  raw = iter(source.readline, b"") if source is not None else None
+  if jax.process_count() == 1:
+    yield from raw
+    return
+  chunks = itertools.batched(raw, window) if raw is not None else None
+  while chunk := distributed.broadcast_object(next(chunks, ()) if chunks is not None else None):
+    yield from chunk
+
+
 def _warn(message: str):
   print(f"warning: {message}", file=sys.stderr, flush=True)
 
@@ -150,7 +167,7 @@ def _opened(path: str | None, mode: str, default):
     yield default
     return
   try:
-    file = open(path, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": "\n"}))
+    file = io.path(path).open(mode)  # text is UTF-8, with '\n' line ends
   except OSError as e:
     raise DataError(f"{path}: cannot open ({e.strerror})") from None
   with file:
@@ -163,27 +180,32 @@ def translate(workdir, *, input_path: str | None = None, output_path: str | None
               stdin: BinaryIO | None = None, stdout: TextIO | None = None) -> int:
   """translate.py: translates the lines of `input_path` (default: standard input) into `output_path` (default:
   standard output); returns the number of lines. From a terminal, each line is translated as it arrives."""
-  stdin = stdin or sys.stdin.buffer
-  for flag, value in (("--batch_size", batch_size), ("--beam_size", beam_size), ("--max_decode_len", max_decode_len)):
-    if value is not None and value < 1:
-      raise UserError(f"{flag} must be at least 1, got {value}")
+  flags.check(batch_size=batch_size, beam_size=beam_size, max_decode_len=max_decode_len, average_last=average_last)
   name = input_path or "<stdin>"
-  if input_path is not None and not pathlib.Path(input_path).is_file():
-    raise DataError(f"{input_path}: file not found (--input)")
-  run = restore(workdir, step=step, average_last=average_last)
-  known = source_languages(run)
-  if src_lang is not None:
-    check_language(src_lang, known, "--src_lang")
-  with _opened(input_path, "rb", stdin) as source:
-    interactive = source.isatty()
+  main = jax.process_index() == 0
+  with contextlib.ExitStack() as files:
+
+    def open_input():  # process 0 alone reads the input: a file it cannot open stops every process
+      if input_path is not None and not io.path(input_path).is_file():
+        raise DataError(f"{input_path}: file not found (--input)")
+      return files.enter_context(_opened(input_path, "rb", stdin or sys.stdin.buffer))
+
+    source = distributed.checked_on_process_0(open_input)
+    run = restore(workdir, step=step, average_last=average_last)
+    known = source_languages(run)
+    if src_lang is not None:
+      check_language(src_lang, known, "--src_lang")
+    interactive = distributed.broadcast_object(source is not None and source.isatty())
     rows = 1 if interactive else batch_size or run.config.batch_size
-    translator = decode.Translator(run.model_cfg, run.params, beam_size, alpha,
-                                   max_decode_len or run.config.data.max_length)
-    lines = LineTranslator(run, translator, rows, name=name, warn=_warn)
+    translator = run.translator(beam_size, alpha, max_decode_len or run.config.data.max_length)
+    lines = LineTranslator(run, translator, rows, name=name, warn=_warn if main else lambda message: None)
     parse = functools.partial(parse_line, default=src_lang, known=known, name=name,
                               tagged=bool(run.config.data.source_tags))
-    if stdout is None and output_path is None:
+    if main and stdout is None and output_path is None:
       sys.stdout.reconfigure(encoding="utf-8", newline="\n")  # input is UTF-8, so is the output
-    with _opened(output_path, "w", stdout or sys.stdout) as sink:
-      return translate_stream(iter(source.readline, b""), sink, lines, parse=parse,
-                              window=rows if interactive else rows * WINDOW_BATCHES)
+    sink = distributed.checked_on_process_0(
+        lambda: files.enter_context(_opened(output_path, "w", stdout or sys.stdout)))
+    if sink is None:  # the other processes write nothing
+      sink = files.enter_context(open(os.devnull, "w"))
+    window = rows if interactive else rows * WINDOW_BATCHES
+    return translate_stream(shared_lines(source, window), sink, lines, parse=parse, window=window)

@@ -1,11 +1,17 @@
-"""Multi-process runs: starting JAX's distributed runtime, and each process's share of the batch."""
+"""Multi-process runs: starting JAX's distributed runtime, each process's share of the batch, and what the
+processes of one command exchange (process 0's input and its errors, every process's outputs)."""
 
 from __future__ import annotations
 
+import math
+import pickle
+from collections.abc import Callable
+
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
-from gshard_mt.errors import ConfigError
+from gshard_mt.errors import ConfigError, UserError
 from gshard_mt.parallel.shardings import batch_sharding
 
 
@@ -39,3 +45,50 @@ def global_batch(local_batch: dict, mesh, axis_rules) -> dict:
   """This process's rows -> global jax.Arrays, rows split as the rules split 'batch' (multi-process safe)."""
   sharding = batch_sharding(mesh, axis_rules)
   return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local_batch.items()}
+
+
+def row_shards(sharding: jax.sharding.NamedSharding) -> int:
+  """How many parts `sharding` splits the rows (axis 0) of an array into."""
+  axes = sharding.spec[0] if len(sharding.spec) else None
+  axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+  return math.prod(sharding.mesh.shape[a] for a in axes)
+
+
+def placed(batch: dict, sharding) -> dict:
+  """A batch that every process holds whole -> global jax.Arrays split by `sharding`: each process places the
+  rows its own devices hold, wherever the sharding puts them (multi-process safe)."""
+  return {k: jax.make_array_from_callback(np.shape(v), sharding, lambda index, v=v: np.asarray(v)[index])
+          for k, v in batch.items()}
+
+
+def gathered(x: jax.Array) -> np.ndarray:
+  """The whole value of a global jax.Array, on every process (the rows of the other processes fetched)."""
+  return np.asarray(x) if x.is_fully_addressable else multihost_utils.process_allgather(x, tiled=True)
+
+
+def broadcast_object(value):
+  """Process 0's `value` (any picklable object) on every process; the others' `value` is ignored."""
+  if jax.process_count() == 1:
+    return value
+  data = pickle.dumps(value) if jax.process_index() == 0 else b""
+  size = int(multihost_utils.broadcast_one_to_all(np.int32(len(data))))
+  # Buffers of a power-of-two size, so that a stream of messages compiles a few broadcasts, not one per size.
+  buffer = np.zeros(1 << max(size - 1, 255).bit_length(), np.uint8)
+  buffer[:len(data)] = np.frombuffer(data, np.uint8)
+  return pickle.loads(multihost_utils.broadcast_one_to_all(buffer).tobytes()[:size])
+
+
+def checked_on_process_0(check: Callable[[], object]):
+  """Runs `check` (of something only process 0 reads or writes) on process 0 alone and returns its result there
+  (None elsewhere); a UserError it raises is raised on every process, so that no process goes on to wait for the
+  others in a collective."""
+  result, error = None, None
+  if jax.process_index() == 0:
+    try:
+      result = check()
+    except UserError as e:
+      error = e
+  error = broadcast_object(error)
+  if error is not None:
+    raise error
+  return result

@@ -1,0 +1,45 @@
+"""eval.py's and translate.py's up-front checks: impossible flags refused in one line (exit 2) before anything is
+loaded, the config overrides limited to the process layout, and an eval output directory that cannot be written
+refused before decoding."""
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from gshard_mt.errors import ConfigError, UserError
+from gshard_mt.evaluation import evaluate, flags
+from tests.helpers import ROOT, initialised_run
+
+
+@pytest.mark.parametrize("script, flag, value, minimum", [
+    ("eval.py", "--beam_size", "0", 1), ("eval.py", "--max_decode_len", "-1", 1), ("eval.py", "--bootstrap", "-1", 0),
+    ("translate.py", "--beam_size", "-1", 1)])
+def test_flags_below_their_minimum_are_one_line(script, flag, value, minimum):
+  # A work directory that does not exist: the flag is refused first.
+  proc = subprocess.run([sys.executable, script, "--workdir", "/nonexistent/run", flag, value], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2 and proc.stderr == f"{script}: error: {flag} must be at least {minimum}, got {value}\n"
+
+
+def test_parse_takes_only_the_process_layout():
+  p = argparse.ArgumentParser()
+  p.add_argument("--workdir")
+  flags.add_decoding_flags(p, "decode")
+  args, config = flags.parse(p, ["--workdir", "w", "--config.distributed.num_processes=2", "--beam_size", "3"])
+  assert args.beam_size == 3 and config.distributed.num_processes == 2 and config.distributed.process_id == 0
+  with pytest.raises(ConfigError, match=r"--config.model.emb_dim: only --config.distributed.\* may be given"):
+    flags.parse(p, ["--workdir", "w", "--config.model.emb_dim=8"])
+  with pytest.raises(UserError, match="--average_last must be at least 1, got 0"):
+    flags.parse(p, ["--workdir", "w", "--average_last", "0"])
+
+
+@pytest.mark.slow
+def test_eval_output_that_cannot_be_written_is_refused_before_decoding(tmp_path, tokenizer_dir, monkeypatch):
+  run = initialised_run(tmp_path / "run", tokenizer_dir)
+  (run / "eval").write_text("a file where eval.py writes its directories")
+  monkeypatch.setattr(evaluate, "decode_pairs", lambda *a, **k: pytest.fail("decoded before the check"))
+  with pytest.raises(UserError, match=r"eval output directory .*/run/eval cannot be written"):
+    evaluate.evaluate(run, split="test", languages=["fra"], beam_size=1)
+  assert (run / "eval").is_file()
