@@ -39,26 +39,26 @@ def _refusal(directory, holder: dict) -> WorkdirError:
 
 
 @contextlib.contextmanager
-def hold(directory: io.PathLike, *, enabled: bool = True, heartbeat_s: float = 30.0, stale_s: float = 120.0,
-         settle_s: float = 2.0):
-  """Holds the lock of `directory` (created if missing) for the block; `enabled=False` (a process other than 0 of
-  a multi-host run) holds nothing."""
+def hold(directory: io.PathLike, *, name: str = LOCK_NAME, enabled: bool = True, heartbeat_s: float = 30.0,
+         stale_s: float = 120.0, settle_s: float = 2.0):
+  """Holds the lock `<directory>/<name>` (the directory created if missing) for the block; `enabled=False` (a
+  process other than 0 of a multi-host run) holds nothing."""
   if not enabled:
     yield
     return
   directory = io.path(directory)
   directory.mkdir(parents=True, exist_ok=True)
   if io.is_local(directory):
-    with _file_lock(directory):
+    with _file_lock(directory, name):
       yield
   else:
-    with _object_lock(directory, heartbeat_s, stale_s, settle_s):
+    with _object_lock(directory, name, heartbeat_s, stale_s, settle_s):
       yield
 
 
 @contextlib.contextmanager
-def _file_lock(directory):
-  fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+def _file_lock(directory, name: str):
+  fd = os.open(directory / name, os.O_RDWR | os.O_CREAT, 0o644)
   try:
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -80,8 +80,8 @@ def _read_json(data: bytes | str) -> dict:
 
 
 @contextlib.contextmanager
-def _object_lock(directory, heartbeat_s: float, stale_s: float, settle_s: float):
-  path = directory / LOCK_NAME
+def _object_lock(directory, name: str, heartbeat_s: float, stale_s: float, settle_s: float):
+  path = directory / name
   if path.exists():
     holder = _read_json(path.read_text())
     age = time.time() - holder.get("heartbeat", 0)

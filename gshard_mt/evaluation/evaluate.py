@@ -10,6 +10,7 @@ config's mesh, and process 0 alone scores and writes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -25,7 +26,7 @@ from sacrebleu.significance import PairedTest
 from tqdm import tqdm
 
 from gshard_mt import config as config_lib
-from gshard_mt import io
+from gshard_mt import io, lock
 from gshard_mt.data import pipeline
 from gshard_mt.errors import WorkdirError
 from gshard_mt.evaluation import decode, flags, report
@@ -231,24 +232,28 @@ def evaluate(workdir, *, split="test", step=None, beam_size=4, alpha=0.6, max_de
   out_dir = run.workdir / "eval" / (f"{split}-{run.step}" + (f"-avg{len(run.averaged)}" if run.averaged else ""))
   # Where directory_atomically writes: a directory that cannot be written is refused before decoding.
   distributed.checked_on_process_0(lambda: io.check_writable(out_dir.parent, "eval output directory"))
-  lang_ids = {lang: pipeline.language_ids(tokens, lang) for lang in wanted}
-  hyp_by_id, speed = decode_pairs(run.translator(beam_size, alpha, max_len), run, split=split,
-                                  ids=np.concatenate(list(lang_ids.values())), rows=rows)
-  if jax.process_index():
-    return None
-  hyps = {lang: [hyp_by_id[int(i)] for i in ids] for lang, ids in lang_ids.items()}
-  per_lang, signatures = score_languages(run, split=split, hyps=hyps, base=base, bootstrap_samples=bootstrap_samples)
-  overall, by_resource = averages(per_lang, base)
-  scores = {
-      "workdir": str(run.workdir), "split": split, "step": run.step, "languages": per_lang, "average": overall,
-      "by_resource": by_resource, "signatures": signatures,
-      "decoding": {"beam_size": beam_size, "alpha": alpha, "max_decode_len": max_len, "batch_size": rows,
-                   "eval_capacity_factor": run.config.moe.eval_capacity_factor, "sentences": speed["sentences"],
-                   "seconds": speed["seconds"], "sentences_per_s": speed["sentences"] / speed["seconds"],
-                   "tokens_per_s": speed["tokens"] / speed["seconds"], "averaged_steps": list(run.averaged)},
-  } | ({"baseline": base["path"]} if base else {})
-  _write_atomically(out_dir, scores, hyps)
-  return scores | {"output_dir": str(out_dir)}
+  with contextlib.ExitStack() as held:
+    # One writer per output: a second eval.py of the same split and step is refused before it decodes.
+    distributed.checked_on_process_0(lambda: held.enter_context(
+        lock.hold(out_dir.parent, name=f".{out_dir.name}.lock")))
+    lang_ids = {lang: pipeline.language_ids(tokens, lang) for lang in wanted}
+    hyp_by_id, speed = decode_pairs(run.translator(beam_size, alpha, max_len), run, split=split,
+                                    ids=np.concatenate(list(lang_ids.values())), rows=rows)
+    if jax.process_index():
+      return None
+    hyps = {lang: [hyp_by_id[int(i)] for i in ids] for lang, ids in lang_ids.items()}
+    per_lang, signatures = score_languages(run, split=split, hyps=hyps, base=base, bootstrap_samples=bootstrap_samples)
+    overall, by_resource = averages(per_lang, base)
+    scores = {
+        "workdir": str(run.workdir), "split": split, "step": run.step, "languages": per_lang, "average": overall,
+        "by_resource": by_resource, "signatures": signatures,
+        "decoding": {"beam_size": beam_size, "alpha": alpha, "max_decode_len": max_len, "batch_size": rows,
+                     "eval_capacity_factor": run.config.moe.eval_capacity_factor, "sentences": speed["sentences"],
+                     "seconds": speed["seconds"], "sentences_per_s": speed["sentences"] / speed["seconds"],
+                     "tokens_per_s": speed["tokens"] / speed["seconds"], "averaged_steps": list(run.averaged)},
+    } | ({"baseline": base["path"]} if base else {})
+    _write_atomically(out_dir, scores, hyps)
+    return scores | {"output_dir": str(out_dir)}
 
 
 def _write_atomically(out_dir: epath.Path, scores: dict, hyps: dict):

@@ -33,7 +33,7 @@ from gshard_mt.errors import ConfigError
 from gshard_mt.evaluation import decode
 from gshard_mt.evaluation import evaluate as evaluate_lib
 from gshard_mt.model.transformer import Transformer
-from gshard_mt.parallel import distributed
+from gshard_mt.parallel import distributed, shardings
 from gshard_mt.training import checkpoint as checkpoint_lib
 from gshard_mt.training import metrics as metrics_lib
 from gshard_mt.training.setup import Setup, build
@@ -263,7 +263,8 @@ def _train(config, workdir) -> dict:
   logger.last_saved = ckpts.latest()
   if config.eval_bleu_every:  # one translator, compiled once; each evaluation gives it the current parameters
     sample = stratified_sample(data.tokens["dev"], list(data.text["dev"]), config.eval_bleu_sentences, config.seed)
-    translator = decode.Translator(setup.model_cfg, state.params, beam_size=1, max_len=config.data.max_length)
+    translator = decode.Translator(setup.model_cfg, state.params, beam_size=1, max_len=config.data.max_length,
+                                   batch_sharding=shardings.batch_sharding(setup.mesh, setup.rules))
     if not sample:
       raise ConfigError("eval_bleu_every needs dev pairs to translate, and the dev split is empty")
   feed = pipeline.prefetch(batches, config.data.prefetch,

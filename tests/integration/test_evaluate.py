@@ -6,6 +6,7 @@ import shutil
 import pytest
 import sacrebleu
 
+from gshard_mt import lock
 from gshard_mt.data import corpus
 from gshard_mt.errors import WorkdirError
 from gshard_mt.evaluation import evaluate
@@ -44,6 +45,12 @@ def test_train_then_eval_writes_scores_and_report(trained):
   assert saved["decoding"]["beam_size"] == 2 and saved["decoding"]["sentences_per_s"] > 0
   assert "BLEU" in (out / "report.md").read_text() and "nrefs:1" in saved["signatures"]["bleu"]
   assert not list((trained / "eval").glob(".*tmp*"))  # nothing half-written left behind
+
+
+def test_a_second_eval_of_the_same_output_is_refused(trained):
+  with lock.hold(trained / "eval", name=".test-6.lock"):  # an eval.py of the test split at step 6 is writing
+    with pytest.raises(WorkdirError, match=r"eval is in use by another writer: host .*, pid \d+"):
+      evaluate.evaluate(trained, split="test", beam_size=1, languages=["fra"], max_decode_len=4)
 
 
 def test_baseline_gives_delta_bleu(trained):
