@@ -77,6 +77,10 @@ def test_error_paths(trained, tmp_path):
   config = json.loads((changed / "config.json").read_text())
   config["model"]["mlp_dim"] = 96
   (changed / "config.json").write_text(json.dumps(config))
-  with pytest.raises(WorkdirError, match="does not match .*config.json"):
+  with pytest.raises(WorkdirError, match=r"no checkpoint in .* restores: step 6: \w+.*; they are unreadable or do "
+                                         r"not match .*changed/config.json"):
     evaluate.evaluate(changed, split="test", languages=LANGS)
   assert not (changed / "eval").exists()
+  with pytest.raises(WorkdirError, match=r"the checkpoint of step 6 in .* cannot be restored: it is unreadable or "
+                                         r"does not match .*changed/config.json \(\w+"):
+    evaluate.evaluate(changed, split="test", step=6, languages=LANGS)
