@@ -21,7 +21,7 @@ PY := $(VENV)/bin/python
 # for drivers older than 580) or neither (cpu); `make train JAX_BUILD=cpu` (tpu, cuda12, cuda13) chooses instead.
 JAX_BUILD ?= auto
 
-.PHONY: venv test test-fast lint train eval translate sweep study bench bench-gpu inspect-data clean
+.PHONY: venv test test-fast lint mutate prepare train eval translate sweep study router-study bench bench-gpu inspect-data clean
 
 # The stamp holds the build installed; a JAX_BUILD other than it (and than auto) installs again.
 ifneq ($(JAX_BUILD),auto)
@@ -53,6 +53,13 @@ test-fast: venv
 lint: venv
 	$(PY) -m ruff check gshard_mt tests bench configs tools train.py eval.py translate.py
 
+mutate: venv  # mutation testing of the pure core against its unit tests (slow, not in test): ARGS="gating dispatch"
+	@$(PY) -c 'import mutmut' 2>/dev/null || $(PY) -m pip install -q -e ".[mutate]"
+	$(PY) bench/mutate.py $(ARGS)
+
+prepare: venv  # the corpus read, tokenized and written as shards once (train.py does it when they are missing)
+	$(PY) -m gshard_mt.tools.prepare_data --config $(CONFIG) --workdir $(WORKDIR) $(ARGS)
+
 train: venv
 	$(PY) train.py --config $(CONFIG) --workdir $(WORKDIR) $(ARGS)
 
@@ -67,6 +74,9 @@ sweep: venv
 
 study: venv  # the MoE-versus-dense study (configs/sweeps/study.py): runs/sweeps/study/report.md
 	$(PY) -m gshard_mt.tools.study --sweep configs/sweeps/study.py $(ARGS)
+
+router-study: venv  # every router against the dense twin, 2 seeds, ~90 min on 2 CPU cores: bench/results/routers/
+	$(PY) -m gshard_mt.tools.router_study --sweep configs/sweeps/routers.py $(ARGS)
 
 bench: venv
 	$(PY) bench/moe_layer.py --small

@@ -13,7 +13,7 @@ as a ratio to it, measured (or estimated) in the same process.
 
 --tpu TOPOLOGY compiles forward + backward for compile-only devices of that TPU topology (libtpu, no TPU needed)
 and reports the compiler's estimate instead of a time: `optimal_seconds` of the program's cost analysis, its
-roofline model, a lower bound on time. Each row splits it by kind of operation (gshard_mt.tools.roofline: a
+roofline model, a lower bound on time. Each row splits it by kind of operation (gshard_mt.compiler.roofline: a
 roofline per scheduled HLO instruction from the FLOPs and bytes in the compiled program's text, at the compiler's
 own peak and bandwidth; the per-instruction sum is printed beside the total). On several devices the tokens per
 device stay the reference count, the experts are split over the devices ('expert' rules) and the dense FFN runs
@@ -36,11 +36,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from gshard_mt import cli
+from gshard_mt.compiler import roofline, tpu
 from gshard_mt.moe.config import MoeConfig
 from gshard_mt.moe.layer import MoeFeedForward
 from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.parallel import rules as rules_lib
-from gshard_mt.tools import roofline, tpu
 
 
 class DenseFFN(nn.Module):

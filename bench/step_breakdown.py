@@ -5,7 +5,7 @@ time, not a measurement).
       --config.model.num_encoder_layers=2 --config.model.num_decoder_layers=2
 
 Compiles the step with the layers unrolled (model.scan_layers=False, so every layer is counted), splits the
-compiler's roofline per scheduled instruction (`gshard_mt.tools.roofline.instruction_costs`) and sums it by part:
+compiler's roofline per scheduled instruction (`gshard_mt.compiler.roofline.instruction_costs`) and sums it by part:
 the optimizer, the logits and loss, attention, the MoE expert matmuls, ... Prints the compiler's own total
 (`optimal_seconds`) beside the per-instruction sum: the two differ, and the difference is printed too. --top N
 then lists the N costliest instructions (of the parts named with --part) with their part, result shape and JAX
@@ -47,11 +47,12 @@ def main(argv):
   parser.add_argument("--top", type=int, default=0, help="also list the N costliest instructions")
   parser.add_argument("--part", default="", help="list only the instructions of parts whose name contains this")
   parsed = parser.parse_args(args)
-  from gshard_mt.tools import dryrun, roofline, tpu
+  from gshard_mt.compiler import roofline, tpu
+  from gshard_mt.tools import dryrun, step_cost
 
   devices = tpu.topology_devices(parsed.topology)
   config = dryrun.load_for(parsed.config, {**overrides, "model.scan_layers": "False"}, len(devices))
-  program = dryrun.compile_step(config, devices)[2]
+  program = step_cost.compile_step(config, devices)[2]
   parts = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
   rows = roofline.instruction_costs(program.as_text(), *roofline.compiler_roofline(devices[0]))
   for row in rows:

@@ -51,7 +51,7 @@ def moe_config(num_experts: int, num_layers: int, batch_tokens: int):
   c.model.moe_interval = 2
   c.model.dropout_rate = 0.1
   c.model.dtype = "float32"
-  c.model.remat = True
+  c.model.remat = "full"
   c.moe.num_experts = num_experts
   c.moe.hidden_dim = 8192
   c.moe.activation = "relu"

@@ -19,9 +19,9 @@ import ml_collections
 from gshard_mt import io
 from gshard_mt.config import defaults
 from gshard_mt.data import packing
-from gshard_mt.data.corpus import SOURCES
+from gshard_mt.data.corpus import SOURCES, known_source
 from gshard_mt.errors import ConfigError, UserError
-from gshard_mt.model.transformer import EMBEDDING_SCHEMES
+from gshard_mt.model.transformer import EMBEDDING_SCHEMES, REMAT_POLICIES
 from gshard_mt.moe.config import MoeConfig
 from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.parallel import rules as rules_lib
@@ -31,19 +31,21 @@ CHOICES = {
     "model.positions": ("sinusoidal", "learned"),
     "model.embedding": tuple(EMBEDDING_SCHEMES),
     "model.dtype": ("float32", "bfloat16"),
+    "model.remat": tuple(REMAT_POLICIES),
     "optimizer.name": ("adafactor", "adam"),
     "optimizer.schedule": ("rsqrt", "constant"),
     "optimizer.warmup": ("linear", "constant"),
     "partitioning": ("data", "expert", "expert_model"),
 }
 LENGTH_KEYS = ("data.max_length", "data.max_target_length")  # the row lengths of `packing.row_lengths`, in order
-POSITIVE_KEYS = ("batch_size", "num_train_steps", "log_every", "checkpoint_every", "keep_checkpoints",
-                 "model.emb_dim", "model.num_heads", "model.head_dim", "model.mlp_dim", "model.max_position",
-                 "data.max_length", "data.vocab_size", "eval_bleu_sentences")
+POSITIVE_KEYS = ("batch_size", "num_microbatches", "num_train_steps", "log_every", "checkpoint_every",
+                 "keep_checkpoints", "model.emb_dim", "model.num_heads", "model.head_dim", "model.mlp_dim",
+                 "model.max_position", "data.max_length", "data.vocab_size", "eval_bleu_sentences")
 # Integer keys where 0 is allowed, with what 0 means.
 NONNEGATIVE_KEYS = {"data.max_target_length": "0 = data.max_length", "eval_bleu_every": "0 = never",
                     "eval_every": "0 = never", "eval_batches": "0 = all", "optimizer.warmup_steps": "0 = none",
                     "data.min_eval_pairs": "0 = no minimum"}
+RENAMED_VALUES = {"model.remat": {False: "none", True: "full"}}  # in older runs' config.json: old value -> today's
 # Float keys: a finite number (nan and inf mean nothing here) in the range its test gives.
 FLOAT_RANGES = {
     "optimizer.learning_rate": (lambda x: x > 0, "> 0"),
@@ -95,6 +97,16 @@ def load_module(path: str | pathlib.Path, needs: str):
 def load_file(path: str | pathlib.Path, **kwargs) -> ml_collections.ConfigDict:
   """`get_config(**kwargs)` of a config file."""
   return run_file_code(path, load_module(path, "get_config").get_config, **kwargs)
+
+
+def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Rewrites the old values of RENAMED_VALUES that `config` holds (in place)."""
+  for key, renamed in RENAMED_VALUES.items():
+    section, leaf = key.split(".")
+    if isinstance(value := config.get(section, {}).get(leaf), bool):
+      del config[section][leaf]  # a ConfigDict keeps each field's type: a bool cannot become a str
+      config[section][leaf] = renamed[value]
+  return config
 
 
 def _parse_value(key: str, text: str, current):
@@ -152,9 +164,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
     if flat.get(key) not in allowed:
       raise ConfigError(f"{key}={flat.get(key)!r}: expected one of {allowed}")
   sources = str(config.data.source).split("+")
-  if any(s not in SOURCES for s in sources) or len(set(sources)) != len(sources):
-    raise ConfigError(f"data.source={config.data.source!r}: expected one of {SOURCES}, or several different ones "
-                      "joined with '+' (e.g. 'tatoeba+multi30k')")
+  if not all(known_source(s) for s in sources) or len(set(sources)) != len(sources):
+    raise ConfigError(f"data.source={config.data.source!r}: expected one of {SOURCES} or tfds:NAME, or several "
+                      "different ones joined with '+' (e.g. 'tatoeba+multi30k')")
   for key in POSITIVE_KEYS:
     if not _integer(flat[key]) or flat[key] <= 0:
       raise ConfigError(f"{key}={flat[key]!r}: expected a positive integer")
@@ -163,21 +175,21 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
       raise ConfigError(f"{key}={flat[key]!r}: expected an integer >= 0 ({zero})")
   for key, (test, expected) in FLOAT_RANGES.items():
     value = flat[key]
-    if not _number(value) or not math.isfinite(value) or not test(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not test(value):
       raise ConfigError(f"{key}={value!r}: expected a finite number {expected}")
+  if config.batch_size % config.num_microbatches:
+    raise ConfigError(f"num_microbatches={config.num_microbatches} does not divide batch_size={config.batch_size}")
   if not config.data.temperature > 0:
     raise ConfigError(f"data.temperature={config.data.temperature}: expected > 0 (inf for uniform)")
   _validate_moe(config)
   if num_devices is not None:
     _validate_mesh(config, num_devices)
+  if error := moe_group_error(config, num_devices):
+    raise ConfigError(error)
 
 
 def _integer(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _number(value) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _validate_moe(config):
@@ -185,18 +197,42 @@ def _validate_moe(config):
   if interval < 0:
     raise ConfigError(f"model.moe_interval={interval}: expected >= 0 (0 = dense)")
   moe = MoeConfig.from_config(config.moe).validate(used=interval > 0)
+  if interval and "language" in (moe.router, moe.router_of(decoder=True)) and not config.data.source_tags:
+    raise ConfigError("moe.router='language' routes by the source-language tag: it needs data.source_tags=True")
   for key in ("num_encoder_layers", "num_decoder_layers"):
     if interval and config.model[key] % interval:
       raise ConfigError(f"model.{key}={config.model[key]} is not a multiple of model.moe_interval={interval}")
-  for key, length in zip(LENGTH_KEYS, packing.row_lengths(config)):
-    tokens = config.batch_size * length
-    if interval and tokens > moe.group_size and tokens % moe.group_size:
-      raise ConfigError(f"moe.group_size={moe.group_size} does not divide the {tokens} tokens of a batch "
-                        f"(batch_size={config.batch_size} x {key}={length})")
   expert_axis = config.mesh.expert * mesh_lib.dcn_shape(config)[1]
   if interval and expert_axis > 1 and moe.num_experts % expert_axis:
     raise ConfigError(f"moe.num_experts={moe.num_experts} is not divisible by the expert axis, "
                       f"mesh.expert={config.mesh.expert} x dcn_mesh.expert={config.dcn_mesh.expert}")
+
+
+def microbatch_rows(config) -> int:
+  """Rows of one microbatch: what each forward and backward pass of a training step sees."""
+  return config.batch_size // config.num_microbatches
+
+
+def moe_group_error(config, num_devices: int | None = None, group_size: int | None = None) -> str | None:
+  """Why the MoE groups of a microbatch fail with `group_size` (default moe.group_size), in one line; None if
+  they work. Each side's tokens must be whole groups (or, without microbatches, fewer tokens make one group) and,
+  with `num_devices`, the groups must split over the devices of the mesh axes the rules give 'group'."""
+  if not config.model.moe_interval:
+    return None
+  size, micro = group_size or config.moe.group_size, config.num_microbatches > 1
+  group_devices = devices_of(config, num_devices, "group") if num_devices else 1
+  batch, rows = ("microbatch", "batch_size / num_microbatches") if micro else ("batch", "batch_size")
+  for key, length in zip(LENGTH_KEYS, packing.row_lengths(config)):
+    tokens = microbatch_rows(config) * length
+    if tokens % size and (tokens > size or micro):
+      return (f"moe.group_size={size} does not divide the {tokens} tokens of a {batch} "
+              f"(batch_size={config.batch_size}{f' / num_microbatches={config.num_microbatches}' * micro} x "
+              f"{key}={length})")
+    if (groups := max(tokens // size, 1)) % group_devices:
+      return (f"the {groups} MoE groups of a {batch} ({rows} x {key}={length} / moe.group_size) do not split "
+              f"over the {group_devices} devices of the mesh axes the groups are split over; lower moe.group_size "
+              "or raise batch_size")
+  return None
 
 
 def devices_of(config, num_devices: int, logical: str) -> int:
@@ -206,18 +242,13 @@ def devices_of(config, num_devices: int, logical: str) -> int:
 
 
 def _validate_mesh(config, num_devices: int):
-  """The batch rows and the MoE groups must split over the mesh axes the rules give 'batch' and 'group'."""
+  """The rows of a microbatch must split over the mesh axes the rules give 'batch'."""
   batch_devices = devices_of(config, num_devices, "batch")
-  if config.batch_size % batch_devices:
-    raise ConfigError(f"batch_size={config.batch_size} does not split over the {batch_devices} devices of the "
-                      "mesh axes the batch is split over")
-  group_devices = devices_of(config, num_devices, "group")
-  for key, length in zip(LENGTH_KEYS, packing.row_lengths(config)):
-    groups = max(config.batch_size * length // config.moe.group_size, 1)
-    if config.model.moe_interval and groups % group_devices:
-      raise ConfigError(f"the {groups} MoE groups of a batch (batch_size x {key}={length} / moe.group_size) do "
-                        f"not split over the {group_devices} devices of the mesh axes the groups are split over; "
-                        "lower moe.group_size or raise batch_size")
+  if microbatch_rows(config) % batch_devices:
+    rows = f"batch_size={config.batch_size}" + f" / num_microbatches={config.num_microbatches}" * (
+        config.num_microbatches > 1)
+    raise ConfigError(f"{rows} does not split over the {batch_devices} devices of the mesh axes the batch is split "
+                      "over")
 
 
 def load(path, overrides: dict[str, str] | None = None, num_devices=None) -> ml_collections.ConfigDict:
@@ -250,10 +281,10 @@ def save(config: ml_collections.ConfigDict, workdir: io.PathLike):
   path = io.path(workdir) / "config.json"
   if path.exists():
     # a key the run's config lacks is one added since: the run had its default's behaviour
-    old = flatten(defaults.get_config()) | flatten(ml_collections.ConfigDict(json.loads(path.read_text())))
+    old = flatten(defaults.get_config()) | flatten(load_saved(workdir))
     new = flatten(config)
     changed = [k for k in new if k.split(".")[0] in ("model", "moe", "data") and old.get(k) != new[k]
-               and k != "data.prefetch"]
+               and k not in ("data.prefetch", "model.remat")]  # these two change no result
     if changed:
       raise ConfigError(f"{path} was written for a different run: " + ", ".join(
           f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in changed) + "; use a new --workdir")
@@ -265,4 +296,4 @@ def load_saved(workdir: io.PathLike) -> ml_collections.ConfigDict:
   path = io.path(workdir) / "config.json"
   if not path.is_file():
     raise ConfigError(f"{path} not found: is {workdir} a gshard_mt work directory?")
-  return ml_collections.ConfigDict(json.loads(path.read_text()))
+  return upgrade(ml_collections.ConfigDict(json.loads(path.read_text())))

@@ -13,6 +13,9 @@ def get_config():
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.batch_size = 64  # global rows per step; each row packs several pairs
+  # Gradient accumulation: the step runs batch_size / num_microbatches rows at a time and makes one update (the
+  # whole batch's, MoE groups formed within each microbatch): the paper's batch on fewer chips.
+  c.num_microbatches = 1
   c.num_train_steps = 1000
   c.log_every = 50
   c.eval_every = 500  # dev loss and perplexity
@@ -24,8 +27,11 @@ def get_config():
   c.nonfinite = "stop"  # 'stop': stop with a message naming the step; 'skip': skip the update
 
   c.data = ml_collections.ConfigDict()
-  c.data.source = "tatoeba"  # 'tatoeba', 'multi30k' (both shipped), 'folder', 'tsv', 'tfds'; join with '+'
+  # 'tatoeba', 'multi30k' (both shipped), 'folder', 'tsv', 'tfds:NAME' (e.g. 'tfds:wmt19_translate/de-en'), 'tfds'
+  # (= tfds:<data.tfds_name>); join with '+'
+  c.data.source = "tatoeba"
   c.data.path = ""  # folder or TSV file for 'folder' / 'tsv'
+  c.data.prepared_dir = ""  # where prepared corpora live, shared by runs (local or gs://...); '' = <workdir>/tokenizer
   c.data.tfds_name = ""  # e.g. 'wmt19_translate/de-en'
   c.data.tfds_data_dir = ""
   c.data.tfds_source_key = ""  # '' = the non-English language of the Translation feature
@@ -58,7 +64,7 @@ def get_config():
   c.model.dropout_rate = 0.1
   c.model.attention_dropout_rate = 0.0
   c.model.dtype = "bfloat16"  # computation; parameters are float32
-  c.model.remat = False  # rematerialise each layer unit in the backward pass
+  c.model.remat = "none"  # what a layer unit keeps for the backward pass (model.REMAT_POLICIES): 'none', 'full', ...
   c.model.scan_layers = True  # compile one layer unit, not one per layer
 
   c.moe = ml_collections.ConfigDict(dataclasses.asdict(MoeConfig()))  # its fields, defaults and comments

@@ -1,34 +1,41 @@
 """Parallel text sources behind one interface: `load_corpus(config) -> {split: {lang: Pairs}}`.
 
 Sources (config key `data.source`; join several with '+', e.g. 'tatoeba+multi30k'):
-  'tatoeba'  the shipped Tatoeba-112 corpus in data/tatoeba (112 languages to English, no download);
-  'multi30k' the shipped Multi30k task 1 in data/multi30k (deu, fra, ces to English), with its official splits:
-             train, val as dev, test_2016_flickr as test;
-  'folder'   any folder of line-aligned `*.xx-eng.xx` / `*.xx-eng.eng` files (plain or .gz), `data.path`;
-  'tsv'      one file of `lang<TAB>source<TAB>english` lines, `data.path`;
-  'tfds'     a TFDS translation dataset by name/config, `data.tfds_name` (read through `tfds.data_source`,
-             so TensorFlow is not needed; the dataset must be prepared in array_record format).
+  'tatoeba'    the shipped Tatoeba-112 corpus in data/tatoeba (112 languages to English, no download);
+  'multi30k'   the shipped Multi30k task 1 in data/multi30k (deu, fra, ces to English), with its official splits:
+               train, val as dev, test_2016_flickr as test;
+  'folder'     any folder of line-aligned `*.xx-eng.xx` / `*.xx-eng.eng` files (plain or .gz), `data.path`;
+  'tsv'        one file of `lang<TAB>source<TAB>english` lines, `data.path`;
+  'tfds:NAME'  a TFDS translation dataset in array_record format under `data.tfds_data_dir`, e.g.
+               'tfds:wmt19_translate/de-en' (`tfds_source`; 'tfds' alone names `data.tfds_name`)
 Files and TSVs are split per language, deterministically (`split_corpus`); Multi30k and TFDS datasets keep their
 own splits.
 
 A corpus maps stream names to pairs. A stream is named by its language code, or `lang.source` where two joined
 sources share the language ('deu.tatoeba', 'deu.multi30k'): each stream is sampled and scored on its own, and the
 source-language tag is the language's (`language_of`), shared by its streams.
+
+It is read in `Part`s (one language's files, a TSV, Multi30k, one TFDS dataset), each whole by `read_part`, so that
+the preparation (`gshard_mt.data.prepare`) reads them in parallel processes.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import gzip
-import hashlib
+import os
 import pathlib
 import re
+from collections.abc import Sequence
 
 from gshard_mt import io
+from gshard_mt.data import tfds_source
 from gshard_mt.errors import DataError
 
 SPLITS = ("train", "dev", "test")
 SOURCES = ("tatoeba", "multi30k", "folder", "tsv", "tfds")
+TFDS_PREFIX = "tfds:"  # 'tfds:NAME' names a TFDS dataset in data.source
 SHIPPED = pathlib.Path(__file__).resolve().parents[2] / "data"
 # Multi30k's files and language codes -> ours (ISO 639-3, as Tatoeba's).
 MULTI30K_SPLITS = {"train": "train", "dev": "val", "test": "test_2016_flickr"}
@@ -36,13 +43,13 @@ MULTI30K_LANGUAGES = {"de": "deu", "fr": "fra", "cs": "ces"}
 _PAIR_FILE = re.compile(r"^(?P<stem>.*\.)?(?P<src>[a-z]{2,3})-eng\.(?P<side>[a-z]{2,3})(?P<gz>\.gz)?$")
 
 
-
 @dataclasses.dataclass
 class Pairs:
-  """Line-aligned source and English sentences of one language, with where they came from."""
+  """Line-aligned source and English sentences of one language, with where they came from (lists, or the
+  memory-mapped `shards.Lines` of a prepared corpus)."""
 
-  src: list[str]
-  tgt: list[str]
+  src: Sequence[str]
+  tgt: Sequence[str]
   origin: str = ""
 
   def __len__(self):
@@ -98,12 +105,12 @@ def _clean(src, tgt, origin) -> tuple[Pairs, int]:
   return Pairs(keep_src, keep_tgt, origin), empty
 
 
-def load_folder(path: io.PathLike) -> tuple[Corpus, int]:
-  """All `<prefix>.xx-eng.xx` + `<prefix>.xx-eng.eng` pairs in `path`; returns (corpus, empty lines skipped)."""
+def folder_files(path: io.PathLike) -> dict[str, tuple[io.epath.Path, io.epath.Path]]:
+  """{lang: (source file, English file)} for the `<prefix>.xx-eng.xx` + `<prefix>.xx-eng.eng` pairs in `path`."""
   folder = io.path(path)
   if not folder.is_dir():
     raise DataError(f"{folder}: data folder not found (data.path)")
-  corpus, empty = {}, 0
+  files = {}
   for src_path in sorted(folder.iterdir()):
     m = _PAIR_FILE.match(src_path.name)
     if not m or m["side"] != m["src"] or m["src"] == "eng":
@@ -111,10 +118,18 @@ def load_folder(path: io.PathLike) -> tuple[Corpus, int]:
     tgt_path = src_path.with_name(src_path.name.replace(f"-eng.{m['src']}", "-eng.eng"))
     if not tgt_path.exists():
       raise DataError(f"{src_path}: no English side {tgt_path.name} beside it")
-    corpus[m["src"]], n = _aligned(src_path, tgt_path, m["src"])
-    empty += n
-  if not corpus:
+    files[m["src"]] = (src_path, tgt_path)
+  if not files:
     raise DataError(f"{folder}: no `*.xx-eng.xx` / `*.xx-eng.eng` file pairs found")
+  return files
+
+
+def load_folder(path: io.PathLike) -> tuple[Corpus, int]:
+  """All `<prefix>.xx-eng.xx` + `<prefix>.xx-eng.eng` pairs in `path`; returns (corpus, empty lines skipped)."""
+  corpus, empty = {}, 0
+  for lang, (src_path, tgt_path) in folder_files(path).items():
+    corpus[lang], n = _aligned(src_path, tgt_path, lang)
+    empty += n
   return corpus, empty
 
 
@@ -157,31 +172,6 @@ def split_corpus(corpus: Corpus, dev_fraction=0.1, test_fraction=0.1, min_eval=5
   return splits
 
 
-def load_tfds(name: str, data_dir: str | None = None, source_key: str = "") -> dict[str, Corpus]:
-  """A TFDS translation dataset with a `Translation` feature; its train/validation/test become train/dev/test."""
-  import tensorflow_datasets as tfds  # imported here: only this source needs it
-
-  try:
-    builder = tfds.builder(name, data_dir=data_dir)
-  except Exception as e:  # noqa: BLE001 - TFDS raises several kinds for unknown names
-    raise DataError(f"unknown TFDS dataset data.tfds_name={name!r}: {e}") from None
-  languages = list(getattr(builder.info.features, "languages", None) or [])
-  if "en" not in languages or len(languages) != 2:
-    raise DataError(f"TFDS dataset {name!r} (data.tfds_name) needs a Translation feature with 'en' and one "
-                    f"source language, got languages {languages}")
-  src_key = source_key or next(lang for lang in languages if lang != "en")
-  splits = {}
-  for ours, theirs in (("train", "train"), ("dev", "validation"), ("test", "test")):
-    if theirs not in builder.info.splits:
-      raise DataError(f"TFDS dataset {name!r} has no {theirs!r} split (has {list(builder.info.splits)})")
-    source = tfds.data_source(name, split=theirs, data_dir=data_dir)
-    records = [source[i] for i in range(len(source))]
-    src = [r[src_key].decode("utf-8") for r in records]
-    tgt = [r["en"].decode("utf-8") for r in records]
-    splits[ours] = {src_key: _clean(src, tgt, f"tfds:{name}/{theirs}")[0]}
-  return splits
-
-
 def load_multi30k(folder: pathlib.Path = SHIPPED / "multi30k") -> dict[str, Corpus]:
   """Multi30k task 1 with its official splits (train, val -> dev, test_2016_flickr -> test), never re-split."""
   splits = {}
@@ -197,58 +187,114 @@ def load_multi30k(folder: pathlib.Path = SHIPPED / "multi30k") -> dict[str, Corp
   return splits
 
 
-def load_source(source: str, data_config) -> tuple[dict[str, Corpus], int]:
-  """One source's splits; returns (splits, empty lines skipped)."""
-  if source == "tfds":
-    return load_tfds(data_config.tfds_name, data_config.tfds_data_dir or None, data_config.tfds_source_key), 0
-  if source == "multi30k":
-    return load_multi30k(), 0
-  if source == "tsv":
-    corpus, empty = load_tsv(data_config.path)
-  elif source in ("tatoeba", "folder"):
-    corpus, empty = load_folder(SHIPPED / "tatoeba" if source == "tatoeba" else data_config.path)
-  else:
-    raise DataError(f"unknown data.source {source!r}; expected one of {SOURCES}, or several joined with '+'")
-  return split_corpus(corpus, data_config.dev_fraction, data_config.test_fraction, data_config.min_eval_pairs), empty
+@dataclasses.dataclass(frozen=True)
+class Part:
+  """A piece of the corpus that one process reads whole (`read_part`): `kind` is 'files' (args: language, source
+  file, English file), 'tsv' (args: the file), 'multi30k' or 'tfds' (args: name, data folder, source key);
+  `label` names its streams' source where two sources share a language."""
+
+  label: str
+  kind: str
+  args: tuple[str, ...] = ()
 
 
-def join(parts: dict[str, dict[str, Corpus]]) -> dict[str, Corpus]:
-  """{source: splits} -> one set of splits; a language two sources share becomes one stream per source."""
-  count: dict[str, int] = {}
-  for splits in parts.values():
-    for lang in splits["train"]:
-      count[lang] = count.get(lang, 0) + 1
-  return {name: {(lang if count.get(lang, 0) < 2 else f"{lang}.{source}"): pairs
-                 for source, splits in parts.items() for lang, pairs in splits[name].items()} for name in SPLITS}
+def known_source(source: str) -> bool:
+  return source in SOURCES or (source.startswith(TFDS_PREFIX) and len(source) > len(TFDS_PREFIX))
 
 
-def load_corpus(data_config) -> tuple[dict[str, Corpus], dict]:
-  """The configured source(s), split and filtered to `data.languages`; returns (splits, info)."""
+def wanted_streams(languages: str) -> list[str]:
+  """The codes of `data.languages` ('' = all)."""
+  return [lang.strip() for lang in languages.split(",") if lang.strip()]
+
+
+def parts(data_config) -> list[Part]:
+  """What `data.source` reads, in order; language files outside `data.languages` are left out unread."""
   sources = data_config.source.split("+")
   if len(set(sources)) != len(sources):
     raise DataError(f"data.source={data_config.source!r} names a source twice")
-  loaded = {source: load_source(source, data_config) for source in sources}
-  splits = join({source: s for source, (s, _) in loaded.items()})
-  empty = sum(n for _, n in loaded.values())
-  wanted = [lang.strip() for lang in data_config.languages.split(",") if lang.strip()]
-  if wanted:
-    streams = {w: [s for s in splits["train"] if w in (s, language_of(s))] for w in wanted}
-    unknown = sorted(w for w, found in streams.items() if not found)
-    if unknown:
-      raise DataError(f"unknown language code(s) {unknown} in data.languages; the corpus has "
-                      f"{sorted(splits['train'])}")
-    chosen = sorted({s for found in streams.values() for s in found})
-    splits = {name: {s: c[s] for s in chosen if s in c} for name, c in splits.items()}
+  wanted = {language_of(w) for w in wanted_streams(data_config.languages)}
+  out = []
+  for source in sources:
+    if source in ("tatoeba", "folder"):
+      files = folder_files(SHIPPED / "tatoeba" if source == "tatoeba" else data_config.path)
+      out += [Part(source, "files", (lang, os.fspath(s), os.fspath(t))) for lang, (s, t) in files.items()
+              if not wanted or lang in wanted]
+    elif source in ("tsv", "multi30k"):
+      out.append(Part(source, source, (str(data_config.path),) if source == "tsv" else ()))
+    elif source == "tfds":
+      out.append(Part("tfds", "tfds", (data_config.tfds_name, data_config.tfds_data_dir, data_config.tfds_source_key)))
+    elif known_source(source):
+      name = source[len(TFDS_PREFIX):]
+      out.append(Part(name.split("/")[0].split(":")[0], "tfds", (name, data_config.tfds_data_dir, "")))
+    else:
+      raise DataError(f"unknown data.source {source!r}; expected one of {SOURCES} or tfds:NAME, or several joined "
+                      "with '+'")
+  return out
+
+
+def part_files(part: Part) -> list[io.epath.Path]:
+  """The files a part reads: their sizes and times key the prepared data (`gshard_mt.data.prepare`)."""
+  if part.kind == "files":
+    return [io.path(p) for p in part.args[1:]]
+  if part.kind == "tsv":
+    return [io.path(part.args[0])]
+  folder = SHIPPED / "multi30k" if part.kind == "multi30k" else tfds_source.builder(*part.args[:2]).data_path
+  return sorted(p for p in io.path(folder).iterdir() if p.is_file())
+
+
+def split_settings(data_config) -> tuple[float, float, int]:
+  """(dev_fraction, test_fraction, min_eval_pairs): how `split_corpus` splits files and TSVs."""
+  return data_config.dev_fraction, data_config.test_fraction, data_config.min_eval_pairs
+
+
+def read_part(part: Part, settings: tuple[float, float, int]) -> tuple[dict[str, Corpus], int]:
+  """One part's splits {split: {lang: pairs}} and the empty lines it skipped; `settings` from `split_settings`."""
+  if part.kind == "tfds":
+    return {name: {lang: _clean(src, tgt, origin)[0]}
+            for name, (lang, src, tgt, origin) in tfds_source.load(*part.args).items()}, 0
+  if part.kind == "multi30k":
+    return load_multi30k(), 0
+  if part.kind == "tsv":
+    corpus, empty = load_tsv(part.args[0])
+  else:
+    lang, src_path, tgt_path = part.args
+    pairs, empty = _aligned(src_path, tgt_path, lang)
+    corpus = {lang: pairs}
+  return split_corpus(corpus, *settings), empty
+
+
+def stream_names(found: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
+  """{(source label, language): stream}: the language code, or `lang.label` where several sources have it."""
+  found = sorted(set(found))
+  count = collections.Counter(lang for _, lang in found)
+  names = {key: key[1] if count[key[1]] < 2 else f"{key[1]}.{key[0]}" for key in found}
+  if len(set(names.values())) < len(names):
+    raise DataError(f"data.source={'+'.join(sorted({label for label, _ in found}))!r}: two sources give the same "
+                    "stream names; join different datasets")
+  return names
+
+
+def select(streams: list[str], languages: str) -> list[str]:
+  """The streams `data.languages` names, sorted (a language code selects all of its streams; '' = all)."""
+  wanted = wanted_streams(languages)
+  if not wanted:
+    return sorted(streams)
+  found = {w: [s for s in streams if w in (s, language_of(s))] for w in wanted}
+  unknown = sorted(w for w, streams_of_w in found.items() if not streams_of_w)
+  if unknown:
+    raise DataError(f"unknown language code(s) {unknown} in data.languages; the corpus has {sorted(streams)}")
+  return sorted({s for streams_of_w in found.values() for s in streams_of_w})
+
+
+def load_corpus(data_config) -> tuple[dict[str, Corpus], dict]:
+  """The configured source(s), split and filtered to `data.languages`, in memory; returns (splits, info)."""
+  settings = split_settings(data_config)
+  loaded = [(part, *read_part(part, settings)) for part in parts(data_config)]
+  names = stream_names([(part.label, lang) for part, splits, _ in loaded for c in splits.values() for lang in c])
+  chosen = select(list(names.values()), data_config.languages)
+  by_stream = {name: {names[part.label, lang]: pairs for part, splits, _ in loaded
+                      for lang, pairs in splits[name].items()} for name in SPLITS}
+  splits = {name: {s: by_stream[name][s] for s in chosen if s in by_stream[name]} for name in SPLITS}
   if sum(len(p) for p in splits["train"].values()) == 0:
     raise DataError(f"the {data_config.source} corpus has no training pairs")
-  return splits, {"empty_lines_skipped": empty}
-
-
-def fingerprint(corpus: Corpus) -> str:
-  """A short hash of a corpus's content, for cache names."""
-  h = hashlib.sha256()
-  for lang in sorted(corpus):
-    h.update(lang.encode())
-    for s, t in zip(corpus[lang].src, corpus[lang].tgt):
-      h.update(s.encode() + b"\t" + t.encode() + b"\n")
-  return h.hexdigest()[:16]
+  return splits, {"empty_lines_skipped": sum(empty for _, _, empty in loaded)}

@@ -8,11 +8,9 @@ Attention is masked to equal segment ids, so packed pairs never see each other.
 from __future__ import annotations
 
 import dataclasses
-from io import BytesIO
 
 import numpy as np
 
-from gshard_mt import io
 from gshard_mt.data.tokenizer import EOS_ID
 
 FIELDS = ("inputs", "targets")
@@ -28,7 +26,8 @@ def row_lengths(config) -> tuple[int, int]:
 
 @dataclasses.dataclass
 class TokenizedSplit:
-  """n pairs as flat token arrays: pair i's source is src_tokens[src_offsets[i]:src_offsets[i+1]]."""
+  """n pairs as flat token arrays: pair i's source is src_tokens[src_offsets[i]:src_offsets[i+1]] (in memory, or
+  memory-mapped from a prepared corpus: `gshard_mt.data.shards`)."""
 
   languages: list[str]
   lang: np.ndarray  # int32 [n], index into languages
@@ -55,19 +54,6 @@ class TokenizedSplit:
       tokens = np.fromiter((t for s in seqs for t in s), np.int32, count=int(lengths.sum()))
       return tokens, np.concatenate([[0], np.cumsum(lengths)])
     return cls(list(languages), np.asarray(lang, np.int32), *flat(src), *flat(tgt))
-
-  def save(self, path: io.PathLike):
-    """Whole or not at all: the arrays are written to memory, then once to `path` (io.write_atomically)."""
-    arrays = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "languages"}
-    buffer = BytesIO()
-    np.savez(buffer, languages=np.array(self.languages), **arrays)
-    io.write_atomically(path, buffer.getvalue())
-
-  @classmethod
-  def load(cls, path: io.PathLike):
-    # NumPy opens local files only: an object's bytes are read first
-    with np.load(path if io.is_local(path) else BytesIO(io.path(path).read_bytes())) as z:
-      return cls(languages=z["languages"].tolist(), **{k: z[k] for k in z.files if k != "languages"})
 
 
 def _empty_batch(rows: int, lengths: tuple[int, int]) -> dict[str, np.ndarray]:

@@ -1,16 +1,23 @@
-"""The input pipeline: corpus -> cached tokenizer and token arrays -> temperature-sampled packed batches.
+"""The input pipeline: prepared corpus (memory-mapped token arrays and tokenizer) -> temperature-sampled packed
+batches.
 
 Training batch `i` is a pure function of (seed, i): resuming at step i sees exactly the batches an
 uninterrupted run would have seen, and the iterator state is just {'seed', 'next_index'}. Each process of a
 multi-host run builds only its own rows of that same global batch. A background thread prepares batches and puts
 them on the devices ahead of the step that needs them (the host stays ahead of the devices, as in Pathways'
-asynchronous dispatch).
+asynchronous dispatch). The corpus is prepared once (`gshard_mt.data.prepare`) and memory-mapped: what a batch
+reads is paged in, the rest stays on disk, and the sampler's index of the pairs that fit the rows (`Eligible`) is
+kept beside the shards too.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import logging
+import os
+import pathlib
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -19,30 +26,79 @@ import numpy as np
 
 from gshard_mt import io
 from gshard_mt.data import corpus as corpus_lib
-from gshard_mt.data import packing, sampling
+from gshard_mt.data import packing, sampling, shards
+from gshard_mt.data import prepare as prepare_lib
 from gshard_mt.data import tokenizer as tokenizer_lib
+from gshard_mt.errors import DataError
 
 log = logging.getLogger(__name__)
 
 
-def tokenize(split: corpus_lib.Corpus, tok: tokenizer_lib.Tokenizer) -> packing.TokenizedSplit:
-  languages = sorted(split)
-  lang, src, tgt = [], [], []
-  for i, name in enumerate(languages):
-    src += tok.encode(split[name].src, name)
-    tgt += tok.encode(split[name].tgt)
-    lang += [i] * len(split[name])
-  return packing.TokenizedSplit.from_lists(languages, lang, src, tgt)
+@dataclasses.dataclass
+class Eligible:
+  """The training pairs that fit the row lengths, what the sampler draws from: `ids` int64 [m], stream by stream,
+  each stream's in corpus order; `counts` int64 [streams]; `mean_lengths` float64 [2, streams], the mean source and
+  target tokens of each stream's; `shortest`, the fewest tokens on either side of any; `filtered`, pairs left out."""
+
+  ids: np.ndarray
+  counts: np.ndarray
+  mean_lengths: np.ndarray
+  shortest: int
+  filtered: int
 
 
-def tokenize_cached(split: corpus_lib.Corpus, tok: tokenizer_lib.Tokenizer, name: str) -> packing.TokenizedSplit:
-  """Tokenizes once per (tokenizer, content); later runs load the arrays from beside the tokenizer."""
-  path = tok.path.with_name(f"{tok.path.stem}-{name}-{corpus_lib.fingerprint(split)}.npz")
-  if path.exists():
-    return packing.TokenizedSplit.load(path)
-  data = tokenize(split, tok)
-  data.save(path)
-  return data
+def eligible(split: packing.TokenizedSplit, lengths: tuple[int, int], out: Callable | None = None,
+             chunk: int = 1 << 20) -> Eligible:
+  """The pairs of `split` within lengths = (source, target) tokens, read `chunk` pairs at a time (a memory-mapped
+  split is never read whole, nor held); `out(m)` gives the int64 array the ids are written to."""
+  L = len(split.languages)
+
+  def chunks():  # (first pair, fits bool [k], lang [k], (source, target) lengths [2, k]) per chunk
+    for lo in range(0, len(split), chunk):
+      hi = min(lo + chunk, len(split))
+      lens = np.stack([np.diff(o[lo:hi + 1]) for o in (split.src_offsets, split.tgt_offsets)])
+      yield lo, (lens[0] <= lengths[0]) & (lens[1] <= lengths[1]), np.asarray(split.lang[lo:hi]), lens
+
+  counts, sums, shortest, filtered = np.zeros(L, np.int64), np.zeros((2, L)), [], 0
+  for _, fits, lang, lens in chunks():
+    counts += np.bincount(lang[fits], minlength=L)
+    sums += [np.bincount(lang[fits], n[fits], L) for n in lens]
+    shortest += [int(lens[:, fits].min())] if fits.any() else []
+    filtered += int((~fits).sum())
+  ids = (out or functools.partial(np.empty, dtype=np.int64))(int(counts.sum()))
+  cursor = np.cumsum(counts) - counts
+  for lo, fits, lang, _ in chunks():
+    mine = np.flatnonzero(fits)
+    mine = mine[np.argsort(lang[mine], kind="stable")]
+    group = lang[mine]
+    ids[cursor[group] + np.arange(len(mine)) - np.searchsorted(group, group)] = lo + mine
+    cursor += np.bincount(group, minlength=L)
+  return Eligible(ids, counts, sums / np.maximum(counts, 1), min(shortest, default=0), filtered)
+
+
+def cached_eligible(directory: pathlib.Path, split: packing.TokenizedSplit, lengths: tuple[int, int]) -> Eligible:
+  """`eligible` of a prepared training split: computed once per row lengths and kept in its local directory, the
+  ids memory-mapped (computed in memory where the directory cannot be written)."""
+  name = f"train.eligible-{lengths[0]}x{lengths[1]}"
+  ids_path, info_path = directory / f"{name}.bin", directory / f"{name}.json"
+  if not info_path.exists():
+    tmp = directory / f".{name}.tmp{os.getpid()}"
+    try:
+      index = eligible(split, lengths, lambda m: np.memmap(tmp, np.int64, "w+", shape=m) if m else np.zeros(0, int))
+      if len(index.ids):
+        index.ids.flush()
+      else:  # an empty file, which cannot be mapped
+        tmp.write_bytes(b"")
+      tmp.replace(ids_path)
+      info = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in vars(index).items() if k != "ids"}
+      io.write_atomically(info_path, json.dumps(info))  # last: its presence says the ids are complete
+    except OSError as e:
+      log.warning("cannot keep the sampler's index in %s (%s): computed in memory", directory, e)
+      tmp.unlink(missing_ok=True)
+      return eligible(split, lengths)
+  info = json.loads(info_path.read_text())
+  return Eligible(shards.read_array(ids_path, np.int64), np.array(info["counts"], np.int64),
+                  np.array(info["mean_lengths"]), info["shortest"], info["filtered"])
 
 
 class TrainBatches:
@@ -55,19 +111,16 @@ class TrainBatches:
   """
 
   def __init__(self, split: packing.TokenizedSplit, rates: dict[str, float], rows: int, lengths: tuple[int, int],
-               seed: int, process_index: int = 0, process_count: int = 1, window_rows: int = 16):
+               seed: int, process_index: int = 0, process_count: int = 1, window_rows: int = 16,
+               index: Eligible | None = None):
     if rows % process_count:
       raise ValueError(f"batch_size={rows} does not divide over {process_count} processes")
     self.split, self.lengths, self.seed, self.window_rows = split, tuple(lengths), seed, window_rows
-    self.src_len, self.tgt_len = split.src_len, split.tgt_len
     self.global_rows = rows
     self.rows = rows // process_count
     self.first_row = process_index * self.rows
-    fits = (self.src_len <= lengths[0]) & (self.tgt_len <= lengths[1])
-    by_lang = [np.flatnonzero(fits & (split.lang == i)) for i in range(len(split.languages))]
-    self.filtered = int((~fits).sum())
-    self.eligible = np.concatenate(by_lang)
-    self.counts = np.array([len(ids) for ids in by_lang])
+    index = index or eligible(split, lengths)  # `index`: the same, kept beside a prepared split
+    self.filtered, self.eligible, self.counts = index.filtered, index.ids, index.counts
     self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
     self.rates = np.array([rates.get(lang, 0.0) if n else 0.0 for lang, n in zip(split.languages, self.counts)])
     if self.rates.sum() <= 0:
@@ -75,12 +128,9 @@ class TrainBatches:
                        "(data.max_length, data.max_target_length)")
     self.rates = self.rates / self.rates.sum()
     self.cumulative_rates = np.cumsum(self.rates)
-    lang = split.lang[self.eligible]
-    self.mean_lengths = [np.bincount(lang, n[self.eligible], len(self.counts)) / np.maximum(self.counts, 1)
-                         for n in (self.src_len, self.tgt_len)]  # float [languages] per side
+    self.mean_lengths = list(index.mean_lengths)  # float [languages] per side
     # pairs per stream: more than a window's rows can hold, so that a window always fills before its stream ends
-    shortest = min(int(n[self.eligible].min()) for n in (self.src_len, self.tgt_len))
-    self.per_window = window_rows * max(lengths) // max(shortest, 1) + 1
+    self.per_window = window_rows * max(lengths) // max(index.shortest, 1) + 1
     self.next_index = 0
     self.real_tokens = 0
     self.slots = 0
@@ -100,8 +150,9 @@ class TrainBatches:
     ids, rows = [], []
     for first in range(self.first_row // W * W, end, W):  # the windows that overlap this process's rows
       stream = self._stream(index, first // W)
-      row = first + packing.fill_rows(self.src_len[stream], self.tgt_len[stream], min(W, self.global_rows - first),
-                                      self.lengths)
+      src_len, tgt_len = (offsets[stream + 1] - offsets[stream] for offsets in (self.split.src_offsets,
+                                                                                self.split.tgt_offsets))
+      row = first + packing.fill_rows(src_len, tgt_len, min(W, self.global_rows - first), self.lengths)
       mine = (row >= self.first_row) & (row < end)
       ids.append(stream[: len(row)][mine])
       rows.append(row[mine] - self.first_row)
@@ -192,28 +243,43 @@ def prefetch(iterator: Iterator, size: int = 2, put: Callable = lambda x: x) -> 
 
 @dataclasses.dataclass
 class Data:
-  """Everything the training and evaluation programs need from the data."""
+  """Everything the training and evaluation programs need from the data: memory-mapped from `directory`, the
+  local copy of the prepared corpus."""
 
   tokenizer: tokenizer_lib.Tokenizer
-  text: dict[str, corpus_lib.Corpus]  # split -> language -> pairs
+  text: dict[str, corpus_lib.Corpus]  # split -> stream -> pairs (`shards.Lines`, read when indexed)
   tokens: dict[str, packing.TokenizedSplit]
   rates: dict[str, float]
   info: dict
+  directory: pathlib.Path
 
   def train_batches(self, config, process_index=0, process_count=1) -> TrainBatches:
-    return TrainBatches(self.tokens["train"], self.rates, config.batch_size, packing.row_lengths(config),
-                        config.data.seed, process_index, process_count)
+    lengths = packing.row_lengths(config)
+    return TrainBatches(self.tokens["train"], self.rates, config.batch_size, lengths, config.data.seed,
+                        process_index, process_count, index=cached_eligible(self.directory, self.tokens["train"],
+                                                                            lengths))
 
 
-def load(config, workdir: io.PathLike) -> Data:
-  """Reads the configured corpus, trains or loads the tokenizer, tokenizes (cached) and computes the rates."""
-  text, info = corpus_lib.load_corpus(config.data)
-  tok = tokenizer_lib.train_or_load(text["train"], workdir, config.data.vocab_size, config.data.source_tags,
-                                    config.data.character_coverage)
-  tokens = {name: tokenize_cached(text[name], tok, name) for name in corpus_lib.SPLITS}
-  counts = {lang: len(pairs) for lang, pairs in text["train"].items()}
+def prepare(config, workdir: io.PathLike) -> str:
+  """The name of the config's prepared corpus, preparing it first when it is missing (`gshard_mt.data.prepare`)."""
+  return prepare_lib.ensure(config.data, workdir).name
+
+
+def load(config, workdir: io.PathLike, prepared: str | None = None) -> Data:
+  """The config's data: its prepared corpus, memory-mapped, and the sampling rates. `prepared` names a corpus that
+  another process has prepared (`prepare`); without it, the corpus is prepared here when missing."""
+  root = prepare_lib.root(config.data, workdir)
+  directory = root / prepared if prepared else prepare_lib.ensure(config.data, workdir)
+  manifest = shards.read_manifest(directory)
+  if manifest is None:
+    raise DataError(f"{directory}: prepared data not found; process 0 prepared it there, so this process must see "
+                    f"the same folder (data.prepared_dir, or a work directory shared by all hosts)")
+  local = shards.local_copy(directory)
+  text = {split: shards.open_text(local, manifest, split) for split in corpus_lib.SPLITS}
+  tokens = {split: shards.open_tokens(local, manifest, split) for split in corpus_lib.SPLITS}
+  counts = {stream: n for stream, n in manifest["splits"]["train"]}
   rates = sampling.temperature_rates(counts, config.data.temperature)
-  info = {**info, "languages": len(counts), "train_pairs": sum(counts.values()),
-          "dev_pairs": len(tokens["dev"]), "test_pairs": len(tokens["test"])}
-  log.info("data: %s", info)
-  return Data(tok, text, tokens, rates, info)
+  info = {"empty_lines_skipped": manifest["info"]["empty_lines_skipped"], "languages": len(counts),
+          "train_pairs": sum(counts.values()), "dev_pairs": len(tokens["dev"]), "test_pairs": len(tokens["test"])}
+  log.info("data: %s (%s)", info, directory)
+  return Data(tokenizer_lib.Tokenizer(directory / shards.MODEL), text, tokens, rates, info, local)

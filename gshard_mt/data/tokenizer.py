@@ -1,4 +1,5 @@
-"""A shared SentencePiece vocabulary for all languages, trained on the training split and cached.
+"""A shared SentencePiece vocabulary for all languages, trained on (a sample of) the training split once, when the
+corpus is prepared (`gshard_mt.data.prepare`).
 
 Fixed ids: PAD = 0, EOS = 1, UNK = 2 (no BOS: the decoder starts from PAD, as in Flax's wmt example). With
 `data.source_tags`, each source language gets a reserved piece `<xx>` that is prepended to its sentences.
@@ -9,21 +10,23 @@ characters outside the vocabulary fall back to their UTF-8 bytes (256 byte piece
 
 from __future__ import annotations
 
-import hashlib
+import itertools
 import os
+from collections.abc import Iterator
 from io import BytesIO
 
 import numpy as np
 import sentencepiece as spm
 
 from gshard_mt import io
-from gshard_mt.data.corpus import Corpus, language_of
+from gshard_mt.data.corpus import language_of
 from gshard_mt.errors import DataError
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 # Lossless: raw text in and out (no NFKC: it would turn "…" into "..." and references keep "…").
 TRAINER_OPTIONS = {"byte_fallback": True, "split_digits": True, "normalization_rule_name": "identity",
                    "remove_extra_whitespaces": False}
+MAX_SENTENCES = 1_000_000  # sentences the model is trained on, at most (a sample of bigger corpora)
 
 
 class Tokenizer:
@@ -48,6 +51,23 @@ class Tokenizer:
     tag = [] if lang is None or self.tag_id(lang) is None else [self.tag_id(lang)]
     return [tag + ids + [EOS_ID] for ids in self.sp.encode(texts)]
 
+  def encode_flat(self, texts: list[str], lang: str | None, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """`encode`'s ids of all texts back to back, as (tokens [sum of lengths] of `dtype`, lengths int64 [n])."""
+    tag = None if lang is None else self.tag_id(lang)
+    ids = self.sp.encode(texts, num_threads=1)  # one thread: the preparation runs one process per core
+    body = np.fromiter(map(len, ids), np.int64, len(ids))
+    lengths = body + 1 + (tag is not None)
+    tokens = np.empty(int(lengths.sum()), dtype)
+    ends = np.cumsum(lengths)
+    fill = np.ones(len(tokens), bool)
+    fill[ends - 1] = False
+    tokens[ends - 1] = EOS_ID
+    if tag is not None:
+      fill[ends - lengths] = False
+      tokens[ends - lengths] = tag
+    tokens[fill] = np.fromiter(itertools.chain.from_iterable(ids), dtype, int(body.sum()))
+    return tokens, lengths
+
   def decode(self, ids) -> str:
     """Text of one id sequence, cut at the first EOS; PAD and tags are dropped."""
     ids = [int(i) for i in np.asarray(ids).tolist()]
@@ -56,22 +76,19 @@ class Tokenizer:
     return self.sp.decode([i for i in ids if i != PAD_ID and not self.sp.is_control(i)])
 
 
-def train_or_load(train: Corpus, workdir: io.PathLike, vocab_size: int, source_tags: bool,
-                  character_coverage: float = 0.9995, max_sentences: int = 1_000_000) -> Tokenizer:
-  """The cached tokenizer for this training data and settings, training it first when missing."""
-  languages = sorted(train)
-  tags = [f"<{lang}>" for lang in sorted({language_of(s) for s in languages})] if source_tags else []
-  text = "".join(s + "\n" + t + "\n" for lang in languages for s, t in zip(train[lang].src, train[lang].tgt))
-  settings = f"{vocab_size}|{character_coverage}|{tags}|{TRAINER_OPTIONS}|"
-  key = hashlib.sha256(settings.encode() + text.encode()).hexdigest()[:12]
-  model_path = io.path(workdir) / "tokenizer" / f"spm-{vocab_size}-{key}.model"
-  if model_path.exists():
-    return Tokenizer(model_path)
-  model_path.parent.mkdir(parents=True, exist_ok=True)
+def tag_pieces(streams: list[str], source_tags: bool) -> list[str]:
+  """The reserved `<lang>` pieces of the streams' languages (none without data.source_tags)."""
+  return [f"<{lang}>" for lang in sorted({language_of(s) for s in streams})] if source_tags else []
+
+
+def train(sentences: Iterator[str], vocab_size: int, tags: list[str], character_coverage: float = 0.9995,
+          max_sentences: int = MAX_SENTENCES) -> bytes:
+  """A unigram SentencePiece model (its bytes) of `sentences` with the fixed ids and `tags`; SentencePiece samples
+  `max_sentences` of them when given more."""
   model = BytesIO()
   try:
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(text.splitlines()), model_writer=model, model_type="unigram",
+        sentence_iterator=sentences, model_writer=model, model_type="unigram",
         vocab_size=vocab_size, character_coverage=character_coverage, pad_id=PAD_ID, eos_id=EOS_ID,
         unk_id=UNK_ID, bos_id=-1, control_symbols=tags, input_sentence_size=max_sentences,
         shuffle_input_sentence=True, num_threads=os.cpu_count() or 1, minloglevel=2, **TRAINER_OPTIONS)
@@ -82,5 +99,4 @@ def train_or_load(train: Corpus, workdir: io.PathLike, vocab_size: int, source_t
       raise DataError(f"data.vocab_size={vocab_size} is smaller than the characters this data needs; raise it or "
                       f"lower data.character_coverage={character_coverage}: {e}") from None
     raise
-  io.write_atomically(model_path, model.getvalue())
-  return Tokenizer(model_path)
+  return model.getvalue()

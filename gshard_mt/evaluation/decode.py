@@ -187,8 +187,8 @@ class Translator:
       tokens = tokens[:, None]
       return self.model.apply(variables, memory, src_segments, tokens, jnp.ones_like(tokens),
                               jnp.full((N, 1), step, jnp.int32), decode_step=step,
-                              self_bias=beam_bias(slots, step, K), method=Transformer.decode_logits,
-                              mutable=mutable)
+                              self_bias=beam_bias(slots, step, K), src_tokens=batch["inputs"],
+                              method=Transformer.decode_logits, mutable=mutable)
 
     # The first call creates the self-attention caches (zeros) and fills the source keys and values; its logits
     # are unused, so XLA removes the rest of that call.

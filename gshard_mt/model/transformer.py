@@ -19,6 +19,7 @@ from flax import struct
 
 from gshard_mt.data.packing import BATCH_KEYS
 from gshard_mt.model.layers import Attention, DenseFFN, attention_bias, layer_norm, shift_right, sinusoidal, source_bias
+from gshard_mt.moe import balance, routers
 from gshard_mt.moe.config import MoeConfig
 from gshard_mt.moe.layer import MoeFeedForward
 
@@ -34,6 +35,16 @@ EMBEDDING_SCHEMES = {
     # (initial loss grows with M), and logits sqrt(M) times too small (slow start).
     "sqrt_input": (0.0, 0.5, -0.5),
     "small_logits": (-0.5, 0.5, -0.5),
+}
+# model.remat: which activations of a layer unit the backward pass keeps; the others it recomputes from the unit's
+# input (True and False in older configs are 'full' and 'none').
+REMAT_POLICIES = {
+    "none": None,  # no rematerialisation: everything is kept
+    "full": jax.checkpoint_policies.nothing_saveable,  # only the unit's input: the forward pass runs twice
+    "dots": jax.checkpoint_policies.checkpoint_dots,  # every matmul's output; activations, softmax, ... recomputed
+    # the matmul outputs without batch dimensions (the dense projections): the attention scores and the expert
+    # matmuls ([E, ...] batched einsums) are recomputed, MaxText's 'minimal'
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
 
 
@@ -57,7 +68,7 @@ class TransformerConfig:
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.0
   dtype: Any = jnp.float32
-  remat: bool = False
+  remat: str = "none"  # a key of REMAT_POLICIES
   scan_layers: bool = True
   moe: MoeConfig = MoeConfig()
 
@@ -82,6 +93,7 @@ class LayerInputs:
   memory: jax.Array | None = None  # [B, Ls, M] encoder output (decoder only; None for later decoding steps)
   cross_bias: jax.Array | None = None  # [B, 1, L, Ls], or [B, 1, 1, Ls] per sentence while decoding
   decode_step: jax.Array | None = None  # the position being decoded
+  language: jax.Array | None = None  # [B, L, M] the router input of moe.router='language' (`source_tags`)
 
 
 class Layer(nn.Module):
@@ -111,8 +123,8 @@ class Layer(nn.Module):
     h = layer_norm("pre_ffn")(x)
     stats = {}
     if self.use_moe:
-      h, stats = MoeFeedForward(cfg.moe, dtype=cfg.dtype, name="moe")(h, inputs.token_mask,
-                                                                      deterministic=deterministic)
+      h, stats = MoeFeedForward(cfg.moe, dtype=cfg.dtype, decoder=self.is_decoder, name="moe")(
+          h, inputs.token_mask, deterministic=deterministic, language=inputs.language)
     else:
       h = DenseFFN(cfg.mlp_dim, cfg.dtype, cfg.dropout_rate, name="ffn")(h, deterministic=deterministic)
     x = x + drop(h, deterministic=deterministic).astype(x.dtype)
@@ -151,9 +163,9 @@ class Stack(Unit):
     """x [B, L, M] -> (x [B, L, M], MoE stats stacked over the units [U, ...])."""
     cfg = self.cfg
     num_units = self.num_layers // cfg.unit_size
-    unit = nn.remat(Unit, static_argnums=()) if cfg.remat else Unit
+    unit = Unit if cfg.remat == "none" else nn.remat(Unit, static_argnums=(), policy=REMAT_POLICIES[cfg.remat])
     if cfg.scan_layers:
-      scanned = nn.scan(unit, variable_axes={"params": 0, "cache": 0, "memory": 0},
+      scanned = nn.scan(unit, variable_axes={"params": 0, "cache": 0, "memory": 0, balance.COLLECTION: 0},
                         split_rngs={"params": True, "dropout": True, "gating": True},
                         in_axes=(nn.broadcast,), length=num_units,
                         metadata_params={nn.PARTITION_NAME: "layers"})
@@ -205,21 +217,33 @@ class Transformer(nn.Module):
       x = x + sinusoidal(positions, self.cfg.emb_dim)
     return nn.with_logical_constraint(self.dropout(x, deterministic=self.deterministic), BLM)
 
+  def _language(self, src_tokens, src_segments, segments, decoder: bool, beams: bool = False):
+    """What moe.router='language' reads for each token of `segments` [B', L]: the embedding of its pair's source
+    tag (times the input multiplier, as a token's), or None where the stack routes by token."""
+    if not self.cfg.moe_interval or not routers.ROUTERS[self.cfg.moe.router_of(decoder)].reads_language:
+      return None
+    if src_tokens is None:
+      raise ValueError("moe.router='language' routes by the source language: decode_logits needs src_tokens")
+    return self.src_embed(source_tags(src_tokens, src_segments, segments, beams)) * self._scales[1]
+
   def encode(self, inputs, segments, positions):
     """[B, Ls] tokens -> (memory [B, Ls, M], stats)."""
     x = self._embed(self.src_embed, inputs, positions)
-    return self.encoder(x, LayerInputs(attention_bias(segments, segments, causal=False), segments > 0))
+    return self.encoder(x, LayerInputs(attention_bias(segments, segments, causal=False), segments > 0,
+                                       language=self._language(inputs, segments, segments, decoder=False)))
 
   def decode_logits(self, memory, src_segments, decoder_inputs, segments, positions, decode_step=None,
-                    self_bias=None):
+                    self_bias=None, src_tokens=None):
     """Decoder over [B, L] inputs (or one step of them when decoding) -> (logits [B, L, V] in cfg.dtype, stats).
-    A decoding step takes the self-attention bias over the cache (`decode.beam_bias`)."""
+    A decoding step takes the self-attention bias over the cache (`decode.beam_bias`); moe.router='language'
+    needs the source tokens [B, Ls] (their tags)."""
     x = self._embed(self.tgt_embed, decoder_inputs, positions)
     # While decoding, N = B x beams rows attend to the B sentences' sources, and self_bias masks the cache.
     cross_bias = source_bias(src_segments) if self.decode else attention_bias(segments, src_segments, causal=False)
     if self_bias is None:
       self_bias = attention_bias(segments, segments, causal=True)
-    y, stats = self.decoder(x, LayerInputs(self_bias, segments > 0, memory, cross_bias, decode_step))
+    language = self._language(src_tokens, src_segments, segments, decoder=True, beams=self.decode)
+    y, stats = self.decoder(x, LayerInputs(self_bias, segments > 0, memory, cross_bias, decode_step, language))
     kernel = self.tgt_embed.embedding.T * self._scales[2] if self.cfg.tied_logits else self.logits_kernel  # [M, V]
     # In the computation dtype, as every other matmul: float32 [B, L, V] logits would be the largest tensor of a
     # bfloat16 step, and the loss reads them in float32 anyway (training.step.cross_entropy).
@@ -230,8 +254,24 @@ class Transformer(nn.Module):
     memory, enc_stats = self.encode(batch["inputs"], batch["inputs_segmentation"], batch["inputs_position"])
     decoder_inputs = shift_right(batch["targets"], batch["targets_segmentation"])
     logits, dec_stats = self.decode_logits(memory, batch["inputs_segmentation"], decoder_inputs,
-                                           batch["targets_segmentation"], batch["targets_position"])
+                                           batch["targets_segmentation"], batch["targets_position"],
+                                           src_tokens=batch["inputs"])
     return logits, {"encoder": enc_stats, "decoder": dec_stats}
+
+
+def source_tags(src_tokens, src_segments, segments, beams: bool = False) -> jax.Array:
+  """int32 [B', L]: the first source token (with data.source_tags, the `<xx>` language tag) of the pair each token
+  of `segments` [B', L] belongs to (0 for padding). src_tokens, src_segments [B, Ls]: packed pairs, matched by
+  segment id. beams=True: decoding, where B' = B x beams rows hold one sentence per B row, and row n is sentence
+  n // beams."""
+  B, Ls = src_tokens.shape
+  starts = (src_segments > 0) & (src_segments != jnp.pad(src_segments[:, :-1], ((0, 0), (1, 0))))
+  # tag[b, k]: the tag of pair k of row b (each pair starts once: no two writes meet; the rest are dropped)
+  tag = jnp.zeros((B, Ls + 1), jnp.int32).at[jnp.arange(B)[:, None], jnp.where(starts, src_segments, Ls + 1)].set(
+      src_tokens, mode="drop")
+  if beams:
+    return jnp.repeat(tag[:, 1], segments.shape[0] // B)[:, None].repeat(segments.shape[1], axis=1)
+  return jnp.take_along_axis(tag, segments, axis=1)
 
 
 def dummy_batch(batch_size: int, length: int) -> dict:

@@ -10,6 +10,10 @@ import dataclasses
 
 from gshard_mt.errors import ConfigError
 
+ROUTERS = ("gshard", "switch", "topk", "expert_choice", "dropless", "language")  # one class each in moe.routers
+NOT_CAUSAL = ("expert_choice",)  # a token's routing depends on later tokens: never in the decoder
+NO_CAPACITY = ("dropless", "language")  # drop nothing: C = S, so only the grouped path computes no empty slot
+BALANCES = ("aux_loss", "bias")
 SECOND_EXPERT_POLICIES = ("all", "random")
 DISPATCHES = ("einsum", "index", "grouped", "shard_map")  # automatic (XLA places the all-to-alls) but shard_map
 ACTIVATIONS = ("relu", "gelu")
@@ -17,15 +21,19 @@ ACTIVATIONS = ("relu", "gelu")
 
 @dataclasses.dataclass(frozen=True)
 class MoeConfig:
-  """Top-2 MoE options (GShard section 2.2; letters as in the paper)."""
+  """MoE options (GShard section 2.2; letters as in the paper)."""
 
+  router: str = "gshard"  # one of ROUTERS: GShard's top-2 (the default), 'switch', 'topk', 'expert_choice', ...
+  decoder_router: str = ""  # the decoder's, '' = moe.router ('expert_choice' is not causal: never the decoder's)
+  num_selected: int = 2  # k, 1-4, of 'topk', 'dropless', 'language'; experts per token on average in 'expert_choice'
   num_experts: int = 32  # E
   hidden_dim: int = 2048  # H of each expert
   group_size: int = 1024  # S: tokens routed together ("group-local dispatch")
-  train_capacity_factor: float = 1.25  # C = max(min_capacity, ceil(factor * 2S / E))
+  train_capacity_factor: float = 1.25  # C = max(min_capacity, ceil(factor * k * S / E)), k = 2 for 'gshard'
   eval_capacity_factor: float = 2.0
   min_capacity: int = 4
-  second_expert_policy: str = "random"  # 'all' or 'random' (the paper's: kept iff uniform < g2 / threshold)
+  # of 'gshard': 'all' or 'random' (the paper's: a second choice kept iff uniform < g2 / threshold)
+  second_expert_policy: str = "random"
   second_expert_threshold: float = 0.5
   # 'einsum' (the paper's), 'index' (gather by slot), 'grouped' (rows in blocks by expert, grouped matmuls over
   # the kept assignments only; one device: on a mesh XLA all-gathers its rows), 'shard_map' (manual all-to-alls)
@@ -35,6 +43,19 @@ class MoeConfig:
   router_logit_cap: float = 0.0  # cap * tanh(logits / cap) when > 0
   aux_loss_weight: float = 0.01  # the load-balancing loss's weight in the training loss
   z_loss_weight: float = 0.0  # router z-loss weight
+  shared_experts: int = 0  # n dense experts of hidden H that every token passes through too (DeepSeekMoE)
+  # 'aux_loss' (aux_loss_weight), or 'bias': DeepSeek-V3's auxiliary-loss-free balancing (moe.balance)
+  balance: str = "aux_loss"
+  bias_update_rate: float = 0.001  # gamma of balance='bias': each step's move of the selection bias
+
+  def router_of(self, decoder: bool) -> str:
+    """The router of the encoder's MoE layers, or of the decoder's."""
+    return (self.decoder_router or self.router) if decoder else self.router
+
+  def experts_per_token(self, decoder: bool = False) -> int:
+    """k of the encoder's (or the decoder's) router: 2 for 'gshard', 1 for 'switch', num_selected for the others
+    (the mean for 'expert_choice')."""
+    return {"gshard": 2, "switch": 1}.get(self.router_of(decoder), self.num_selected)
 
   @classmethod
   def from_config(cls, moe_section) -> MoeConfig:
@@ -43,7 +64,8 @@ class MoeConfig:
 
   def validate(self, *, used: bool = True) -> MoeConfig:
     """Raises ConfigError naming the `moe.*` key; `used=False` (a dense model) checks only the choices."""
-    for key, allowed in (("second_expert_policy", SECOND_EXPERT_POLICIES), ("dispatch", DISPATCHES),
+    for key, allowed in (("router", ROUTERS), ("decoder_router", ("",) + ROUTERS), ("balance", BALANCES),
+                         ("second_expert_policy", SECOND_EXPERT_POLICIES), ("dispatch", DISPATCHES),
                          ("activation", ACTIVATIONS)):
       if getattr(self, key) not in allowed:
         raise ConfigError(f"moe.{key}={getattr(self, key)!r}: expected one of {allowed}")
@@ -51,9 +73,29 @@ class MoeConfig:
       value = getattr(self, key)
       if not isinstance(value, int) or value <= 0:
         raise ConfigError(f"moe.{key}={value!r}: expected a positive integer")
-    for key in ("train_capacity_factor", "eval_capacity_factor", "second_expert_threshold"):
+    for key in ("train_capacity_factor", "eval_capacity_factor", "second_expert_threshold", "bias_update_rate"):
       if not getattr(self, key) > 0:
         raise ConfigError(f"moe.{key}={getattr(self, key)!r}: expected > 0")
-    if used and self.num_experts < 2:
-      raise ConfigError(f"moe.num_experts={self.num_experts}: top-2 gating needs at least 2 experts")
+    if not isinstance(self.num_selected, int) or not 1 <= self.num_selected <= 4:
+      raise ConfigError(f"moe.num_selected={self.num_selected!r}: expected 1 to 4")
+    if not isinstance(self.shared_experts, int) or self.shared_experts < 0:
+      raise ConfigError(f"moe.shared_experts={self.shared_experts!r}: expected an integer >= 0")
+    if used:
+      self._check_combination()
     return self
+
+  def _check_combination(self):
+    """The combinations that cannot work, each refused in one line."""
+    k = max(self.experts_per_token(decoder) for decoder in (False, True))
+    if self.num_experts < k:
+      raise ConfigError(f"moe.num_experts={self.num_experts}: top-{k} gating needs at least {k} experts")
+    if (name := self.router_of(decoder=True)) in NOT_CAUSAL:
+      raise ConfigError(f"moe.router={name!r} in the decoder: an expert's choice of a token depends on the later "
+                        "tokens of its group, so it is not causal; set moe.decoder_router (e.g. 'topk')")
+    for name in {self.router, self.router_of(decoder=True)} & set(NO_CAPACITY):
+      if self.dispatch != "grouped":
+        raise ConfigError(f"moe.router={name!r} has no capacity: it needs moe.dispatch='grouped' (capacity "
+                          f"buffers would give every expert S slots), not {self.dispatch!r}")
+    if self.balance == "bias" and self.aux_loss_weight > 0:
+      raise ConfigError(f"moe.balance='bias' balances without the auxiliary loss (DeepSeek-V3): set "
+                        f"moe.aux_loss_weight=0, not {self.aux_loss_weight}")

@@ -11,6 +11,8 @@ GroupedDispatcher has no buffers: `dispatch -> [R, M]`, one row per kept assignm
 (`group_sizes` [E]: the rows of each block), for grouped matmuls over the real assignments only; `combine(y: [R,
 M]) -> [G, S, M]`. The routing (and so which assignments capacity drops) is the same, so are outputs and
 gradients.
+
+Each takes any router's Routing (`moe.routers`): K assignments per token, K = 2 for GShard's top-2.
 """
 
 from __future__ import annotations
@@ -51,9 +53,9 @@ class IndexDispatcher:
   def dispatch(self, x: jax.Array) -> jax.Array:
     """[G, S, M] -> [E, G, C, M]; empty slots are zeros."""
     G, S, M = x.shape
-    E, C = self.routing.num_experts, self.routing.capacity
+    E, C, K = self.routing.num_experts, self.routing.capacity, self.routing.slot.shape[-1]
     flat = self._flat_slot(empty=E * C).reshape(G, -1)  # dropped assignments write out of bounds: discarded
-    token = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32)[:, None], (S, 2)).reshape(1, -1)
+    token = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32)[:, None], (S, K)).reshape(1, -1)
     # token_of_slot[g, e*C + c] = s, or S (a row of zeros) when the slot is empty.
     token_of_slot = jax.vmap(lambda f, t: jnp.full((E * C,), S, jnp.int32).at[f].set(t, mode="drop"))(
         flat, jnp.broadcast_to(token, flat.shape))

@@ -18,14 +18,17 @@ from flax import struct
 from gshard_mt.moe.config import SECOND_EXPERT_POLICIES
 
 
-def expert_capacity(group_size: int, num_experts: int, capacity_factor: float, min_capacity: int = 4) -> int:
-  """C = max(min_capacity, ceil(capacity_factor * 2 * S / E)); the paper's 2N/E per group at factor 1.0."""
-  for name, value in (("group_size", group_size), ("num_experts", num_experts), ("min_capacity", min_capacity)):
+def expert_capacity(group_size: int, num_experts: int, capacity_factor: float, min_capacity: int = 4,
+                    num_selected: int = 2) -> int:
+  """C = max(min_capacity, ceil(capacity_factor * k * S / E)), k = num_selected experts per token: the paper's
+  2N/E per group at factor 1.0 and k = 2."""
+  for name, value in (("group_size", group_size), ("num_experts", num_experts), ("min_capacity", min_capacity),
+                      ("num_selected", num_selected)):
     _check_positive_int(name, value)
   if not capacity_factor > 0:
     raise ValueError(f"capacity_factor must be > 0, got {capacity_factor!r}")
   # Rounding first keeps 1.1 * 2 * 160 / 32 = 11.000000000000002 from becoming 12.
-  return max(min_capacity, math.ceil(round(capacity_factor * 2 * group_size / num_experts, 6)))
+  return max(min_capacity, math.ceil(round(capacity_factor * num_selected * group_size / num_experts, 6)))
 
 
 def cap_logits(logits: jax.Array, cap: float) -> jax.Array:
@@ -37,7 +40,7 @@ def cap_logits(logits: jax.Array, cap: float) -> jax.Array:
 class Routing:
   """Where each token goes, in compact form; the dense GShard tensors are derived on demand.
 
-  expert_index: int32 [G, S, K]  e1, e2.
+  expert_index: int32 [G, S, K]  the expert of each assignment: e1, e2 for top-2 (moe.routers: other K).
   slot:         int32 [G, S, K]  buffer position c of each assignment (meaningful where `kept`).
   weight:       f32   [G, S, K]  normalised gates g1, g2; 0 where the assignment was dropped.
   kept:         bool  [G, S, K]  the assignment occupies a slot (< C) and survived the second-expert policy.
@@ -81,6 +84,7 @@ def top2_gating(
     second_expert_threshold: float = 0.5,
     rng: jax.Array | None = None,
     padding_mask: jax.Array | None = None,
+    selection_bias: jax.Array | None = None,
 ) -> Routing:
   """Routes each group's tokens to their top-2 experts with capacity C.
 
@@ -91,6 +95,7 @@ def top2_gating(
     second_expert_threshold: the threshold of the 'random' policy (0.5 is the paper's `2 * g2 > uniform`).
     rng: PRNG key, required by the 'random' policy.
     padding_mask: [G, S], nonzero for real tokens; padded tokens are never dispatched and not counted.
+    selection_bias: [E] added to the gates to choose e1 and e2, not to weigh them (moe.balance='bias').
   Returns:
     Routing; `.combine_weights` f32 [G, S, E, C] and `.dispatch_mask` bool [G, S, E, C] give the paper's tensors.
   """
@@ -102,7 +107,7 @@ def top2_gating(
   valid = jnp.ones((G, S), bool) if padding_mask is None else padding_mask.astype(bool)
   num_valid = jnp.maximum(valid.sum(axis=1, keepdims=True), 1).astype(jnp.float32)  # [G, 1]
 
-  e1, e2, g1, g2 = top2_choices(gates)
+  e1, e2, g1, g2 = top2_choices(gates, selection_bias)
   onehot1, onehot2 = jax.nn.one_hot(e1, E, dtype=jnp.int32), jax.nn.one_hot(e2, E, dtype=jnp.int32)  # GSE
 
   # Auxiliary loss on the top-1 choices, before any capacity drop.
@@ -135,13 +140,16 @@ def top2_gating(
   )
 
 
-def top2_choices(gates: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+def top2_choices(gates: jax.Array, bias: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array,
+                                                                            jax.Array]:
   """gates [G, S, E] -> (e1, e2 int [G, S], g1, g2 f32 [G, S]): the two best experts and their gates, normalised
-  together (g1 + g2 = 1) before any capacity drop."""
-  e1 = jnp.argmax(gates, axis=-1)
+  together (g1 + g2 = 1) before any capacity drop. `bias` [E] takes part in the choice only (DeepSeek-V3)."""
+  scores = gates if bias is None else gates + bias
+  e1 = jnp.argmax(scores, axis=-1)
   onehot1 = jax.nn.one_hot(e1, gates.shape[-1], dtype=gates.dtype)
-  # Gates are >= 0, so -1 removes e1 from the second argmax even when the other gates underflow to 0.
-  e2 = jnp.argmax(jnp.where(onehot1 > 0, -1.0, gates), axis=-1)
+  # Gates are >= 0, so -1 removes e1 from the second argmax even when the other gates underflow to 0 (a bias may
+  # push scores below -1: -inf then).
+  e2 = jnp.argmax(jnp.where(onehot1 > 0, -1.0 if bias is None else -jnp.inf, scores), axis=-1)
   g1 = jnp.take_along_axis(gates, e1[..., None], axis=-1)[..., 0]
   g2 = jnp.take_along_axis(gates, e2[..., None], axis=-1)[..., 0]
   denom = g1 + g2 + 1e-9

@@ -1,7 +1,8 @@
-"""The GShard MoE feed-forward layer (Algorithm 2): router, top-2 gating, dispatch, expert FFNs, combine.
+"""The GShard MoE feed-forward layer (Algorithm 2): router, gating, dispatch, expert FFNs, combine.
 
-The module only wires parameters to the pure functions in `gating`, `dispatch` and `expert_ffn`. Every parameter
-and the key activations carry logical axis names; `gshard_mt.partitioning` maps them onto mesh axes.
+The module only wires parameters to the pure functions of `routers` (GShard's top-2 and the others), `dispatch`
+and `expert_ffn`. Every parameter and the key activations carry logical axis names; `gshard_mt.partitioning` maps
+them onto mesh axes.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from gshard_mt.moe import balance, gating, manual, routers
 from gshard_mt.moe import dispatch as dispatch_lib
-from gshard_mt.moe import gating, manual
 from gshard_mt.moe.config import MoeConfig
 
 ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu}  # keys: moe.config.ACTIVATIONS (tested)
@@ -31,6 +32,7 @@ EGCH = ("expert", "group", "capacity", "mlp")
 GECM = ("group", None, "capacity", "embed")
 EMH = ("expert", "embed", "mlp")
 EHM = ("expert", "mlp", "embed")
+NMH, NHM = (None, "embed", "mlp"), (None, "mlp", "embed")  # the shared experts
 
 
 def expert_ffn(expert_in: jax.Array, wi: jax.Array, wo: jax.Array, activation: str = "relu",
@@ -105,24 +107,41 @@ def groups_of(num_tokens: int, group_size: int, pad: bool = False) -> tuple[int,
   return -(-num_tokens // group_size), group_size
 
 
+def shared_ffn(x: jax.Array, wi: jax.Array, wo: jax.Array, activation: str = "relu") -> jax.Array:
+  """The shared experts (DeepSeekMoE), which every token passes through: x [G, S, M] x wi [N, M, H] x wo [N, H, M]
+  -> the sum of the N expert outputs [G, S, M]."""
+  h = nn.with_logical_constraint(ACTIVATIONS[activation](jnp.einsum("GSM,NMH->GSNH", x, wi)),
+                                 ("group", None, None, "mlp"))
+  return jnp.einsum("GSNH,NHM->GSM", h, wo)
+
+
 class MoeFeedForward(nn.Module):
-  """Top-2 MoE FFN. Call with x [B, L, M] (and padding_mask [B, L], nonzero for real tokens).
+  """MoE FFN with the router of `cfg` (GShard's top-2 by default). Call with x [B, L, M] (and padding_mask [B, L],
+  nonzero for real tokens; language [B, L, M] for moe.router='language').
 
   Returns (y [B, L, M], stats) where stats = {'aux_loss', 'z_loss', 'metrics'}: the training loop adds
   aux_loss_weight * sum(aux_loss) (+ z_loss_weight * sum(z_loss)) to its loss and logs the metrics.
   With deterministic=True the evaluation capacity factor is used, no noise or random routing is applied (the
   'random' second-expert policy becomes 'all'), and a token count that S does not divide (a last evaluation
   batch, beams while decoding) is padded with masked tokens instead of being an error.
+  With moe.balance='bias' the layer has a selection bias (`balance`), whose next value it writes into the
+  'balance' collection while training, when that collection is mutable.
   """
 
   cfg: MoeConfig
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  decoder: bool = False  # routes with moe.decoder_router
 
   @nn.compact
-  def __call__(self, x: jax.Array, padding_mask: jax.Array | None = None, *, deterministic: bool = True):
-    """x [B, L, M], padding_mask [B, L] -> (y [B, L, M], stats); tokens are routed in G groups of S."""
+  def __call__(self, x: jax.Array, padding_mask: jax.Array | None = None, *, deterministic: bool = True,
+               language: jax.Array | None = None):
+    """x [B, L, M], padding_mask [B, L], language [B, L, M] (the embedding of each token's source-language tag)
+    -> (y [B, L, M], stats); tokens are routed in G groups of S."""
     cfg = self.cfg.validate()
+    router = routers.make_router(cfg, decoder=self.decoder, deterministic=deterministic)
+    if router.reads_language and language is None:
+      raise ValueError("moe.router='language' routes by the source language: pass each token's `language`")
     B, L, M = x.shape
     E, H = cfg.num_experts, cfg.hidden_dim
     G, S = groups_of(B * L, cfg.group_size, pad=deterministic)
@@ -134,29 +153,33 @@ class MoeFeedForward(nn.Module):
     wi = self.param("wi", nn.with_logical_partitioning(expert_init, EMH), (E, M, H), self.param_dtype)
     wo = self.param("wo", nn.with_logical_partitioning(expert_init, EHM), (E, H, M), self.param_dtype)
 
-    x = x.reshape(B * L, M)
+    def grouped(a):  # [B, L, M] -> [G, S, M], the last group padded
+      return nn.with_logical_constraint(jnp.pad(a.reshape(B * L, M), ((0, pad), (0, 0))).reshape(G, S, M), GSM)
+
+    x = grouped(x)
     mask = None if padding_mask is None else padding_mask.reshape(B * L)
     if pad:
-      x = jnp.pad(x, ((0, pad), (0, 0)))
       mask = jnp.pad(jnp.ones((B * L,), bool) if mask is None else mask.astype(bool), (0, pad))
-    x = nn.with_logical_constraint(x.reshape(G, S, M), GSM)
     mask = None if mask is None else mask.reshape(G, S)
-    router_in = x.astype(jnp.float32)
+    # Task-level routing reads the sentence's language, the same for all its tokens (Kudugunta et al., section 3).
+    router_in = (grouped(language) if router.reads_language else x).astype(jnp.float32)
     if not deterministic and cfg.jitter_noise > 0:
       eps = cfg.jitter_noise
       router_in = router_in * jax.random.uniform(self.make_rng("gating"), router_in.shape, jnp.float32,
                                                  1.0 - eps, 1.0 + eps)
     logits = gating.cap_logits(jnp.einsum("GSM,ME->GSE", router_in, wg), cfg.router_logit_cap)
 
-    random = cfg.second_expert_policy == "random" and not deterministic
+    bias = None
+    if cfg.balance == "bias":
+      bias = self.param(balance.NAME, nn.with_logical_partitioning(nn.initializers.zeros, (None,)), (E,),
+                        jnp.float32)
     factor = cfg.eval_capacity_factor if deterministic else cfg.train_capacity_factor
-    routing = gating.top2_gating(
-        logits,
-        gating.expert_capacity(S, E, factor, cfg.min_capacity),
-        second_expert_policy="random" if random else "all",
-        second_expert_threshold=cfg.second_expert_threshold,
-        rng=self.make_rng("gating") if random else None,
-        padding_mask=mask)
+    routing = router.route(logits, router.capacity(S, E, factor, cfg.min_capacity), padding_mask=mask,
+                           rng=self.make_rng("gating") if router.needs_rng else None,
+                           bias=None if bias is None else jax.lax.stop_gradient(bias))  # chooses, never trained
+    if bias is not None and not deterministic and self.is_mutable_collection(balance.COLLECTION):
+      self.put_variable(balance.COLLECTION, balance.NAME,
+                        balance.updated_bias(bias, routing.metrics["expert_load"], cfg.bias_update_rate))
 
     x = x.astype(self.dtype)
     if cfg.dispatch == "grouped":  # casts the weights itself (their gradients stay in param_dtype)
@@ -174,5 +197,10 @@ class MoeFeedForward(nn.Module):
       expert_out = expert_ffn(expert_in, wi, wo, cfg.activation)
       expert_out = nn.with_logical_constraint(expert_out.transpose(1, 0, 2, 3), GECM)  # E -> G: an all-to-all
       y = nn.with_logical_constraint(dispatcher.combine(expert_out), GSM)
+    if cfg.shared_experts:
+      n = cfg.shared_experts
+      shared_wi = self.param("shared_wi", nn.with_logical_partitioning(expert_init, NMH), (n, M, H), self.param_dtype)
+      shared_wo = self.param("shared_wo", nn.with_logical_partitioning(expert_init, NHM), (n, H, M), self.param_dtype)
+      y = y + shared_ffn(x, shared_wi.astype(self.dtype), shared_wo.astype(self.dtype), cfg.activation)
     stats = {"aux_loss": routing.aux_loss, "z_loss": routing.z_loss, "metrics": routing.metrics}
     return y.reshape(G * S, M)[: B * L].reshape(B, L, M), stats

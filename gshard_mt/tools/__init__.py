@@ -1,1 +1,2 @@
-"""Command-line tools: the dry run, the sharding report, sweeps, data inspection, and reading compiled HLO."""
+"""Commands: the dry run, the sharding report, sweeps and studies, plots, data inspection. What they read compiled
+programs with is in `gshard_mt.compiler`."""

@@ -5,15 +5,16 @@ TPU topology also FLOPs per device and the compiler's estimated step time, token
 
   python -m gshard_mt.tools.dryrun --config configs/moe_2048e_36l.py --topology v3:32x32 [--mesh data=1,expert=2048]
   python -m gshard_mt.tools.dryrun --config configs/moe_2048e_36l.py --devices 2048 [--hbm_gib 16]
-                             [--require_fit] [--no_step_time] [--out runs/dryrun/...] [--config.key=value ...]
+                             [--require_fit] [--no_step_time] [--remat_policies none,full,dots]
+                             [--out runs/dryrun/...] [--config.key=value ...]
 
 Writes dryrun.json and dryrun.md into --out. Exits non-zero only with --require_fit when it does not fit.
-HBM per device: the TPU generation's (gshard_mt/tools/tpu.py) with --topology, else --hbm_gib (default 16).
+HBM per device: the chip's (gshard_mt/compiler/chips.py) with --topology, else --hbm_gib (default 16).
+--remat_policies compiles the step again with each other model.remat policy and reports its peak memory (and,
+for a TPU topology, its estimated step time) beside the configured one's.
 
-The step time is the TPU compiler's estimate (its cost model's `optimal_seconds`), a lower bound on time, not a
-measurement. That estimate counts a loop body once, so it is taken from two or three more compiles of the same
-model with one and two unrolled layer units per stack, and extended linearly to the configured depth (every unit
-costs the same); --no_step_time skips them.
+The step time is the TPU compiler's estimate, a lower bound on time, not a measurement, taken from more compiles
+with unrolled layers (gshard_mt.tools.step_cost); --no_step_time skips them.
 
 The CPU backend's all-to-all decomposer is switched off: it rewrites each all-to-all into one operand per device
 (a CPU-runtime detail the accelerators do not have), which makes the program, and the compile time, grow with the
@@ -27,12 +28,12 @@ import os
 import pathlib
 import re
 import sys
-import time
 
 from gshard_mt import cli, io
 from gshard_mt import config as config_lib
-from gshard_mt.data.packing import BATCH_KEYS, FIELDS, row_lengths
+from gshard_mt.data.packing import row_lengths
 from gshard_mt.errors import ConfigError, UserError
+from gshard_mt.model.transformer import REMAT_POLICIES
 
 NO_CPU_ALL_TO_ALL_DECOMPOSER = "--xla_disable_hlo_passes=all_to_all_decomposer"
 
@@ -48,24 +49,23 @@ def parse_mesh(text: str) -> dict[str, int]:
   return out
 
 
+def parse_remat_policies(text: str) -> list[str]:
+  """'none,full' -> ['none', 'full'], each a key of model.REMAT_POLICIES."""
+  policies = [p for p in text.split(",") if p]
+  if unknown := [p for p in policies if p not in REMAT_POLICIES]:
+    raise ConfigError(f"--remat_policies {text!r}: unknown {unknown}; expected some of {tuple(REMAT_POLICIES)}")
+  return policies
+
+
 def fit_group_size(config, num_devices: int) -> int | None:
-  """When the MoE groups of a batch do not split over the mesh axes the rules give 'group', sets
-  `config.moe.group_size` to the largest size below the configured one that divides the batch's tokens of each
-  side into a multiple of those devices; returns the new size (None: the configured one works, or nothing
-  smaller does)."""
-  from gshard_mt.parallel import mesh as mesh_lib
-  from gshard_mt.parallel import rules as rules_lib
-
-  sides = [config.batch_size * length for length in row_lengths(config)]
-  sizes = dict(zip(mesh_lib.MESH_AXES, mesh_lib.mesh_shape(config, num_devices)))
-  devices = rules_lib.devices_of("group", rules_lib.rules(config), sizes)
-
-  def fits(size):
-    return all(tokens % size == 0 and (tokens // size) % devices == 0 for tokens in sides)
-
-  if not config.model.moe_interval or fits(config.moe.group_size):
+  """When the MoE groups of a microbatch do not work on this mesh (`config.moe_group_error`), sets
+  `config.moe.group_size` to the largest size below the configured one that works; returns the new size (None:
+  the configured one works, or nothing smaller does)."""
+  if config_lib.moe_group_error(config, num_devices) is None:
     return None
-  size = next((s for s in range(min(config.moe.group_size, max(sides)), 0, -1) if fits(s)), None)
+  tokens = max(config_lib.microbatch_rows(config) * length for length in row_lengths(config))
+  size = next((s for s in range(min(config.moe.group_size, tokens), 0, -1)
+               if config_lib.moe_group_error(config, num_devices, s) is None), None)
   if size is not None:
     config.moe.group_size = size
   return size
@@ -81,43 +81,17 @@ def load_for(config_path: str, overrides: dict, num_devices: int):
   return config
 
 
-def compile_step(config, devices):
-  """(setup, abstract train state, compiled program, lowering seconds, compile seconds) of one training step for
-  `devices`, from abstract values."""
-  import flax.linen as nn
-  import jax
-
-  from gshard_mt.model.transformer import Transformer
-  from gshard_mt.parallel import shardings
-  from gshard_mt.training.setup import build
-
-  setup = build(config, config.data.vocab_size, devices=devices)
-  state = setup.abstract_target()
-  batch_sharding = shardings.batch_sharding(setup.mesh, setup.rules)
-  lengths = dict(zip(FIELDS, row_lengths(config)))
-  batch = {k: jax.ShapeDtypeStruct((config.batch_size, lengths[k.split("_")[0]]), jax.numpy.int32,
-                                   sharding=batch_sharding) for k in BATCH_KEYS}
-  step = setup.jit_train_step(Transformer(setup.model_cfg, deterministic=False), config)
-  with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
-    start = time.perf_counter()
-    lowered = step.lower(state, batch)
-    lower_s = time.perf_counter() - start
-    start = time.perf_counter()
-    program = lowered.compile()
-    compile_s = time.perf_counter() - start
-  return setup, state, program, lower_s, compile_s
-
-
 def dry_run(config, devices, with_time: bool = True, points: dict | None = None) -> dict:
   """Lowers and compiles one training step for `devices` from abstract values; returns the report. For TPU
-  devices it has 'estimate': FLOPs and, with `with_time`, the compiler's step time (`tpu_estimates`; `points`
-  as in `step_time`)."""
+  devices it has 'estimate': FLOPs and, with `with_time`, the compiler's step time (`step_cost.tpu_estimates`;
+  `points` as in `step_cost.step_time`)."""
   import jax
 
+  from gshard_mt.compiler import hlo as hlo_lib
   from gshard_mt.parallel import mesh as mesh_lib
-  from gshard_mt.tools import hlo as hlo_lib
+  from gshard_mt.tools import step_cost
 
-  setup, state, program, lower_s, compile_s = compile_step(config, devices)
+  setup, state, program, lower_s, compile_s = step_cost.compile_step(config, devices)
   n_params = sum(int(x.size) for x in jax.tree.leaves(state.params))
   hlo = program.as_text()
   expert_shapes = {leaf.shape[-3:] for path, leaf in jax.tree_util.tree_flatten_with_path(state.params)[0]
@@ -125,7 +99,8 @@ def dry_run(config, devices, with_time: bool = True, points: dict | None = None)
   report = {
       "devices": len(devices), "device_kind": devices[0].device_kind,
       "mesh": dict(zip(mesh_lib.MESH_AXES, setup.mesh.devices.shape)),
-      "partitioning": config.partitioning, "parameters": n_params,
+      "partitioning": config.partitioning, "parameters": n_params, "remat": config.model.remat,
+      "num_microbatches": config.num_microbatches,
       "per_device_bytes": {
           "parameters": hlo_lib.per_device_bytes(state.params, setup.state_shardings.params),
           "optimizer_state": hlo_lib.per_device_bytes(state.opt_state, setup.state_shardings.opt_state),
@@ -138,95 +113,21 @@ def dry_run(config, devices, with_time: bool = True, points: dict | None = None)
       "lower_seconds": round(lower_s, 2), "compile_seconds": round(compile_s, 2),
   }
   if devices[0].platform == "tpu":
-    report["estimate"] = tpu_estimates(config, devices, program, state.params, with_time, points)
+    report["estimate"] = step_cost.tpu_estimates(config, devices, program, state.params, with_time, points)
   return report
 
 
-def unit_size(config) -> int:
-  from gshard_mt.model.transformer import TransformerConfig
-
-  return TransformerConfig.from_config(config, config.data.vocab_size).unit_size
-
-
-def unit_counts(config) -> tuple[int, int]:
-  """Layer units (the scanned bodies) in the encoder and in the decoder."""
-  return config.model.num_encoder_layers // unit_size(config), config.model.num_decoder_layers // unit_size(config)
-
-
-def depth_points(units: tuple[int, int]) -> list[tuple[int, int]]:
-  """The (encoder, decoder) unit counts to compile so that a step's cost, a + b x encoder units + c x decoder
-  units, extends to `units`: (1, 1) and one deeper point per stack deeper than one unit."""
-  ne, nd = units
-  if ne == nd > 1:
-    return [(1, 1), (2, 2)]
-  return [(1, 1)] + [(2, 1)] * (ne > 1) + [(1, 2)] * (nd > 1)
-
-
-def extend_to_depth(costs: dict[tuple[int, int], float], units: tuple[int, int]) -> float:
-  """A cost at `units` from its values at `depth_points(units)`, each unit of a stack adding the same."""
-  ne, nd = units
-  base = costs[(1, 1)]
-  if (2, 2) in costs:
-    return base + (ne - 1) * (costs[(2, 2)] - base)
-  return base + (ne - 1) * (costs.get((2, 1), base) - base) + (nd - 1) * (costs.get((1, 2), base) - base)
-
-
-def step_time(config, devices, program, points: dict | None = None) -> dict:
-  """The TPU compiler's cost of one step with every layer unit counted: unrolled compiles at `depth_points`,
-  extended to the configured depth (with one unit per stack, `program`, the configured model compiled, is the
-  only one). `points` keeps the costs compiled, by depth point, for a config that differs from this one only in
-  depth (e.g. the paper's 12L and 36L models). {'seconds', 'flops' (per device), 'compiles' (new ones),
-  'points': {'<encoder units>+<decoder units>': {'seconds', 'flops', 'uncounted_loops'}}}, where
-  uncounted_loops are the loops of more than one iteration left in that program, whose bodies the compiler
-  counted once (0 when exact)."""
-  from gshard_mt.tools import hlo as hlo_lib
-  from gshard_mt.tools import tpu
-
-  def cost(program):
-    c = tpu.compiler_cost(program)
-    loops = sum(1 for t in hlo_lib.loops(program.as_text()).values() if t != 1)
-    return {"seconds": c["optimal_seconds"], "flops": c["flops"], "uncounted_loops": loops}
-
-  units, unit = unit_counts(config), unit_size(config)
-  points = {} if points is None else points
-  costs, compiles = {}, 0
-  for ne, nd in depth_points(units):
-    if units == (1, 1):  # otherwise the configured program's loops would count their bodies once
-      costs[(ne, nd)] = cost(program)
-      continue
-    if (ne, nd) not in points:
-      compiles += 1
-      print(f"step time: compiling {ne} + {nd} unrolled layer units", file=sys.stderr, flush=True)
-      points[(ne, nd)] = cost(compile_step(config_lib.apply_overrides(config.copy_and_resolve_references(), {
-          "model.num_encoder_layers": str(ne * unit), "model.num_decoder_layers": str(nd * unit),
-          "model.scan_layers": "False"}), devices)[2])
-    costs[(ne, nd)] = points[(ne, nd)]
-  return {"seconds": extend_to_depth({p: c["seconds"] for p, c in costs.items()}, units),
-          "flops": extend_to_depth({p: c["flops"] for p, c in costs.items()}, units),
-          "compiles": compiles, "points": {f"{ne}+{nd}": c for (ne, nd), c in costs.items()}}
-
-
-def tpu_estimates(config, devices, program, params, with_time: bool, points: dict | None = None) -> dict:
-  """FLOPs per device (loops counted), and with `with_time` the compiler's step time and from it steps/s,
-  tokens/s (source and target) and a bound on MFU (the model's FLOPs, `metrics.step_flops`, over time x peak):
-  all estimates of the TPU compiler, a lower bound on time, not measurements."""
-  from gshard_mt.tools import tpu
-  from gshard_mt.training import metrics
-
-  chip = tpu.chip_of(devices[0].device_kind)
-  est = tpu.estimate(program)
-  sides = [config.batch_size * length for length in row_lengths(config)]  # token slots per side, all filled
-  tokens, model_flops = sum(sides), metrics.step_flops(params, config.moe.num_experts, *sides)
-  out = {"chip": chip.generation, "peak_flops_per_device": chip.peak_flops, "hbm_bytes_per_device": chip.hbm_bytes,
-         "flops_per_device": est["flops"], "bytes_accessed_per_device": est["bytes accessed"],
-         "compiler_flops_per_device": est["compiler_flops"], "tokens_per_step": tokens,
-         "model_flops_per_step": model_flops}
-  if with_time:
-    t = step_time(config, devices, program, points)
-    out.update(step_seconds=t["seconds"], step_flops_per_device=t["flops"], time_compiles=t["compiles"],
-               depth_points=t["points"], steps_per_second=1 / t["seconds"],
-               tokens_per_second=tokens / t["seconds"],
-               mfu_bound=model_flops / (t["seconds"] * chip.peak_flops * len(devices)))
+def remat_policies(config, devices, report: dict, policies: list[str], with_time: bool) -> dict:
+  """{policy: {'peak', 'temp' (bytes per device), 'step_seconds' (TPU with `with_time`, else None), 'compile_seconds'}}
+  of the step compiled with each model.remat policy; the configured policy's is `report`'s."""
+  out = {}
+  for policy in policies:
+    if policy != config.model.remat:
+      print(f"model.remat={policy}: compiling the step", file=sys.stderr, flush=True)
+    r = report if policy == config.model.remat else dry_run(
+        config_lib.apply_overrides(config.copy_and_resolve_references(), {"model.remat": policy}), devices, with_time)
+    out[policy] = {"peak": r["per_device_bytes"]["peak"], "temp": r["per_device_bytes"]["temp"],
+                   "step_seconds": r.get("estimate", {}).get("step_seconds"), "compile_seconds": r["compile_seconds"]}
   return out
 
 
@@ -236,7 +137,8 @@ def markdown(report: dict, config_path: str) -> str:
   where = report.get("topology") or f"{report['devices']} fake CPU devices"
   lines = [f"# Dry run: {config_path} on {where}", "",
            f"{report['devices']} devices ({report['device_kind']}), mesh {report['mesh']}, rules "
-           f"'{report['partitioning']}', {report['parameters'] / 1e6:,.1f}M parameters.",
+           f"'{report['partitioning']}', {report['parameters'] / 1e6:,.1f}M parameters, model.remat "
+           f"'{report['remat']}', {report['num_microbatches']} microbatch(es).",
            "", "| per device | bytes |", "|---|---|",
            f"| parameters | {gib(m['parameters'])} |", f"| optimizer state | {gib(m['optimizer_state'])} |",
            f"| arguments (XLA) | {gib(m['argument'])} |", f"| temporaries (XLA) | {gib(m['temp'])} |",
@@ -267,6 +169,12 @@ def markdown(report: dict, config_path: str) -> str:
                 f"({est['time_compiles']} more compiles), extended linearly to the configured depth; their FLOPs, so "
                 f"extended, are {est['step_flops_per_device']:.4g} per device (loops left uncounted: "
                 f"{sum(p['uncounted_loops'] for p in est['depth_points'].values())})."]
+  if policies := report.get("remat_policies"):
+    lines += ["", "| model.remat | peak per device | temporaries | step time (compiler's estimate) | compile s |",
+              "|---|---|---|---|---|"]
+    for name, r in policies.items():
+      step = "-" if r["step_seconds"] is None else f"{r['step_seconds'] * 1e3:.2f} ms"
+      lines.append(f"| {name} | {gib(r['peak'])} | {gib(r['temp'])} | {step} | {r['compile_seconds']} |")
   lines += ["", f"Compiled per-device program: {report['hlo_instructions']:,} HLO instructions. "
             f"Lowering {report['lower_seconds']} s, compilation {report['compile_seconds']} s "
             + (f"(the TPU compiler, libtpu, for {report['topology']} on this host)." if report.get("topology")
@@ -276,14 +184,15 @@ def markdown(report: dict, config_path: str) -> str:
 
 def plan(config_path: str, overrides: dict, topology: str | None = None, num_devices: int | None = None,
          hbm_gib: float | None = None, with_time: bool = True, points: dict | None = None,
-         cpu_all_to_all: bool = False) -> dict:
+         cpu_all_to_all: bool = False, remat: list[str] = ()) -> dict:
   """The dry run of a config file for a TPU `topology` or `num_devices` fake CPU devices (set before JAX starts
-  its CPU backend), with 'topology', 'hbm_gib' and 'fits' added to `dry_run`'s report."""
+  its CPU backend), with 'topology', 'hbm_gib' and 'fits' added to `dry_run`'s report, and with `remat`
+  policies their `remat_policies` ('remat_policies')."""
   if topology:
-    from gshard_mt.tools import tpu
+    from gshard_mt.compiler import chips, tpu
 
     devices = tpu.topology_devices(topology)
-    hbm_gib = hbm_gib or tpu.chip_of(topology).hbm_bytes / 2**30
+    hbm_gib = hbm_gib or chips.hbm_bytes(devices[0]) / 2**30
     config = load_for(config_path, overrides, len(devices))
   else:
     config = load_for(config_path, overrides, num_devices)
@@ -299,6 +208,8 @@ def plan(config_path: str, overrides: dict, topology: str | None = None, num_dev
                       "fresh process (JAX had started before it could ask for fake devices)")
     devices = jax.devices()
   report = dry_run(config, devices, with_time, points)
+  if remat:
+    report["remat_policies"] = remat_policies(config, devices, report, remat, with_time)
   report.update(topology=topology, hbm_gib=hbm_gib, xla_flags=os.environ.get("XLA_FLAGS", ""),
                 fits=report["per_device_bytes"]["peak"] <= hbm_gib * 2**30)
   return report
@@ -323,16 +234,18 @@ def main(argv):
   parser.add_argument("--require_fit", action="store_true", help="exit 1 when it does not fit the HBM")
   parser.add_argument("--no_step_time", action="store_true",
                       help="skip the compiles that estimate the step time (--topology)")
+  parser.add_argument("--remat_policies", default="", help="e.g. none,full,dots: compile and compare each")
   parser.add_argument("--out", default=None, help="default: runs/dryrun/<config>-<topology or devices>")
   parser.add_argument("--cpu_all_to_all", action="store_true",
                       help="keep XLA's CPU all-to-all decomposer (compile time then grows with --devices)")
   parsed = parser.parse_args(args)
   for key, value in parse_mesh(parsed.mesh).items():
     overrides[f"mesh.{key}"] = str(value)
+  remat = parse_remat_policies(parsed.remat_policies)
   name = (parsed.topology or str(parsed.devices)).replace(":", "-")
   out = io.path(parsed.out or f"runs/dryrun/{pathlib.Path(parsed.config).stem}-{name}")  # its scheme: before compiling
   report = plan(parsed.config, overrides, parsed.topology, parsed.devices, parsed.hbm_gib, not parsed.no_step_time,
-                cpu_all_to_all=parsed.cpu_all_to_all)
+                cpu_all_to_all=parsed.cpu_all_to_all, remat=remat)
   write(report, parsed.config, out)
   print(markdown(report, parsed.config))
   print(f"wrote {out}/dryrun.json and dryrun.md")

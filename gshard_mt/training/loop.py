@@ -158,7 +158,7 @@ class StepLogger:
     last.update(learning_rate=float(values[-1]["learning_rate"]), skipped_updates=len(bad), step_time=seconds,
                 wall_s=now - self.started,
                 tokens_per_s=tokens / seconds, packing_efficiency=packing_efficiency,
-                mfu=metrics_lib.mfu(float(np.dot(self.flops_per_token, sides)) / seconds, jax.devices()[0].device_kind,
+                mfu=metrics_lib.mfu(float(np.dot(self.flops_per_token, sides)) / seconds, jax.devices()[0],
                                     jax.device_count()))
     self.writer.write(step, last)
     self.writer.write_vectors(step, {k: np.mean([v[k] for v in values], axis=0) for k in sorted(vectors)})
@@ -214,15 +214,13 @@ def reached_preemption_point(step: int) -> bool:
 
 
 def prepare(config, workdir) -> pipeline.Data:
-  """Checks and saves the config, then loads the data (process 0 first: it trains and caches the tokenizer)."""
+  """Checks and saves the config, then loads the data: process 0 prepares the corpus when it is missing (reads it,
+  trains the tokenizer, writes the shards) while the others wait, then every process memory-maps the same shards."""
   config_lib.validate(config, jax.device_count())
   if jax.process_index() == 0:
     config_lib.save(config, workdir)
-  if jax.process_count() > 1:
-    if jax.process_index() == 0:
-      pipeline.load(config, workdir)
-    multihost_utils.sync_global_devices("gshard_mt: data prepared")
-  return pipeline.load(config, workdir)
+  prepared = distributed.checked_on_process_0(lambda: pipeline.prepare(config, workdir))
+  return pipeline.load(config, workdir, distributed.broadcast_object(prepared))
 
 
 def restore_or_init(setup: Setup, ckpts: checkpoint_lib.Checkpoints, batches, seed: int):
@@ -257,7 +255,8 @@ def _train(config, workdir) -> dict:
   step_fn = setup.jit_train_step(Transformer(setup.model_cfg, deterministic=False), config)
   is_main = jax.process_index() == 0
   bar = tqdm(total=config.num_train_steps, initial=start, disable=not is_main, desc="train", unit="step")
-  flops_per_token = tuple(metrics_lib.step_flops(state.params, config.moe.num_experts, *side)
+  k = tuple(setup.model_cfg.moe.experts_per_token(decoder) for decoder in (False, True))
+  flops_per_token = tuple(metrics_lib.step_flops(state.params, config.moe.num_experts, *side, k)
                           for side in ((1, 0), (0, 1)))  # per source token, per target token
   logger = StepLogger(config, writer, bar, flops_per_token, ckpts.directory)
   logger.last_saved = ckpts.latest()

@@ -20,10 +20,7 @@ from tensorboardX.proto import event_pb2
 from tensorboardX.record_writer import masked_crc32c
 
 from gshard_mt import io
-
-# Peak dense bf16 FLOP/s per device, for the MFU estimate; unknown devices (CPUs) report no MFU.
-PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "TPU v3": 123e12, "TPU v4": 275e12,
-              "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v6 lite": 918e12}
+from gshard_mt.compiler import chips
 
 
 def moe_summary(stats: dict) -> dict:
@@ -57,31 +54,34 @@ def total_moe_losses(stats: dict) -> tuple[jax.Array, jax.Array]:
   return aux, z
 
 
-def active_params(params, num_experts: int) -> float:
-  """Parameters a token uses: everything outside the experts, plus 2 of the E experts of each MoE layer."""
+def active_params(params, num_experts: int, experts_per_token: int = 2) -> float:
+  """Parameters a token uses: everything outside the experts, plus k = `experts_per_token` of the E experts of each
+  MoE layer (the shared experts are outside: every token uses them)."""
   total = 0.0
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
     names = [getattr(k, "key", "") for k in path]
     is_expert = "moe" in names and names[-1] in ("wi", "wo")
-    total += leaf.size * (2 / num_experts if is_expert else 1.0)
+    total += leaf.size * (experts_per_token / num_experts if is_expert else 1.0)
   return total
 
 
-def step_flops(params, num_experts: int, source_tokens: float, target_tokens: float) -> float:
+def step_flops(params, num_experts: int, source_tokens: float, target_tokens: float,
+               experts_per_token: tuple[int, int] = (2, 2)) -> float:
   """Model FLOPs of a training step, 6 per active parameter and token it touches (forward and backward): the
   encoder's for each source token, the decoder's and the output projection's (V x M) for each target token.
-  Embedding look-ups are no matmuls; attention's score FLOPs are left out, as in the usual 6N count."""
+  Embedding look-ups are no matmuls; attention's score FLOPs are left out, as in the usual 6N count.
+  `experts_per_token`: the encoder's and the decoder's k (`MoeConfig.experts_per_token`)."""
   logits = params["logits"] if "logits" in params else params["embed"]["embedding"]
-  encoder = active_params(params["encoder"], num_experts)
-  decoder = active_params(params["decoder"], num_experts) + logits.size
+  encoder = active_params(params["encoder"], num_experts, experts_per_token[0])
+  decoder = active_params(params["decoder"], num_experts, experts_per_token[1]) + logits.size
   return 6 * (encoder * source_tokens + decoder * target_tokens)
 
 
-def mfu(flops_per_second: float, device_kind: str, num_devices: int) -> float | None:
-  for name, peak in PEAK_FLOPS.items():
-    if name.lower() in device_kind.lower():
-      return flops_per_second / (peak * num_devices)
-  return None
+def mfu(flops_per_second: float, device, num_devices: int) -> float | None:
+  """Model FLOPs utilisation of `num_devices` devices like `device` (a jax.Device), against the peak of
+  `gshard_mt.compiler.chips`; None for a device the table does not know (a CPU): no MFU rather than a wrong one."""
+  peak = chips.peak_flops(device)
+  return None if peak is None else flops_per_second / (peak * num_devices)
 
 
 class EventLog:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +11,7 @@ import optax
 from flax import struct
 
 from gshard_mt.model.transformer import Transformer
+from gshard_mt.moe import balance
 from gshard_mt.training import metrics as metrics_lib
 from gshard_mt.training.optimizer import learning_rate_schedule
 
@@ -43,25 +46,64 @@ def cross_entropy(logits, targets, weights, label_smoothing: float):
   return jnp.sum(loss * weights), jnp.sum(nll * weights), jnp.sum(correct * weights)
 
 
-def train_step(state: TrainState, batch: dict, *, model: Transformer, tx, config):
-  """One update; returns (state, metrics). A non-finite loss or gradient leaves the state unchanged."""
-  rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+def microbatches(batch: dict, num_microbatches: int) -> dict:
+  """[B, ...] arrays -> [K, B/K, ...]: microbatch k holds rows k, K + k, 2K + k, ..., so that each device's block of
+  rows splits evenly into the K microbatches and each microbatch is sharded as the batch is (no data moves)."""
+  K = num_microbatches
+  return jax.tree.map(lambda x: x.reshape(x.shape[0] // K, K, *x.shape[1:]).swapaxes(0, 1), batch)
+
+
+def _microbatch_loss(params, batch, rng, *, model: Transformer, config, num_tokens, num_microbatches: int):
+  """(this microbatch's share of the step's loss, its sums and means): the smoothed cross entropy summed over its
+  tokens / the whole batch's `num_tokens`, plus the MoE losses (means over groups and tokens) / K. The means hold
+  the MoE layers' next selection biases too (moe.balance='bias'; empty otherwise)."""
   dropout_rng, gating_rng = jax.random.split(rng)
   weights = (batch["targets_segmentation"] > 0).astype(jnp.float32)
+  (logits, stats), biases = model.apply({"params": params}, batch, mutable=[balance.COLLECTION],
+                                        rngs={"dropout": dropout_rng, "gating": gating_rng})
+  loss, nll, correct = cross_entropy(logits, batch["targets"], weights, config.optimizer.label_smoothing)
+  aux, z = metrics_lib.total_moe_losses(stats)
+  moe_loss = config.moe.aux_loss_weight * aux + config.moe.z_loss_weight * z
+  return loss / num_tokens + moe_loss / num_microbatches, {"sums": (nll, correct),
+                                                           "means": (aux, z, stats, dict(biases))}
+
+
+def train_step(state: TrainState, batch: dict, *, model: Transformer, tx, config):
+  """One update; returns (state, metrics). A non-finite loss or gradient leaves the state unchanged.
+
+  With config.num_microbatches = K > 1 the gradients of K microbatches (`microbatches`) are summed in a scan (in
+  the parameters' dtype, float32) before the one update; the MoE layers form their groups within each
+  microbatch (and the selection biases of moe.balance='bias' move by the mean of the microbatches' steps). The
+  loss and its gradient are then those of the whole batch with its rows in microbatch order: the
+  cross entropy, summed over tokens, is divided by the whole batch's token count, and the aux loss, a mean over
+  equally many groups in each microbatch, averages over the microbatches. The z-loss, a mean over each
+  microbatch's real tokens, averages too: the whole batch's when the microbatches hold equally many.
+  """
+  rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+  weights = (batch["targets_segmentation"] > 0).astype(jnp.float32)
   num_tokens = jnp.maximum(weights.sum(), 1.0)
+  K = config.num_microbatches
+  grad_fn = jax.value_and_grad(functools.partial(_microbatch_loss, model=model, config=config, num_tokens=num_tokens,
+                                                 num_microbatches=K), has_aux=True)
+  if K == 1:
+    (loss, out), grads = grad_fn(state.params, batch, rng)
+  else:
+    def accumulate(total, xs):
+      k, micro = xs
+      (loss, out), grads = grad_fn(state.params, micro, jax.random.fold_in(rng, k))
+      return jax.tree.map(jnp.add, total, (loss, grads)), out
 
-  def loss_fn(params):
-    logits, stats = model.apply({"params": params}, batch, rngs={"dropout": dropout_rng, "gating": gating_rng})
-    loss, nll, correct = cross_entropy(logits, batch["targets"], weights, config.optimizer.label_smoothing)
-    aux, z = metrics_lib.total_moe_losses(stats)
-    total = loss / num_tokens + config.moe.aux_loss_weight * aux + config.moe.z_loss_weight * z
-    return total, (nll, correct, aux, z, stats)
-
-  (loss, (nll, correct, aux, z, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, state.params))
+    (loss, grads), outs = jax.lax.scan(accumulate, zero, (jnp.arange(K), microbatches(batch, K)))
+    out = {"sums": jax.tree.map(lambda x: x.sum(0), outs["sums"]),
+           "means": jax.tree.map(lambda x: x.mean(0), outs["means"])}
+  (nll, correct), (aux, z, stats, biases) = out["sums"], out["means"]
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  new = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state)
+  # The selection biases are set by their rule (moe.balance), not by the optimizer (their gradient is zero).
+  params = balance.with_updated_biases(optax.apply_updates(state.params, updates), biases.get(balance.COLLECTION))
+  new = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
   # Skipping keeps the old parameters and optimizer state but still advances the step (and the data).
   new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state.replace(step=state.step + 1))
   metrics = {"loss": loss, "nll": nll / num_tokens, "accuracy": correct / num_tokens, "aux_loss": aux,

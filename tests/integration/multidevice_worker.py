@@ -1,7 +1,8 @@
 """Runs in a subprocess with JAX_NUM_CPU_DEVICES=8 (the test process has one device); prints one JSON object.
 
-For each mesh: one training step's loss and updated parameters, the collectives of the compiled step, and the
-per-device shard of an expert weight; then a checkpoint saved on data 2 x expert 4 restored on other meshes.
+For each mesh: one training step's loss, gradients (their norm, and Adam's first moment) and updated parameters,
+the collectives of the compiled step, and the per-device shard of an expert weight; then a checkpoint saved on
+data 2 x expert 4 restored on other meshes.
 """
 
 import json
@@ -11,14 +12,15 @@ import tempfile
 import flax.linen as nn
 import jax
 import numpy as np
+import optax
 
+from gshard_mt.compiler import hlo as hlo_lib
 from gshard_mt.data import pipeline
 from gshard_mt.model.transformer import Transformer
 from gshard_mt.moe.config import MoeConfig
 from gshard_mt.parallel import distributed
 from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.parallel import rules as rules_lib
-from gshard_mt.tools import hlo as hlo_lib
 from gshard_mt.training import checkpoint as checkpoint_lib
 from gshard_mt.training.setup import build
 from tests.helpers import small_config
@@ -64,11 +66,24 @@ def layer_collectives(mesh_shape, dispatch, check_vma=True) -> dict:
     layer_lib.manual.moe_shard_map = original
 
 
+def first_moment(opt_state):
+  """Adam's first moment, in the parameters' tree: after one step it is (1 - b1) times the gradient, clipped to
+  the global norm 1 (the clip scale is the same for every leaf, and `grad_norm` gives it)."""
+  is_adam = lambda s: isinstance(s, optax.ScaleByAdamState)  # noqa: E731
+  return next(s.mu for s in jax.tree.leaves(opt_state, is_leaf=is_adam) if is_adam(s))
+
+
+def max_relative_diff(tree, reference) -> float:
+  """The largest difference of any leaf from its reference, relative to the reference leaf's largest entry."""
+  return max(float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+             for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(reference)))
+
+
 def main(workdir):
   data = pipeline.load(config_for((1, 1, 1)), workdir)
   batches = [data.train_batches(config_for((1, 1, 1))).batch(i) for i in range(2)]
   out, steps, setups = {"meshes": {}}, {}, {}
-  reference = None
+  reference = reference_grads = None
   for mesh, dispatch in [(m, "index") for m in MESHES] + [(m, "shard_map") for m in SHARD_MAP_MESHES]:
     config = config_for(mesh, dispatch)
     setup = build(config, data.tokenizer.vocab_size, devices=jax.devices()[: int(np.prod(mesh))])
@@ -80,15 +95,16 @@ def main(workdir):
       batch = distributed.global_batch(batches[0], setup.mesh, setup.rules)
       hlo = step.lower(state, batch).compile().as_text()
       new, metrics = step(state, batch)
-    params = jax.device_get(new.params)
+    params, grads = jax.device_get((new.params, first_moment(new.opt_state)))
     if reference is None:
-      reference = params
+      reference, reference_grads = params, grads
     moe = new.params["encoder"]["units"]["layer_1"]["moe"]
     wi = moe["wi"]
     out["meshes"]["x".join(map(str, mesh)) + ("" if dispatch == "index" else "-shard_map")] = {
         "loss": float(metrics["loss"]),
         "max_param_diff": max(float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(params),
                                                                           jax.tree.leaves(reference))),
+        "grad_norm": float(metrics["grad_norm"]), "max_grad_diff": max_relative_diff(grads, reference_grads),
         "all_to_all": hlo_lib.collectives(hlo)["all-to-all"]["ops"],
         "all_gather_of_expert_weights": hlo_lib.gathers_of(hlo, [wi.shape[-3:], moe["wo"].shape[-3:]]),
         "wi_shape": list(wi.shape), "wi_shard_shape": list(wi.addressable_shards[0].data.shape),

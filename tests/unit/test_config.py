@@ -12,9 +12,9 @@ TINY = ROOT / "configs" / "tiny.py"
 
 
 def test_overrides_are_typed():
-  c = config_lib.load(TINY, {"moe.num_experts": "8", "data.temperature": "inf", "model.remat": "true",
+  c = config_lib.load(TINY, {"moe.num_experts": "8", "data.temperature": "inf", "model.tied_logits": "true",
                              "optimizer.learning_rate": "1", "data.languages": "fra,deu"})
-  assert c.moe.num_experts == 8 and c.data.temperature == float("inf") and c.model.remat is True
+  assert c.moe.num_experts == 8 and c.data.temperature == float("inf") and c.model.tied_logits is True
   assert c.optimizer.learning_rate == 1.0 and isinstance(c.optimizer.learning_rate, float)
   assert c.data.languages == "fra,deu"
 
@@ -29,7 +29,12 @@ def test_split_overrides():
 @pytest.mark.parametrize("overrides, message", [
     ({"moe.num_expert": "4"}, "unknown config key 'moe.num_expert'; did you mean moe.num_experts"),
     ({"moe.num_experts": "four"}, "expected a int"),
-    ({"model.remat": "maybe"}, "expected true or false"),
+    ({"model.tied_logits": "maybe"}, "expected true or false"),
+    ({"model.remat": "true"}, r"model.remat='true': expected one of \('none', 'full', 'dots', 'dots_no_batch'\)"),
+    ({"num_microbatches": "3"}, "num_microbatches=3 does not divide batch_size=8"),
+    # 2 microbatches of 4 rows: 512 source tokens are 4 groups of 128, but 320 target tokens no whole groups
+    ({"num_microbatches": "2"}, r"moe.group_size=128 does not divide the 320 tokens of a microbatch "
+                                r"\(batch_size=8 / num_microbatches=2 x data.max_target_length=80\)"),
     ({"moe.dispatch": "scatter"}, "moe.dispatch='scatter': expected one of"),
     ({"model.num_encoder_layers": "3"}, "not a multiple of model.moe_interval=2"),
     ({"moe.group_size": "100"}, r"moe.group_size=100 does not divide the 1024 tokens .*data.max_length=128\)"),
@@ -65,6 +70,24 @@ def test_batch_and_groups_must_split_over_the_devices():
                                         "do not split over the 8"):
     config_lib.validate(config_lib.load(TINY, {"data.max_length": "64", "data.max_target_length": "0"}), 8)
   config_lib.validate(config_lib.load(TINY, {"moe.group_size": "16"}), num_devices=8)  # 64 and 40 groups
+  micro = {"moe.group_size": "16", "num_microbatches": "2"}  # 4 rows a microbatch: 32 and 20 groups of 16
+  with pytest.raises(ConfigError, match=r"batch_size=8 / num_microbatches=2 does not split over the 8 devices"):
+    config_lib.validate(config_lib.load(TINY, micro), num_devices=8)
+  with pytest.raises(ConfigError, match=r"the 5 MoE groups of a microbatch \(batch_size / num_microbatches x "
+                                        r"data.max_target_length=80 / moe.group_size\) do not split over the 4"):
+    config_lib.validate(config_lib.load(TINY, {**micro, "moe.group_size": "64"}), num_devices=4)
+  config_lib.validate(config_lib.load(TINY, micro), num_devices=4)
+
+
+def test_remat_true_and_false_of_older_runs_are_full_and_none(tmp_path):
+  old = json.loads(small_config().to_json())
+  old["model"]["remat"] = False  # as runs before the remat policies saved it
+  (tmp_path / "config.json").write_text(json.dumps(old))
+  assert config_lib.load_saved(tmp_path).model.remat == "none"
+  config_lib.save(small_config(**{"model.remat": "dots"}), tmp_path)  # the policy changes no result: resumes
+  old["model"]["remat"] = True
+  (tmp_path / "config.json").write_text(json.dumps(old))
+  assert config_lib.load_saved(tmp_path).model.remat == "full"
 
 
 def test_saved_config_protects_a_run(tmp_path):

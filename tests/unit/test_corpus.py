@@ -6,6 +6,7 @@ import pytest
 
 from gshard_mt.data import corpus
 from gshard_mt.errors import DataError
+from tests import tiny_tfds
 from tests.helpers import small_config
 
 
@@ -86,35 +87,23 @@ def test_config_level_errors(tmp_path):
   with pytest.raises(DataError, match="xx has 0 usable pairs"):
     corpus.load_corpus(small_config(**{"data.source": "folder", "data.path": str(tmp_path),
                                        "data.languages": ""}).data)
-  with pytest.raises(DataError, match="unknown TFDS dataset data.tfds_name='no_such_dataset_xyz'"):
+  with pytest.raises(DataError, match="^unknown TFDS dataset 'no_such_dataset_xyz' in data.tfds_data_dir=.*[^\n]$"):
     corpus.load_corpus(small_config(**{"data.source": "tfds", "data.tfds_name": "no_such_dataset_xyz",
                                        "data.tfds_data_dir": str(tmp_path), "data.languages": ""}).data)
 
 
-def test_tfds_source_without_tensorflow(tmp_path):
-  import tensorflow_datasets as tfds
-
-  class TinyDeEnTranslate(tfds.core.GeneratorBasedBuilder):
-    VERSION = tfds.core.Version("1.0.0")
-
-    def _info(self):
-      return tfds.core.DatasetInfo(builder=self, features=tfds.features.Translation(languages=["de", "en"]))
-
-    def _split_generators(self, dl_manager):
-      return {"train": self._generate_examples(30), "validation": self._generate_examples(4, "v"),
-              "test": self._generate_examples(5, "t")}
-
-    def _generate_examples(self, n, prefix=""):
-      for i in range(n):
-        yield f"{prefix}{i}", {"de": f"{prefix}hallo {i}", "en": f"{prefix}hello {i}"}
-
-  TinyDeEnTranslate(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
-  splits, _ = corpus.load_corpus(small_config(**{"data.source": "tfds", "data.tfds_name": "tiny_de_en_translate",
-                                                 "data.tfds_data_dir": str(tmp_path), "data.languages": ""}).data)
-  assert len(splits["train"]["de"]) == 30 and len(splits["dev"]["de"]) == 4 and len(splits["test"]["de"]) == 5
-  assert sorted(splits["test"]["de"].tgt) == sorted(f"thello {i}" for i in range(5))
-  i = splits["train"]["de"].src.index("hallo 7")
-  assert splits["train"]["de"].tgt[i] == "hello 7"
+def test_tfds_datasets_without_tensorflow_one_stream_each(tmp_path):
+  joined = tiny_tfds.build(tmp_path)  # tiny_de_en_translate + tiny_fr_en_translate, array_record
+  for source in ({"data.source": "tfds", "data.tfds_name": "tiny_de_en_translate"}, {"data.source": joined}):
+    config = small_config(**source, **{"data.tfds_data_dir": tmp_path, "data.languages": ""})
+    splits, _ = corpus.load_corpus(config.data)
+    assert len(splits["train"]["de"]) == 30 and len(splits["dev"]["de"]) == 4 and len(splits["test"]["de"]) == 5
+    assert sorted(splits["test"]["de"].tgt) == sorted(f"thello {i}" for i in range(5))
+    i = splits["train"]["de"].src.index("hallo 7")
+    assert splits["train"]["de"].tgt[i] == "hello 7"
+  assert sorted(splits["train"]) == ["de", "fr"] and splits["train"]["fr"].origin == "tfds:tiny_fr_en_translate/train"
+  i = splits["train"]["fr"].src.index("bonjour 3")
+  assert splits["train"]["fr"].tgt[i] == "hello 3"
 
 
 MULTI30K = corpus.SHIPPED / "multi30k"

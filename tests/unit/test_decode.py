@@ -2,6 +2,7 @@
 beam-slot bias, the candidates' top-k, the early stop for the best hypothesis."""
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -95,6 +96,64 @@ def test_length_penalty():
   assert decode.length_penalty(1, 0.0) == 1.0
   assert decode.length_penalty(7, 1.0) == pytest.approx(2.0)
   assert decode.cut_at_eos(np.array([[5, 6, EOS_ID, 7], [5, 0, 0, 0]])) == [[5, 6], [5, 0, 0, 0]]
+
+
+def exhaustive_best(log_probs, alpha):
+  """log_probs [B, V, L, V] (sentence, previous token, position, token) -> each sentence's best hypothesis ending
+  in EOS, of every one up to L tokens (EOS counted in the length) scored sum(log p) / ((5 + length) / 6) ** alpha,
+  as (tokens [B, L], scores [B])."""
+  B, V, L, _ = log_probs.shape
+  best, best_score = np.zeros((B, L), np.int32), np.full(B, -np.inf)
+  for length in range(1, L + 1):
+    for prefix in itertools.product(range(EOS_ID + 1, V), repeat=length - 1):  # neither PAD nor EOS
+      seq = (*prefix, EOS_ID)
+      lp = sum(log_probs[:, prev, i, tok] for i, (prev, tok) in enumerate(zip((PAD_ID, *prefix), seq)))
+      score = lp / ((5.0 + length) / 6.0) ** alpha
+      better = score > best_score
+      best[better], best_score[better] = np.pad(seq, (0, L - length)), score[better]
+  return best, best_score
+
+
+def test_beam_search_with_length_penalty_equals_exhaustive_search():
+  """alpha = 0.6 (eval.py's and translate.py's default): a beam wide enough to keep every live prefix and every
+  candidate finds each sentence's best hypothesis of all of them, with its score. 144 toy sentences, each its own
+  table of log-probs over 5 tokens (3 besides PAD and EOS), up to 5 tokens long."""
+  B, V5, L5, alpha = 144, 5, 5, 0.6
+  K = (V5 - 1) * (V5 - 2) ** (L5 - 1) // 2  # 2K >= the candidates of the last step
+  table = jax.random.normal(jax.random.key(3), (B, V5, L5, V5)) * 2.0
+  log_probs = jax.nn.log_softmax(table.at[..., EOS_ID].add(-1.0).at[..., PAD_ID].set(-1e9))
+
+  def step_fn(tokens, i, cache):
+    return log_probs[jnp.arange(B * K) // K, tokens, i], cache
+
+  tokens, scores = jax.jit(lambda: decode.beam_search(step_fn, toy_cache(B * K), B, K, L5, alpha=alpha))()
+  want, want_scores = exhaustive_best(np.asarray(log_probs, np.float64), alpha)
+  np.testing.assert_array_equal(np.asarray(tokens[:, 0]), want)
+  np.testing.assert_allclose(np.asarray(scores[:, 0]), want_scores, rtol=1e-5)
+  # The penalty decides: without it (alpha = 0) another hypothesis wins in some sentences.
+  assert 0 < (exhaustive_best(np.asarray(log_probs, np.float64), 0.0)[0] != want).any(axis=1).sum() < B
+
+
+def test_length_penalty_changes_the_winner_by_hand():
+  """[EOS] has probability 0.4; [a, EOS] 0.6 x 0.64 = 0.384, lower, but divided by ((5 + 2) / 6) ** 0.6 its log
+  scores -0.8725 against ln 0.4 = -0.9163: with alpha = 0.6 it wins, with alpha = 0 it loses."""
+  a = 3
+  probs = np.full((V, L, V), 1e-9)
+  probs[PAD_ID, 0, [EOS_ID, a]] = 0.4, 0.6  # the first token
+  probs[a, 1, [EOS_ID, a]] = 0.64, 0.36  # after a
+  probs[a, 2, EOS_ID] = 1.0  # [a, a, EOS]: 0.216 / ((5 + 3) / 6) ** 0.6, ln -1.289
+  log_probs = jnp.asarray(np.log(probs), jnp.float32).at[:, :, PAD_ID].set(-1e9)
+
+  def step_fn(tokens, i, cache):
+    return log_probs[tokens, i], cache
+
+  search = jax.jit(lambda alpha: decode.beam_search(step_fn, toy_cache(4), 2, 2, 4, alpha=alpha), static_argnums=0)
+  tokens, scores = search(0.6)
+  np.testing.assert_array_equal(tokens[:, 0], [[a, EOS_ID, 0, 0]] * 2)
+  np.testing.assert_allclose(scores[:, 0], np.log(0.6 * 0.64) / (7 / 6) ** 0.6, rtol=1e-5)
+  tokens, scores = search(0.0)
+  np.testing.assert_array_equal(tokens[:, 0], [[EOS_ID, 0, 0, 0]] * 2)
+  np.testing.assert_allclose(scores[:, 0], np.log(0.4), rtol=1e-5)
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,11 @@
-"""Planning helpers of the dry run: the --mesh argument and fitting the MoE group size to a mesh."""
+"""Planning helpers of the dry run: the --mesh and --remat_policies arguments, fitting the MoE group size to a mesh,
+and the step time extended from unrolled compiles."""
 
 import pytest
 
 from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError
-from gshard_mt.tools import dryrun
+from gshard_mt.tools import dryrun, step_cost
 from tests.helpers import ROOT
 
 TINY = ROOT / "configs" / "tiny.py"  # 8 rows x 128 / 80 tokens = 1024 / 640 tokens, group size 128: 8 / 5 groups
@@ -14,6 +15,12 @@ def test_parse_mesh():
   assert dryrun.parse_mesh("data=2,expert=4") == {"data": 2, "expert": 4}
   with pytest.raises(ConfigError, match="expected data=N,expert=N,model=N"):
     dryrun.parse_mesh("experts=4")
+
+
+def test_parse_remat_policies():
+  assert dryrun.parse_remat_policies("none,dots_no_batch") == ["none", "dots_no_batch"]
+  with pytest.raises(ConfigError, match=r"--remat_policies 'none,some': unknown \['some'\]; expected some of"):
+    dryrun.parse_remat_policies("none,some")
 
 
 @pytest.mark.parametrize("mesh, devices, expected", [
@@ -31,6 +38,13 @@ def test_fit_group_size(mesh, devices, expected):
   config_lib.validate(config, devices)  # what the dry run then compiles is valid
 
 
+def test_fit_group_size_fits_the_microbatch():
+  """2 microbatches of 4 rows on 4 devices: 512 / 320 tokens, 4 / 2.5 groups of 128; 32 / 20 groups of 16 split."""
+  config = config_lib.load(TINY, {"num_microbatches": "2", "moe.group_size": "16"})
+  config.moe.group_size = 128
+  assert dryrun.fit_group_size(config, 4) == 16
+
+
 def test_load_for_says_which_size_it_chose(capsys):
   config = dryrun.load_for(TINY, {"mesh.data": "2", "mesh.expert": "4"}, 8)
   assert config.moe.group_size == 16
@@ -42,12 +56,12 @@ def test_load_for_says_which_size_it_chose(capsys):
 ])
 def test_step_cost_extends_linearly_from_one_and_two_units(units, points):
   """A cost a + b x encoder units + c x decoder units is recovered exactly from the points compiled."""
-  assert dryrun.depth_points(units) == points
+  assert step_cost.depth_points(units) == points
   cost = lambda ne, nd: 0.5 + 0.25 * ne + 0.125 * nd  # noqa: E731
-  assert dryrun.extend_to_depth({p: cost(*p) for p in points}, units) == cost(*units)
+  assert step_cost.extend_to_depth({p: cost(*p) for p in points}, units) == cost(*units)
 
 
 def test_unit_counts():
-  assert dryrun.unit_counts(config_lib.load(TINY)) == (1, 1)  # 2 + 2 layers, a MoE layer every 2nd
+  assert step_cost.unit_counts(config_lib.load(TINY)) == (1, 1)  # 2 + 2 layers, a MoE layer every 2nd
   dense = config_lib.load(TINY, {"model.moe_interval": "0", "model.num_decoder_layers": "3"})
-  assert dryrun.unit_counts(dense) == (2, 3)
+  assert step_cost.unit_counts(dense) == (2, 3)

@@ -1,7 +1,11 @@
-"""Scoring: BLEU and chrF++ as sacrebleu computes them, a hand-computed BLEU, resource buckets."""
+"""Scoring: BLEU and chrF++ as sacrebleu computes them, a hand-computed BLEU, resource buckets, ΔBLEU and its
+paired bootstrap p-value against sacrebleu, checkpoint averaging against numpy."""
 
 import math
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 import sacrebleu
 from sacrebleu.metrics import BLEU, CHRF
@@ -30,3 +34,57 @@ def test_bleu_by_hand():
   s = evaluate.score(["a b c d x y"], ["a b c d e f"], BLEU(), CHRF(word_order=2))
   assert s["bleu"] == pytest.approx(100 * math.exp(sum(map(math.log, (4 / 6, 3 / 5, 2 / 4, 1 / 3))) / 4))
   assert s["sentences"] == 1
+
+
+@pytest.mark.parametrize("count", [3, 5])
+def test_average_params_is_the_mean_cast_back(count):
+  """Against numpy's mean of each leaf: float32 leaves stay float32, bfloat16 leaves come back bfloat16 (rounded
+  once, from the float32 mean). A running pairwise mean, right for 2 trees, is wrong for 3 and 5."""
+  rng = np.random.default_rng(count)
+  trees = [{"w": jnp.asarray(rng.normal(size=(3, 4)), jnp.bfloat16), "b": {"c": rng.normal(size=5).astype(np.float32)}}
+           for _ in range(count)]
+  got = evaluate.average_params(iter(trees))
+  want = jax.tree.map(lambda *xs: np.mean([np.asarray(x, np.float32) for x in xs], axis=0), *trees)
+  assert got["w"].dtype == jnp.bfloat16 and got["b"]["c"].dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(got["w"], np.float32), want["w"], rtol=2**-8)  # bf16 has 8 bits
+  np.testing.assert_allclose(got["b"]["c"], want["b"]["c"], rtol=1e-6)
+  # Summed in float32: 256 + 1 + 1 is 258 (in bfloat16 each + 1 rounds back to 256), so the mean is 86, not 85.5.
+  ones = [jnp.full((2,), v, jnp.bfloat16) for v in (256.0, 1.0, 1.0)]
+  np.testing.assert_array_equal(np.asarray(evaluate.average_params(ones), np.float32), [86.0, 86.0])
+
+
+REFS = ["The cat sat on the mat .", "It is raining in the city today .", "We agree with you on this point .",
+        "The train leaves at six in the morning .", "She reads a book every evening .",
+        "My brother lives in a small house .", "The children are playing in the garden .",
+        "He forgot his umbrella at the office ."]
+SYSTEM = ["The cat sat on the mat .", "It is raining in the town today .", "We agree with you on this point .",
+          "The train leaves at six in the morning .", "She reads one book every evening .",
+          "My brother lives in a little house .", "Children are playing in the garden .",
+          "He forgot his umbrella at the office ."]
+BASE = [SYSTEM[0], "It rains in the city today .", "We agree with you .", *SYSTEM[3:6], "The kids play in the garden .",
+        SYSTEM[7]]  # three sentences worse: ΔBLEU 11.5, p about 0.1
+
+
+def bootstrap_p(hyps, base_hyps, refs, samples, seed):
+  """Paired bootstrap resampling as sacrebleu runs it (`_paired_bs_test`), from corpus BLEU alone: resample the
+  sentences with numpy's default_rng(seed); the statistic is |ΔBLEU| of each resample, centred on its mean;
+  p = (1 + resamples whose statistic exceeds the real |ΔBLEU|) / (1 + resamples)."""
+  def bleu(h, idx=slice(None)):
+    return sacrebleu.corpus_bleu(list(np.asarray(h)[idx]), [list(np.asarray(refs)[idx])]).score
+
+  idxs = np.random.default_rng(seed).choice(len(refs), size=(samples, len(refs)), replace=True)
+  diffs = np.array([abs(bleu(hyps, idx) - bleu(base_hyps, idx)) for idx in idxs])
+  return (np.sum(diffs - diffs.mean() > abs(bleu(hyps) - bleu(base_hyps))) + 1) / (samples + 1)
+
+
+def test_delta_bleu_and_bootstrap_p_against_sacrebleu(monkeypatch):
+  """Two different systems: ΔBLEU is the system's sacrebleu BLEU minus the baseline's (a sign error fails, as
+  does any antisymmetric formula), and the p-value is the paired bootstrap's with the same seed."""
+  monkeypatch.setenv("SACREBLEU_SEED", "7")
+  bleu, base_bleu = (evaluate.score(h, REFS, BLEU(), CHRF(word_order=2))["bleu"] for h in (SYSTEM, BASE))
+  out = evaluate.versus_baseline(bleu, base_bleu, SYSTEM, BASE, REFS, 100)
+  want = sacrebleu.corpus_bleu(SYSTEM, [REFS]).score - sacrebleu.corpus_bleu(BASE, [REFS]).score
+  assert want > 10 and out["delta_bleu"] == pytest.approx(want)
+  p = bootstrap_p(SYSTEM, BASE, REFS, 100, seed=7)
+  assert 0.05 < p < 0.5 and out["bootstrap_p"] == pytest.approx(p, abs=1e-12)
+  assert evaluate.versus_baseline(bleu, base_bleu, SYSTEM, None, REFS, 100) == {"delta_bleu": out["delta_bleu"]}

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gshard_mt.tools import hlo
+from gshard_mt.compiler import hlo
 
 HLO = """\
 %body (p: (s32[], f32[4])) -> (s32[], f32[4]) {

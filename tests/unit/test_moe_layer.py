@@ -160,7 +160,7 @@ def test_bf16_compute_keeps_router_in_float32():
   y, stats = make_layer(dtype=jnp.bfloat16).apply(params, x, mask)
   ref, ref_stats = make_layer().apply(params, x, mask)
   assert y.dtype == jnp.bfloat16
-  np.testing.assert_allclose(np.asarray(y, np.float32), ref, atol=0.1)
+  np.testing.assert_allclose(np.asarray(y, np.float32), ref, atol=0.02)  # bf16's error here: 0.0076 at most
   for value, expected in ((stats["aux_loss"], ref_stats["aux_loss"]), (stats["z_loss"], ref_stats["z_loss"]),
                           (stats["metrics"]["router_entropy"], ref_stats["metrics"]["router_entropy"])):
     assert value.dtype == jnp.float32

@@ -3,13 +3,17 @@
 
 import errno
 import importlib.util
+import shutil
 import sys
+import tempfile
 
+import numpy as np
 import pytest
 
 from gshard_mt import config as config_lib
 from gshard_mt import io
-from gshard_mt.data import packing, pipeline
+from gshard_mt.data import pipeline, shards
+from gshard_mt.data import prepare as prepare_lib
 from gshard_mt.errors import ConfigError, UserError
 from gshard_mt.tools import plot, sweep
 from tests.fake_storage import mapped_gs
@@ -32,34 +36,41 @@ def test_config_is_saved_and_loaded_in_a_bucket(tmp_path):
   assert files(tmp_path) == ["bucket/run/config.json"]
 
 
-def test_tokenizer_and_token_caches_are_written_and_reused_in_a_bucket(tmp_path, monkeypatch):
-  config = small_config()
-  with mapped_gs(tmp_path):
+def test_a_prepared_corpus_is_written_to_a_bucket_and_memory_mapped_from_local_copies(tmp_path, monkeypatch):
+  config, local = small_config(), tmp_path / "local"
+  local.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(local))  # where each host keeps its copy
+  with mapped_gs(tmp_path / "gcs"):
     data = pipeline.load(config, RUN)
-    assert str(data.tokenizer.path).startswith(f"{RUN}/tokenizer/spm-600-")
-    written = files(tmp_path)
-    assert len(written) == 4 and all(name.startswith("bucket/run/tokenizer/spm-600-") for name in written)
-    # a second load trains nothing and tokenizes nothing: it reads the model and the three splits' arrays
-    monkeypatch.setattr(pipeline, "tokenize", lambda *a: pytest.fail("tokenized again"))
-    monkeypatch.setattr(pipeline.tokenizer_lib.spm.SentencePieceTrainer, "train",
-                        lambda *a, **k: pytest.fail("trained again"))
+    name = data.tokenizer.path.parent.name
+    assert str(data.tokenizer.path) == f"{RUN}/tokenizer/{name}/spm.model" and name.startswith("spm-600-")
+    arrays = [f"{split}.{array}.bin" for split in ("train", "dev", "test") for array in shards.ARRAYS]
+    written = files(tmp_path / "gcs")
+    assert written == sorted(f"bucket/run/tokenizer/{name}/{f}" for f in ["manifest.json", "spm.model", *arrays])
+    assert data.directory == local / "gshard_mt-prepared" / name  # the staging folder, kept as this host's copy
+    batch = data.train_batches(config).batch(0)  # the sampler's index is kept in the local copy, not the bucket
+    # Another host: it prepares nothing, and memory-maps a copy of the bucket's files.
+    shutil.rmtree(data.directory)
+    monkeypatch.setattr(prepare_lib, "build", lambda *a: pytest.fail("prepared again"))
     again = pipeline.load(config, RUN)
-  assert files(tmp_path) == written  # and no temporary left
+    assert files(tmp_path / "gcs") == written  # and no temporary left
+  assert files(again.directory) == sorted(["manifest.json", "spm.model", *arrays])
   assert again.tokenizer.encode(["Bonjour."], "fra") == data.tokenizer.encode(["Bonjour."], "fra")
-  assert (again.tokens["train"].src_tokens == data.tokens["train"].src_tokens).all()
+  for key, value in again.train_batches(config).batch(0).items():
+    np.testing.assert_array_equal(value, batch[key])
 
 
-def test_a_token_cache_that_cannot_be_written_leaves_no_temporary(tmp_path, monkeypatch):
-  split = packing.TokenizedSplit.from_lists(["fra"], [0], [[5, 1]], [[6, 1]])
+def test_a_preparation_that_fails_leaves_nothing_behind(tmp_path, monkeypatch):
+  add = shards.RaggedWriter.add
 
-  def disk_full(self, data):
-    with open(self, "wb") as f:  # half of it, then the disk is full
-      f.write(data[: len(data) // 2])
-    raise OSError(errno.ENOSPC, "No space left on device", str(self))
+  def disk_full(self, values, lengths):  # the disk fills up while the tokens are written
+    if values.dtype == np.uint16:
+      raise OSError(errno.ENOSPC, "No space left on device", "train.src_tokens.bin")
+    add(self, values, lengths)
 
-  monkeypatch.setattr(type(io.path(tmp_path)), "write_bytes", disk_full)
+  monkeypatch.setattr(shards.RaggedWriter, "add", disk_full)
   with pytest.raises(OSError, match="No space left"):
-    split.save(tmp_path / "train.npz")
+    pipeline.load(small_config(), tmp_path)
   assert files(tmp_path) == []
 
 

@@ -1,27 +1,32 @@
-"""The shared tokenizer: cached, fixed special ids, language tags, clear errors."""
+"""The shared tokenizer: trained once per prepared corpus, fixed special ids and tags, clear errors."""
 
-
+import numpy as np
 import pytest
 
-from gshard_mt.data import corpus, tokenizer
+from gshard_mt.data import tokenizer
 from gshard_mt.errors import DataError
 
 
-def test_tokenizer_is_cached_with_fixed_ids_and_tags(data, tokenizer_dir):
+def test_tokenizer_has_fixed_ids_and_tags(data):
   tok = data.tokenizer
-  assert tok.path.parent.name == "tokenizer" and tok.path.name.startswith("spm-600-")
+  assert tok.path.name == "spm.model" and tok.path.parent.name.startswith("spm-600-")
+  assert tok.path.parents[1].name == "tokenizer"  # <workdir>/tokenizer/spm-<V>-<key>/, beside the shards
   assert tok.sp.pad_id() == tokenizer.PAD_ID == 0 and tok.sp.eos_id() == tokenizer.EOS_ID == 1
   assert tok.sp.unk_id() == tokenizer.UNK_ID == 2
   ids = tok.encode(["Nous sommes de votre avis."], "fra")[0]
   assert ids[0] == tok.tag_id("fra") and ids[-1] == tokenizer.EOS_ID
   assert tok.decode(ids + [0, 0]) == "Nous sommes de votre avis."
   assert tok.tag_id("zzz") is None
-  again = tokenizer.train_or_load(data.text["train"], tok.path.parents[1], 600, True)
-  assert again.path == tok.path  # reused, not retrained
-  assert list(tok.path.parent.glob("*-train-*.npz"))  # tokenized once, cached
 
 
-def test_vocabulary_too_large_is_a_clear_error(tmp_path):
-  tiny = {"xx": corpus.Pairs(["a b"] * 3, ["c d"] * 3)}
+def test_encode_flat_is_encode_back_to_back(data):
+  tok, texts = data.tokenizer, ["Nous sommes de votre avis.", "", "Ça va ? 42"]
+  for lang in ("fra", None):
+    tokens, lengths = tok.encode_flat(texts, lang, np.uint16)
+    assert tokens.dtype == np.uint16 and lengths.tolist() == [len(ids) for ids in tok.encode(texts, lang)]
+    assert tokens.tolist() == [i for ids in tok.encode(texts, lang) for i in ids]
+
+
+def test_vocabulary_too_large_is_a_clear_error():
   with pytest.raises(DataError, match="data.vocab_size=500 is too large"):
-    tokenizer.train_or_load(tiny, tmp_path, 500, False)
+    tokenizer.train(iter(["a b", "c d"] * 3), 500, [])

@@ -24,7 +24,7 @@ import re
 
 import numpy as np
 
-from gshard_mt.tools import hlo
+from gshard_mt.compiler import hlo
 
 KINDS = ("matmul", "dispatch", "gating", "elementwise", "collectives")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*)$")
@@ -47,7 +47,7 @@ def _compiler_roofline(device) -> tuple[float, float]:
   import jax
   import jax.numpy as jnp
 
-  from gshard_mt.tools import tpu
+  from gshard_mt.compiler import tpu
 
   sharding = jax.sharding.SingleDeviceSharding(device)
   a = jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16, sharding=sharding)

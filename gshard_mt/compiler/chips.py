@@ -1,0 +1,77 @@
+"""The one table of accelerators: peak dense bf16 FLOP/s and HBM per chip, and the device kinds JAX gives them.
+
+MFU (training.metrics), the dry run's MFU bound and its HBM check (tools.dryrun) all read it. A JAX device may be
+a whole chip or a part of it: a TPU device is `num_cores` of its chip's TensorCores (v2 and v3: one device per
+core, half a chip; v5p: its two cores as one device, "megacore"; v4: one per chip on a v4 host, one per core in
+libtpu's compile-only topologies), a GPU device a whole GPU. Kinds are matched exactly: "TPU v5" (v5p) is a prefix
+of "TPU v5 lite" (v5e).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+GIB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """One accelerator, per chip as its maker's pages give it ("GB" of HBM read as GiB, as the v3 and v4 pages
+  write it and as the GPUs hold it)."""
+
+  name: str  # a TPU's generation as libtpu's topology names write it ('v5p'), or the GPU's model
+  device_kinds: tuple[str, ...]  # `jax.Device.device_kind` of its devices, matched exactly
+  peak_flops_per_chip: float  # dense bf16
+  hbm_bytes_per_chip: int
+  cores_per_chip: int  # TensorCores of a TPU; 1 for a GPU
+  source: str
+
+  @property
+  def peak_flops_per_core(self) -> float:
+    return self.peak_flops_per_chip / self.cores_per_chip
+
+
+TPUS = (  # cloud.google.com/tpu/docs/<generation>; v2: 45 TFLOP/s per chip (180 per 4-chip board)
+    Chip("v2", ("TPU v2",), 45e12, 16 * GIB, 2, "cloud.google.com/tpu/docs/v2; Jouppi et al. 2020"),
+    Chip("v3", ("TPU v3",), 123e12, 32 * GIB, 2, "cloud.google.com/tpu/docs/v3"),
+    Chip("v4", ("TPU v4",), 275e12, 32 * GIB, 2, "cloud.google.com/tpu/docs/v4"),
+    Chip("v5e", ("TPU v5 lite",), 197e12, 16 * GIB, 1, "cloud.google.com/tpu/docs/v5e"),
+    Chip("v5p", ("TPU v5",), 459e12, 95 * GIB, 2, "cloud.google.com/tpu/docs/v5p"),
+    Chip("v6e", ("TPU v6 lite",), 918e12, 32 * GIB, 1, "cloud.google.com/tpu/docs/v6e"),
+)
+GPUS = (  # nvidia.com data sheets: dense (not 2:4 sparse) bf16 tensor-core FLOP/s
+    Chip("H100 SXM", ("NVIDIA H100 80GB HBM3",), 989.5e12, 80 * GIB, 1, "NVIDIA H100 data sheet"),
+    Chip("H100 PCIe", ("NVIDIA H100 PCIe",), 756e12, 80 * GIB, 1, "NVIDIA H100 data sheet"),
+    Chip("H200", ("NVIDIA H200",), 989.5e12, 141 * GIB, 1, "NVIDIA H200 data sheet"),
+    Chip("A100 40GB", ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB"), 312e12, 40 * GIB, 1,
+         "NVIDIA A100 data sheet"),
+    Chip("A100 80GB", ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"), 312e12, 80 * GIB, 1,
+         "NVIDIA A100 data sheet"),
+)
+CHIPS = TPUS + GPUS
+
+
+def chip_of(device_kind: str) -> Chip | None:
+  """The row whose devices JAX names `device_kind`; None for any other (a CPU)."""
+  return next((chip for chip in CHIPS if device_kind in chip.device_kinds), None)
+
+
+def chip_share(device) -> tuple[Chip | None, float]:
+  """(its chip's row, the fraction of that chip) of a `jax.Device`: a TPU device's `num_cores` of the chip's
+  TensorCores, or a whole chip."""
+  chip = chip_of(device.device_kind)
+  if chip is None or device.platform != "tpu":
+    return chip, 1.0
+  return chip, device.num_cores / chip.cores_per_chip
+
+
+def peak_flops(device) -> float | None:
+  """Peak dense bf16 FLOP/s of one JAX device; None where the table has no row for its kind."""
+  chip, share = chip_share(device)
+  return None if chip is None else chip.peak_flops_per_chip * share
+
+
+def hbm_bytes(device) -> int | None:
+  """HBM of one JAX device; None where the table has no row for its kind."""
+  chip, share = chip_share(device)
+  return None if chip is None else int(chip.hbm_bytes_per_chip * share)

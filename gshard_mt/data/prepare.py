@@ -1,0 +1,275 @@
+"""The preparation of a corpus: read once, tokenized in parallel processes, written as memory-mappable shards.
+
+  python -m gshard_mt.tools.prepare_data --config configs/tiny.py --workdir runs/tiny    (or make prepare)
+
+A prepared directory (`gshard_mt.data.shards`) is named `spm-<V>-<key>`, the key hashing the corpus's files (names,
+sizes, modification times) and every setting that changes what is prepared (sources, languages, split fractions,
+tokenizer settings), so runs with the same data and tokenizer settings share one preparation (`data.prepared_dir`)
+and a changed file is prepared anew. Computing the key reads no corpus, so a prepared corpus is found at once.
+The steps, each in a pool of processes (one per core) for a corpus of more than SERIAL_BELOW bytes:
+  1. read: each `corpus.Part` (one language's files, a TSV, one TFDS dataset) is read, cleaned and split by one
+     process, which writes its text to the staging folder;
+  2. assemble: the streams are named and selected, and their text laid out split by split, streams sorted;
+  3. tokenizer: trained on the training pairs, all of them up to tokenizer.MAX_SENTENCES sentences, else a
+     sample of that many (its pairs drawn with seed 0);
+  4. tokenize: chunks of CHUNK pairs are tokenized by the pool and appended in order.
+A process holds one part or one chunk at a time: memory follows the largest language, not the corpus.
+Everything is written to a local staging folder, then published whole: renamed into place on a local disk, or
+uploaded to object storage with the manifest last (the staging folder then serves as this host's local copy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import pathlib
+import shutil
+import tempfile
+import time
+
+import numpy as np
+
+from gshard_mt import io
+from gshard_mt.data import corpus, shards
+from gshard_mt.data import tokenizer as tokenizer_lib
+from gshard_mt.errors import DataError
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1  # bump when what is prepared changes: older preparations are then not reused
+CHUNK = 50_000  # pairs per tokenization task
+SERIAL_BELOW = 32 << 20  # bytes of corpus files under which one process prepares (starting a pool costs seconds)
+
+
+def root(data_config, workdir: io.PathLike) -> io.epath.Path:
+  """Where prepared directories live: data.prepared_dir, else <workdir>/tokenizer."""
+  return io.path(data_config.prepared_dir or io.path(workdir) / "tokenizer")
+
+
+def key(data_config) -> tuple[str, int]:
+  """(the prepared directory's name `spm-<V>-<hash>`, bytes of the corpus's files), from the files' names, sizes
+  and modification times and the settings; the corpus itself is not read."""
+  parts = corpus.parts(data_config)
+  files = [(os.fspath(f), s.length, s.mtime) for part in parts for f in corpus.part_files(part) for s in [f.stat()]]
+  settings = {"format": FORMAT, "parts": [dataclasses.astuple(p) for p in parts], "files": files,
+              "languages": data_config.languages, "split": corpus.split_settings(data_config),
+              "vocab_size": data_config.vocab_size, "character_coverage": data_config.character_coverage,
+              "source_tags": data_config.source_tags, "trainer": tokenizer_lib.TRAINER_OPTIONS,
+              "max_sentences": tokenizer_lib.MAX_SENTENCES}
+  digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+  return f"spm-{data_config.vocab_size}-{digest}", sum(size for _, size, _ in files)
+
+
+def ensure(data_config, workdir: io.PathLike, processes: int | None = None) -> io.epath.Path:
+  """The prepared directory of this config's data, preparing it first when it is missing."""
+  name, size = key(data_config)
+  target = root(data_config, workdir) / name
+  if shards.read_manifest(target) is None:
+    processes = processes or (1 if size < SERIAL_BELOW else os.cpu_count() or 1)
+    prepare(data_config, target, processes)
+  return target
+
+
+def prepare(data_config, target: io.epath.Path, processes: int):
+  """Prepares the config's data into `target` (see the module docstring)."""
+  stage = _stage(target)
+  try:
+    build(data_config, stage, processes)
+    _publish(stage, target)
+  finally:
+    if stage.exists():
+      shutil.rmtree(stage, ignore_errors=True)
+
+
+def _stage(target: io.epath.Path) -> pathlib.Path:
+  """A new local staging folder for `target`: beside it on a local disk (so that publishing is a rename), else in
+  the system's temporary folder. Those of earlier preparations whose process is gone (killed) are removed."""
+  folder = pathlib.Path(os.fspath(target.parent) if io.is_local(target) else tempfile.gettempdir())
+  folder.mkdir(parents=True, exist_ok=True)
+  for old in folder.glob(f".{target.name}.tmp*"):
+    pid = old.name.rsplit(".tmp", 1)[1]
+    if pid.isdigit() and not _running(int(pid)):
+      shutil.rmtree(old, ignore_errors=True)
+  stage = folder / f".{target.name}.tmp{os.getpid()}"
+  shutil.rmtree(stage, ignore_errors=True)
+  stage.mkdir()
+  return stage
+
+
+def _running(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)  # no signal: only asks whether the process exists
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # another user's
+    pass
+  return True
+
+
+def build(data_config, stage: pathlib.Path, processes: int) -> dict:
+  """Steps 1-4 into the local folder `stage`; returns the manifest (written last)."""
+  seconds, last = {}, [time.perf_counter()]
+
+  def lap(step: str):
+    now = time.perf_counter()
+    seconds[step], last[0] = round(now - last[0], 2), now
+
+  with _pool(processes) as run:
+    splits, origins, empty = _read_and_assemble(data_config, stage, run)
+    lap("read")
+    train = shards.open_text(stage, {"splits": splits, "origins": {}}, "train")
+    tags = tokenizer_lib.tag_pieces([s for s, _ in splits["train"]], data_config.source_tags)
+    model = tokenizer_lib.train(_tokenizer_sentences(list(train.values())), data_config.vocab_size, tags,
+                                data_config.character_coverage)
+    (stage / shards.MODEL).write_bytes(model)
+    lap("tokenizer")
+    dtype = shards.token_dtype(data_config.vocab_size)
+    writers = {(split, side): shards.RaggedWriter(shards.array_path(stage, split, f"{side}_tokens"),
+                                                  shards.array_path(stage, split, f"{side}_offsets"))
+               for split in splits for side in ("src", "tgt")}
+    tasks = [(split, lo, min(lo + CHUNK, n)) for split, streams in splits.items()
+             for n in [sum(count for _, count in streams)] for lo in range(0, n, CHUNK)]
+    tokenize = functools.partial(_tokenize, stage=stage, streams={k: [s for s, _ in v] for k, v in splits.items()},
+                                 dtype=dtype)
+    for (split, _, _), sides in zip(tasks, run(tokenize, tasks)):
+      for side, (tokens, lengths) in zip(("src", "tgt"), sides):
+        writers[split, side].add(tokens, lengths)
+    for writer in writers.values():
+      writer.close()
+    lap("tokenize")
+  manifest = {"format": FORMAT, "splits": splits, "origins": origins, "token_dtype": dtype,
+              "info": {"empty_lines_skipped": empty, "processes": processes, "seconds": seconds}}
+  (stage / shards.MANIFEST).write_text(json.dumps(manifest, indent=1))
+  log.info("prepared %d train pairs in %d streams with %d processes: %s", sum(n for _, n in splits["train"]),
+           len(splits["train"]), processes, seconds)
+  return manifest
+
+
+def _read_and_assemble(data_config, stage: pathlib.Path, run) -> tuple[dict, dict, int]:
+  """Steps 1 and 2, reading with `run` (a map); returns ({split: [[stream, pairs], ...]}, {stream: origin}, empty
+  lines skipped)."""
+  parts = corpus.parts(data_config)
+  read = functools.partial(_read_part, stage=stage, settings=corpus.split_settings(data_config))
+  found = list(run(read, list(enumerate(parts))))  # [({split: {lang: pairs}}, empty, {lang: origin})] per part
+  names = corpus.stream_names([(p.label, lang) for p, (counts, _, _) in zip(parts, found)
+                               for c in counts.values() for lang in c])
+  chosen = corpus.select(list(names.values()), data_config.languages)
+  splits = {}
+  for split in corpus.SPLITS:
+    streams = {names[p.label, lang]: (i, lang, n) for i, (p, (counts, _, _)) in enumerate(zip(parts, found))
+               for lang, n in counts[split].items() if names[p.label, lang] in chosen}
+    splits[split] = [[s, streams[s][2]] for s in sorted(streams)]
+    _assemble(stage, split, [streams[s] for s in sorted(streams)])
+  if sum(n for _, n in splits["train"]) == 0:
+    raise DataError(f"the {data_config.source} corpus has no training pairs")
+  origins = {names[p.label, lang]: origin for p, (_, _, part_origins) in zip(parts, found)
+             for lang, origin in part_origins.items() if names[p.label, lang] in chosen}
+  return splits, origins, sum(empty for _, empty, _ in found)
+
+
+@contextlib.contextmanager
+def _pool(processes: int):
+  """A map over a pool of `processes` new processes (spawned: the caller may be a threaded JAX program), in order;
+  the built-in map for one."""
+  if processes <= 1:
+    yield map
+    return
+  with multiprocessing.get_context("spawn").Pool(processes) as pool:
+    yield functools.partial(pool.imap, chunksize=1)
+
+
+def _read_part(task: tuple[int, corpus.Part], stage: pathlib.Path, settings) -> tuple[dict, int, dict]:
+  """Step 1 for one part: writes each (language, split)'s text to the stage; returns ({split: {lang: pairs}},
+  empty lines skipped, {lang: origin})."""
+  i, part = task
+  splits, empty = corpus.read_part(part, settings)
+  for split, languages in splits.items():
+    for lang, pairs in languages.items():
+      for side, lines in (("src", pairs.src), ("tgt", pairs.tgt)):
+        encoded = [line.encode() for line in lines]
+        writer = shards.RaggedWriter(*_staged(stage, i, lang, split, side))
+        writer.add(np.frombuffer(b"".join(encoded), np.uint8), np.fromiter(map(len, encoded), np.int64))
+        writer.close()
+  origins = {lang: pairs.origin for languages in splits.values() for lang, pairs in languages.items()}
+  return {split: {lang: len(p) for lang, p in c.items()} for split, c in splits.items()}, empty, origins
+
+
+def _staged(stage: pathlib.Path, i: int, lang: str, split: str, side: str) -> tuple[pathlib.Path, pathlib.Path]:
+  return stage / f"part{i}.{lang}.{split}.{side}_text", stage / f"part{i}.{lang}.{split}.{side}_text_offsets"
+
+
+def _assemble(stage: pathlib.Path, split: str, streams: list[tuple[int, str, int]]):
+  """Step 2 for one split: the staged text of `streams` [(part, lang, pairs)] back to back, and their `lang`."""
+  with open(shards.array_path(stage, split, "lang"), "wb") as f:
+    for index, (_, _, n) in enumerate(streams):
+      f.write(np.full(n, index, np.int32).tobytes())
+  for side in ("src", "tgt"):
+    writer = shards.RaggedWriter(shards.array_path(stage, split, f"{side}_text"),
+                                 shards.array_path(stage, split, f"{side}_text_offsets"))
+    for i, lang, _ in streams:
+      text, offsets = _staged(stage, i, lang, split, side)
+      with open(text, "rb") as f:
+        shutil.copyfileobj(f, writer.values, 1 << 24)
+      ends = np.fromfile(offsets, np.int64)[1:]
+      writer.offsets.write((writer.end + ends).tobytes())
+      writer.end += int(ends[-1]) if len(ends) else 0
+    writer.close()
+  for path in stage.glob(f"part*.{split}.*"):
+    path.unlink()
+
+
+def _tokenizer_sentences(train: list[corpus.Pairs]):
+  """The tokenizer's training sentences, stream by stream: every pair's source and English lines (a line break
+  inside a sentence splits it), or those of a sample of pairs when there are more than tokenizer.MAX_SENTENCES."""
+  n = sum(map(len, train))
+  chosen = np.arange(n)
+  if 2 * n > tokenizer_lib.MAX_SENTENCES:
+    chosen = np.sort(np.random.default_rng(0).choice(n, tokenizer_lib.MAX_SENTENCES // 2, replace=False))
+  start = 0
+  for pairs in train:
+    for i in (chosen[(chosen >= start) & (chosen < start + len(pairs))] - start).tolist():
+      yield from pairs.src[i].splitlines()
+      yield from pairs.tgt[i].splitlines()
+    start += len(pairs)
+
+
+def _tokenize(task: tuple[str, int, int], stage: pathlib.Path, streams: dict[str, list[str]], dtype: str):
+  """Step 4 for pairs [lo, hi) of a split (task: split, lo, hi; streams: each split's, in order): ((source tokens,
+  lengths), (target tokens, lengths))."""
+  split, lo, hi = task
+  tok = tokenizer_lib.Tokenizer(stage / shards.MODEL)
+  read = lambda name: shards.read_array(shards.array_path(stage, split, name), np.int64 if "offsets" in name else
+                                        np.uint8)
+  src, tgt = (shards.Lines(read(f"{side}_text"), read(f"{side}_text_offsets"))[lo:hi] for side in ("src", "tgt"))
+  lang = shards.read_array(shards.array_path(stage, split, "lang"), np.int32)[lo:hi]
+  cuts = np.flatnonzero(np.diff(lang)) + 1  # where the stream changes
+  runs = zip(np.concatenate([[0], cuts]).tolist(), np.concatenate([cuts, [hi - lo]]).tolist())
+  pieces = [tok.encode_flat(src[a:b], streams[split][lang[a]], dtype) for a, b in runs]
+  return ((np.concatenate([t for t, _ in pieces]), np.concatenate([n for _, n in pieces])),
+          tok.encode_flat(tgt, None, dtype))
+
+
+def _publish(stage: pathlib.Path, target: io.epath.Path):
+  """Moves a complete stage to `target`: renamed on a local disk (a preparation that finished first is kept),
+  uploaded with the manifest last to object storage, the stage then kept as this host's local copy."""
+  if io.is_local(target):
+    if shards.read_manifest(target) is not None:
+      return  # another preparation of the same key finished first; its content is the same
+    io.remove_tree(target)  # an incomplete directory
+    os.rename(stage, os.fspath(target))
+    return
+  target.mkdir(parents=True, exist_ok=True)
+  for path in sorted(stage.iterdir(), key=lambda p: p.name == shards.MANIFEST):
+    with open(path, "rb") as src, (target / path.name).open("wb") as dst:
+      shutil.copyfileobj(src, dst, 1 << 24)
+  local = shards.local_path(target)
+  if not (local / shards.MANIFEST).exists():
+    local.parent.mkdir(parents=True, exist_ok=True)
+    io.remove_tree(local)
+    os.rename(stage, local)

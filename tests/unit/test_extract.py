@@ -1,0 +1,77 @@
+"""Task-level routing (moe.router='language'): each token's source tag, and tools/extract: the model cut to some
+languages' experts translates those languages as the full model does."""
+
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gshard_mt import config as config_lib
+from gshard_mt.data import pipeline
+from gshard_mt.data.packing import SOURCE_KEYS
+from gshard_mt.evaluation import decode, evaluate
+from gshard_mt.model.transformer import source_tags
+from gshard_mt.tools import extract
+from gshard_mt.training import checkpoint as checkpoint_lib
+from gshard_mt.training.setup import build
+from tests.helpers import small_config
+
+
+def test_source_tags_of_packed_pairs_and_of_beams():
+  src = jnp.array([[7, 1, 1, 8, 1, 0], [9, 1, 1, 1, 1, 1]])
+  src_segments = jnp.array([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]])
+  segments = jnp.array([[1, 1, 2, 2, 2, 0, 0], [1, 1, 1, 0, 0, 0, 0]])
+  np.testing.assert_array_equal(source_tags(src, src_segments, segments),
+                                [[7, 7, 8, 8, 8, 0, 0], [9, 9, 9, 0, 0, 0, 0]])
+  beams = jnp.ones((6, 1), jnp.int32)  # 2 sentences x 3 beams, row n of sentence n // 3
+  np.testing.assert_array_equal(source_tags(src, src_segments, beams, beams=True)[:, 0], [7, 7, 7, 9, 9, 9])
+
+
+def test_kept_experts_top_up_to_the_most_any_layer_chose():
+  count, kept = extract.kept_experts([np.array([[0, 1, 0, 1], [0, 0, 1, 0]], bool), np.array([1, 0, 0, 0], bool)])
+  assert count == 2
+  np.testing.assert_array_equal(kept[0], [[1, 3], [0, 2]])
+  np.testing.assert_array_equal(kept[1], [0, 1])
+
+
+def random_run(workdir, tokenizer_dir, **overrides):
+  """A work directory holding a checkpoint, at step 1, of random parameters for small_config(**overrides): what
+  eval.py and the extraction need, without compiling the model's initialisation."""
+  shutil.copytree(tokenizer_dir, workdir / "tokenizer")
+  config = small_config(**overrides)
+  setup = build(config, pipeline.load(config, workdir).tokenizer.vocab_size)
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda s: jnp.asarray(rng.normal(0, 0.5, s.shape), s.dtype), setup.abstract_state.params)
+  state = setup.abstract_state.replace(step=jnp.ones((), jnp.int32), params=params,
+                                       opt_state=jax.jit(setup.tx.init)(params), rng=jnp.zeros((2,), jnp.uint32))
+  with checkpoint_lib.Checkpoints(workdir / "checkpoints", async_save=False) as ckpts:
+    ckpts.save(1, state, {"seed": 0, "next_index": 0}, force=True)
+  config_lib.save(config, workdir)
+  return workdir
+
+
+def test_extracted_model_translates_its_languages_as_the_full_model(tmp_path, tokenizer_dir):
+  run = random_run(tmp_path / "run", tokenizer_dir, **{"moe.router": "language", "moe.dispatch": "grouped",
+                                                       "moe.num_selected": 1})
+  extract.main(["--workdir", str(run), "--languages", "fra,deu"])
+  full, small = evaluate.restore(run), evaluate.restore(tmp_path / "run-fra-deu")
+  assert small.model_cfg.moe.num_experts < full.model_cfg.moe.num_experts
+  tokens = full.data.tokens["test"]
+  pairs = np.concatenate([np.flatnonzero(tokens.lang == tokens.languages.index(lang))[:3] for lang in ("fra", "deu")])
+  batch = decode_batch(tokens, pairs)
+  outputs = [decode.Translator(r.model_cfg, r.params, beam_size=1, max_len=12)(batch) for r in (full, small)]
+  np.testing.assert_array_equal(outputs[0], outputs[1])
+  assert len({tuple(row) for row in outputs[0]}) > 1  # not one output for every sentence
+
+
+def decode_batch(tokens, pairs) -> dict:
+  """Padded source rows of `pairs` (one pair a row), as evaluation builds them."""
+  L = int(tokens.src_len[pairs].max())
+  batch = {key: np.zeros((len(pairs), L), np.int32) for key in SOURCE_KEYS}
+  for row, i in enumerate(pairs):
+    n = int(tokens.src_len[i])
+    batch["inputs"][row, :n] = tokens.src_tokens[tokens.src_offsets[i]:tokens.src_offsets[i] + n]
+    batch["inputs_segmentation"][row, :n] = 1
+    batch["inputs_position"][row, :n] = np.arange(n)
+  return {k: jnp.asarray(v) for k, v in batch.items()}

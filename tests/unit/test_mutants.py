@@ -1,0 +1,229 @@
+"""Tests that kill the mutants `make mutate` (bench/mutate.py) found surviving the modules' own unit tests.
+
+One class per module (bench/mutate.py runs each module against its unit test file and its class here); each test
+names the mutmut mutants it kills. bench/RESULTS.md ("Mutation testing") lists the survivors left, all equivalent.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gshard_mt.data import sampling
+from gshard_mt.evaluation import evaluate, report
+from gshard_mt.moe import dispatch, gating
+from tests.unit.test_report import scores as report_scores
+
+
+class TestSampling:
+  def test_rejects_empty_and_nonpositive_counts(self):
+    # x_temperature_rates__mutmut_5 (`or` -> `and`), _8 (`n <= 0` -> `n < 0`), _10 (message -> None).
+    for counts in ({}, {"a": 0, "b": 5}, {"a": -1}):
+      with pytest.raises(ValueError, match="at least one training pair"):
+        sampling.temperature_rates(counts, 5.0)
+
+  def test_one_pair_is_enough(self):
+    # x_temperature_rates__mutmut_9 (`n <= 0` -> `n <= 1`).
+    assert sampling.temperature_rates({"a": 1, "b": 1}, 5.0) == pytest.approx({"a": 0.5, "b": 0.5})
+
+  def test_counts_are_summed_in_float(self):
+    # x_temperature_rates__mutmut_15 / _17 (np.float64 dtype dropped): int64 counts overflow when summed, and a
+    # negative share has no real 1/T-th power.
+    rates = sampling.temperature_rates({"a": 2**62, "b": 2**62}, 5.0)
+    assert rates == pytest.approx({"a": 0.5, "b": 0.5}) and not any(math.isnan(r) for r in rates.values())
+
+
+class TestGating:
+  @pytest.mark.parametrize("name", ["group_size", "num_experts", "min_capacity"])
+  def test_expert_capacity_names_the_bad_argument(self, name):
+    # x_expert_capacity__mutmut_2 / _4 / _5 / _6 / _7 (the argument's name in the message changed).
+    kwargs = {"group_size": 8, "num_experts": 4, "capacity_factor": 1.0, "min_capacity": 1, name: 0}
+    with pytest.raises(ValueError, match=f"^{name} must be a positive integer"):
+      gating.expert_capacity(**kwargs)
+
+  def test_expert_capacity_rounds_up_halves_and_forgives_below_a_millionth(self):
+    # x_expert_capacity__mutmut_22 / _24 (round(x, 6) -> round(x): 2.5 rounds to 2, then ceil gives 2, not 3).
+    assert gating.expert_capacity(5, 4, 1.0, min_capacity=1) == 3
+    # x_expert_capacity__mutmut_29 (round(x, 6) -> round(x, 7)): 1e-7 over a whole capacity is rounding noise.
+    assert gating.expert_capacity(1, 2, 3.0000001, min_capacity=1) == 3
+
+  def test_cap_logits_values_and_caps_below_one(self):
+    x = jnp.array([-3.0, -0.5, 0.0, 1.0, 3.0])
+    # x_cap_logits__mutmut_7 (logits / cap -> logits * cap).
+    np.testing.assert_allclose(gating.cap_logits(x, 2.0), 2.0 * np.tanh(np.asarray(x) / 2.0), rtol=1e-6)
+    # x_cap_logits__mutmut_4 (cap <= 0 -> cap <= 1: a cap of 0.5 would leave the logits uncapped).
+    np.testing.assert_allclose(gating.cap_logits(x, 0.5), 0.5 * np.tanh(np.asarray(x) / 0.5), rtol=1e-6)
+
+  def test_assign_slots_drops_at_capacity(self):
+    # x_assign_slots__mutmut_10 / _29 (pos < capacity -> pos <= capacity): three tokens want expert 0 first and
+    # three want it second; capacity 2 keeps two of the first and none of the second.
+    want1 = jnp.array([[[1, 0]] * 3 + [[0, 1]] * 3], jnp.int32)
+    want2 = want1[:, :, ::-1]
+    kept1, pos1, kept2, pos2 = gating.assign_slots(want1, want2, 2)
+    np.testing.assert_array_equal(kept1.sum(axis=1), [[2, 2]])
+    np.testing.assert_array_equal(kept2.sum(axis=1), [[0, 0]])
+    np.testing.assert_array_equal(pos1[0, :3, 0], [0, 1, 2])
+    np.testing.assert_array_equal(pos2[0, 3:, 0], [2, 3, 4])
+
+  def test_top2_dropped_with_one_second_choice(self):
+    # x__routing_metrics__mutmut_7 (max(want2.sum(), 1) -> max(..., 2)): one token wants a second expert (the
+    # other's g2 is ~e^-60, far below any uniform), and capacity 1 drops it: all of one, not half.
+    logits = jnp.array([[[30.0, -30.0, -30.0], [5.0, 10.0, -10.0]]])
+    routing = gating.top2_gating(logits, 1, second_expert_policy="random", second_expert_threshold=1e-6,
+                                 rng=jax.random.key(0))
+    assert float(routing.metrics["second_expert_sampled"]) == 0.5
+    assert float(routing.metrics["top2_dropped"]) == 1.0
+
+
+class TestReport:
+  """The whole report text, byte for byte: kills the mutants of report.markdown, report.summary and report._fmt
+  that change a separator, a blank line, a header, a sign or a format (x_markdown__mutmut_17, _35, _39, _40, _52 to
+  _56, _101 to _116, _144 to _166, x__fmt__mutmut_1 to _16, x_summary__mutmut_*: see bench/RESULTS.md)."""
+
+  @staticmethod
+  def with_baseline():
+    s = report_scores(baseline=True)
+    s["decoding"]["averaged_steps"] = [4, 6]
+    s["average"]["delta_bleu"] = 1.5
+    s["languages"]["l00"]["delta_bleu"] = 0.25
+    s["languages"]["l01"]["delta_bleu"] = None
+    s["by_resource"]["high"]["delta_bleu"] = None
+    s["by_resource"]["low"]["delta_bleu"] = 0.25
+    return s
+
+  def test_markdown_with_a_baseline_whole(self):
+    assert report.markdown(self.with_baseline()) == "\n".join([
+        "# test split, step 6 (runs/x)",
+        "",
+        "Average over 3 languages: BLEU 11.00, chrF++ 31.00, ΔBLEU +1.50 against runs/dense",
+        "",
+        "Decoding: beam 4, α 0.6, max length 24, 12.3 sentences/s, 457 tokens/s; parameters averaged over steps "
+        "[4, 6]",
+        "",
+        "| resource | BLEU | chrF++ | ΔBLEU |",
+        "|---|---|---|---|",
+        "| high | 12.00 | 32.00 | - |",
+        "| low | 10.50 | 30.50 | +0.25 |",
+        "",
+        "| language | train pairs | resource | sentences | BLEU | chrF++ | ΔBLEU |",
+        "|---|---|---|---|---|---|---|",
+        "| l02 | 200 | high | 10 | 12.00 | 32.00 | -0.25 |",
+        "| l01 | 100 | low | 10 | 11.00 | 31.00 | - |",
+        "| l00 | 0 | low | 10 | 10.00 | 30.00 | +0.25 |",
+        "",
+        "BLEU: `nrefs:1|bleu-sig`",
+        "chrF++: `nrefs:1|chrf-sig`",
+        "",
+    ])
+
+  def test_markdown_without_a_baseline_whole(self):
+    assert report.markdown(report_scores()) == "\n".join([
+        "# test split, step 6 (runs/x)",
+        "",
+        "Average over 3 languages: BLEU 11.00, chrF++ 31.00",
+        "",
+        "Decoding: beam 4, α 0.6, max length 24, 12.3 sentences/s, 457 tokens/s",
+        "",
+        "| resource | BLEU | chrF++ |",
+        "|---|---|---|",
+        "| high | 12.00 | 32.00 |",
+        "| low | 10.50 | 30.50 |",
+        "",
+        "| language | train pairs | resource | sentences | BLEU | chrF++ |",
+        "|---|---|---|---|---|---|",
+        "| l02 | 200 | high | 10 | 12.00 | 32.00 |",
+        "| l01 | 100 | low | 10 | 11.00 | 31.00 |",
+        "| l00 | 0 | low | 10 | 10.00 | 30.00 |",
+        "",
+        "BLEU: `nrefs:1|bleu-sig`",
+        "chrF++: `nrefs:1|chrf-sig`",
+        "",
+    ])
+
+  def test_summary_whole(self):
+    assert report.summary(self.with_baseline()) == "\n".join([
+        "test step 6: average BLEU 11.00, chrF++ 31.00 over 3 languages, ΔBLEU +1.50",
+        "lang     BLEU  chrF++  resource",
+        "l02     12.00   32.00  high",
+        "l01     11.00   31.00  low",
+        "l00     10.00   30.00  low",
+        "decoding: 12.3 sentences/s, 457 tokens/s",
+    ])
+    assert report.summary(report_scores(num_languages=12), show=2).splitlines()[:2] == [
+        "test step 6: average BLEU 11.00, chrF++ 31.00 over 12 languages", "lang     BLEU  chrF++  resource"]
+    assert [line.split()[0] for line in report.summary(report_scores(num_languages=11)).splitlines()[2:-1]] == [
+        "l10", "l09", "l08", "l07", "l06", "...", "l04", "l03", "l02", "l01", "l00"]  # default show=5
+
+  @pytest.mark.parametrize("baseline", [False, True])
+  def test_plot_content(self, tmp_path, monkeypatch, baseline):
+    # x_plot__mutmut_5 to _22, _28, _31 to _67 and the like (which scores, the order, colours, labels, size, dpi):
+    # the figure drawn, not just a PNG written.
+    import struct
+
+    import matplotlib.colors
+    import matplotlib.pyplot as plt
+
+    figures = []
+    subplots = plt.subplots
+    monkeypatch.setattr(plt, "subplots", lambda *a, **k: figures.append(subplots(*a, **k)) or figures[-1])
+    s = self.with_baseline() if baseline else report_scores()
+    report.plot(s, tmp_path / "bleu.png")
+    fig, ax = figures[0]
+    want = [("l00", 0.25, "low"), ("l01", 0.0, "low"), ("l02", -0.25, "high")] if baseline else [
+        ("l02", 12.0, "high"), ("l01", 11.0, "low"), ("l00", 10.0, "low")]
+    assert [p.get_height() for p in ax.patches] == [v for _, v, _ in want]
+    assert [p.get_facecolor() for p in ax.patches] == [matplotlib.colors.to_rgba(report.COLOURS[r]) for *_, r in want]
+    labels = ax.get_xticklabels()
+    assert [t.get_text() for t in labels] == [lang for lang, *_ in want]
+    assert {(t.get_rotation(), t.get_fontsize()) for t in labels} == {(90.0, 6.0)}
+    name = "ΔBLEU" if baseline else "BLEU"
+    assert ax.get_ylabel() == name and ax.get_title() == f"test split, step 6: {name} per language"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["high resource", "medium resource", "low resource"]
+    assert [t.get_fontsize() for t in ax.get_legend().get_texts()] == [7.0] * 3
+    assert [h.get_facecolor() for h in ax.get_legend().legend_handles] == [
+        matplotlib.colors.to_rgba(c) for c in report.COLOURS.values()]
+    assert tuple(fig.get_size_inches()) == (6.0, 4.0)
+    png = (tmp_path / "bleu.png").read_bytes()
+    assert struct.unpack(">II", png[16:24]) == (720, 480)  # 6 x 4 inches at 120 dpi
+
+  def test_plot_widens_with_the_languages(self, tmp_path, monkeypatch):
+    # x_plot__mutmut_36 to _40 (the width 0.14 * languages + 2, at least 6).
+    import matplotlib.pyplot as plt
+
+    figures = []
+    subplots = plt.subplots
+    monkeypatch.setattr(plt, "subplots", lambda *a, **k: figures.append(subplots(*a, **k)) or figures[-1])
+    report.plot(report_scores(num_languages=50), tmp_path / "bleu.png")
+    assert tuple(figures[0][0].get_size_inches()) == pytest.approx((9.0, 4.0))
+
+
+class TestDispatch:
+  @staticmethod
+  def routing():
+    logits = jax.random.normal(jax.random.key(0), (2, 8, 4)) * 2
+    return gating.top2_gating(logits, 3)
+
+  def test_make_dispatcher_holds_the_routing(self):
+    # x_make_dispatcher__mutmut_4 (DISPATCHERS[name](routing) -> DISPATCHERS[name](None)).
+    routing = self.routing()
+    for name in dispatch.DISPATCHERS:
+      assert dispatch.make_dispatcher(name, routing).routing is routing
+
+  @pytest.mark.parametrize("name", list(dispatch.DISPATCHERS))
+  def test_combine_keeps_the_outputs_dtype(self, name):
+    # xǁGroupedDispatcherǁcombine__mutmut_25 (weight.astype(y.dtype) -> astype(None): float32 gates would promote
+    # bfloat16 expert outputs to float32).
+    routing = self.routing()
+    d = dispatch.make_dispatcher(name, routing)
+    x = jax.random.normal(jax.random.key(1), (2, 8, 5), jnp.bfloat16)
+    y = d.dispatch(x)  # [E, G, C, M] for the buffers (combine takes [G, E, C, M]), [R, M] grouped
+    assert d.combine(y if name == "grouped" else y.transpose(1, 0, 2, 3)).dtype == jnp.bfloat16
+
+
+class TestEvaluate:
+  def test_average_params_of_nothing(self):
+    # x_average_params__mutmut_32 / _33 / _34 (the message changed or dropped).
+    with pytest.raises(ValueError, match="^average_params needs at least one tree$"):
+      evaluate.average_params(iter([]))

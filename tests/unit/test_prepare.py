@@ -1,0 +1,140 @@
+"""The prepared corpus: the same tokens, text and batches as the corpus read and tokenized in memory, found again by
+its files and settings, serial or parallel alike; TFDS datasets joined; the prepare_data command."""
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from gshard_mt.data import corpus, packing, pipeline, shards
+from gshard_mt.data import prepare as prepare_lib
+from gshard_mt.tools import prepare_data
+from tests import tiny_tfds
+from tests.helpers import ROOT, small_args, small_config
+
+
+def in_memory(text: corpus.Corpus, tok) -> packing.TokenizedSplit:
+  """A split tokenized as the pipeline did before corpora were prepared: in memory, streams sorted."""
+  streams = sorted(text)
+  lang = [i for i, s in enumerate(streams) for _ in range(len(text[s]))]
+  src = [ids for s in streams for ids in tok.encode(list(text[s].src), s)]
+  tgt = [ids for s in streams for ids in tok.encode(list(text[s].tgt))]
+  return packing.TokenizedSplit.from_lists(streams, lang, src, tgt)
+
+
+def test_prepared_corpus_and_its_batches_equal_those_made_in_memory(data):
+  config = small_config()
+  text, _ = corpus.load_corpus(config.data)
+  memory = {}
+  for split in corpus.SPLITS:
+    memory[split], mapped = in_memory(text[split], data.tokenizer), data.tokens[split]
+    assert isinstance(mapped.src_tokens, np.memmap) and mapped.languages == memory[split].languages
+    for field in ("lang", "src_tokens", "src_offsets", "tgt_tokens", "tgt_offsets"):
+      np.testing.assert_array_equal(getattr(mapped, field), getattr(memory[split], field))
+    for stream, pairs in text[split].items():
+      assert list(data.text[split][stream].src) == pairs.src and list(data.text[split][stream].tgt) == pairs.tgt
+  # the tokenizer is trained on the sentences it was trained on before: every training line, streams sorted
+  lines = "".join(s + "\n" + t + "\n" for lang in sorted(text["train"])
+                  for s, t in zip(text["train"][lang].src, text["train"][lang].tgt)).splitlines()
+  assert list(prepare_lib._tokenizer_sentences(list(data.text["train"].values()))) == lines
+  # batches: an in-memory split whose sampler index is computed in memory, as before, against the memory-mapped
+  # split whose index is kept beside it; for one process and for each of two
+  for count in (1, 2):
+    for p in range(count):
+      before = pipeline.TrainBatches(memory["train"], data.rates, config.batch_size, packing.row_lengths(config),
+                                     config.data.seed, p, count)
+      now = data.train_batches(config, p, count)
+      assert isinstance(now.eligible, np.memmap)
+      for i in (0, 7):
+        for key, value in before.batch(i).items():
+          np.testing.assert_array_equal(now.batch(i)[key], value)
+
+
+def test_the_sampler_index_read_in_chunks_is_the_whole_one(data):
+  split, lengths = data.tokens["train"], (24, 16)
+  whole, chunked = pipeline.eligible(split, lengths), pipeline.eligible(split, lengths, chunk=97)
+  fits = (split.src_len <= 24) & (split.tgt_len <= 16)
+  plain = np.concatenate([np.flatnonzero(fits & (split.lang == i)) for i in range(len(split.languages))])
+  np.testing.assert_array_equal(whole.ids, plain)
+  np.testing.assert_array_equal(chunked.ids, plain)
+  np.testing.assert_array_equal(chunked.counts, whole.counts)
+  np.testing.assert_allclose(chunked.mean_lengths, whole.mean_lengths, rtol=1e-12)
+  assert (chunked.shortest, chunked.filtered) == (whole.shortest, whole.filtered) == (
+      min(split.src_len[plain].min(), split.tgt_len[plain].min()), int((~fits).sum()))
+
+
+def test_lines_read_like_a_list():
+  text = ["a", "", "ça va", "z"]
+  encoded = [t.encode() for t in text]
+  lines = shards.Lines(np.frombuffer(b"".join(encoded), np.uint8), np.cumsum([0] + [len(e) for e in encoded]))
+  assert len(lines) == 4 and list(lines) == text and lines[-2] == "ça va" and lines.index("z") == 3
+  assert lines[1:3] == text[1:3] and lines[::2] == text[::2] and lines[3:1] == []
+  with pytest.raises(IndexError):
+    lines[4]
+
+
+def write_folder(folder, languages=("fra", "deu"), n=300):
+  """The first n Tatoeba pairs of each language, as a data.source=folder corpus."""
+  folder.mkdir(parents=True, exist_ok=True)
+  for lang in languages:
+    for side in (lang, "eng"):
+      lines, _ = corpus.read_lines(corpus.SHIPPED / "tatoeba" / f"tatoeba.{lang}-eng.{side}.gz")
+      (folder / f"c.{lang}-eng.{side}").write_text("".join(line + "\n" for line in lines[:n]))
+  return small_config(**{"data.source": "folder", "data.path": folder, "data.languages": "", "data.vocab_size": 400})
+
+
+def test_a_preparation_is_shared_by_runs_and_keyed_by_files_and_settings(tmp_path, monkeypatch):
+  config = write_folder(tmp_path / "corpus")
+  config.data.prepared_dir = str(tmp_path / "prepared")
+  gone = subprocess.Popen(["true"])
+  gone.wait()  # a preparation killed midway left its staging folder: the next one removes it
+  (tmp_path / "prepared" / f".{prepare_lib.key(config.data)[0]}.tmp{gone.pid}" / "part0.fra.train.src_text").mkdir(
+      parents=True)
+  first = prepare_lib.ensure(config.data, tmp_path / "run1")
+  assert first.parent == tmp_path / "prepared" and first.name == prepare_lib.key(config.data)[0]
+  monkeypatch.setattr(prepare_lib, "build", lambda *a: pytest.fail("prepared again"))
+  assert prepare_lib.ensure(config.data, tmp_path / "run2") == first  # another run of the same data and settings
+  config.data.dev_fraction = 0.2
+  assert prepare_lib.key(config.data)[0] != first.name
+  config.data.dev_fraction = 0.1
+  (tmp_path / "corpus" / "c.fra-eng.fra").write_text("changed\n" * 300)
+  assert prepare_lib.key(config.data)[0] != first.name
+  assert [p.name for p in (tmp_path / "prepared").iterdir()] == [first.name]  # no staging folder left
+
+
+@pytest.mark.slow  # starts processes
+def test_a_parallel_preparation_writes_what_a_serial_one_does(tmp_path):
+  config = write_folder(tmp_path / "corpus", ("fra", "deu", "spa"), 400)
+  directories = []
+  for processes in (1, 2):
+    config.data.prepared_dir = str(tmp_path / f"prepared{processes}")
+    directories.append(prepare_lib.ensure(config.data, tmp_path / "run", processes))
+  serial, parallel = ({p.name: p.read_bytes() for p in d.iterdir() if p.name != shards.MANIFEST} for d in directories)
+  assert serial == parallel and len(serial) == 1 + 3 * len(shards.ARRAYS)
+  manifests = [json.loads((d / shards.MANIFEST).read_text()) for d in directories]
+  assert [m["info"].pop("processes") for m in manifests] == [1, 2]
+  assert manifests[0]["splits"] == manifests[1]["splits"] and manifests[0]["origins"] == manifests[1]["origins"]
+
+
+def test_tfds_datasets_are_prepared_as_one_stream_each(tmp_path):
+  config = small_config(**{"data.source": tiny_tfds.build(tmp_path / "tfds"), "data.tfds_data_dir": tmp_path / "tfds",
+                           "data.languages": "", "data.vocab_size": 283})  # the most pieces their text gives
+  data = pipeline.load(config, tmp_path / "run")
+  assert {split: [(s, len(p)) for s, p in text.items()] for split, text in data.text.items()} == {
+      "train": [("de", 30), ("fr", 30)], "dev": [("de", 4), ("fr", 4)], "test": [("de", 5), ("fr", 5)]}
+  assert data.rates == {"de": 0.5, "fr": 0.5}
+  i = data.text["train"]["fr"].src.index("bonjour 3")
+  assert data.text["train"]["fr"].tgt[i] == "hello 3"
+  tags = {data.tokenizer.tag_id(s): s for s in ("de", "fr")}
+  batch = data.train_batches(config).batch(0)
+  starts = (batch["inputs_position"] == 0) & (batch["inputs_segmentation"] > 0)
+  assert set(tags) == set(batch["inputs"][starts].tolist())  # both streams are sampled, each with its tag
+
+
+def test_prepare_data_command(workdir, capsys):
+  prepare_data.main(["--config", str(ROOT / "configs" / "tiny.py"), "--workdir", str(workdir), *small_args()])
+  out = capsys.readouterr().out
+  assert "5 streams, 4000 train / 500 dev / 500 test pairs, vocabulary 600" in out
+  assert list((workdir / "tokenizer").glob("spm-600-*/train.eligible-24x24.json"))
+

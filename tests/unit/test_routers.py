@@ -1,0 +1,140 @@
+"""The routers against plain, sequential, per-token references (as test_gating does for GShard's top-2), and the
+interface they share."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gshard_mt.moe import config as moe_config
+from gshard_mt.moe import expert_choice, gating, routers, topk
+from gshard_mt.moe.config import MoeConfig
+
+
+def softmax(x):
+  e = np.exp(x - x.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+def reference_topk(logits, k, C, normalize=True, bias=None, valid=None):
+  """One token at a time: (combine [G, S, E, C], aux). Choice j of every token of a group is placed before any
+  choice j + 1, each in sequence order; a position counts overflowed requests too, as GShard's."""
+  G, S, E = logits.shape
+  valid = np.ones((G, S), bool) if valid is None else valid
+  bias = np.zeros(E) if bias is None else np.asarray(bias)
+  combine = np.zeros((G, S, E, C), np.float32)
+  aux = []
+  for g in range(G):
+    gates = softmax(logits[g].astype(np.float64))
+    choices = []
+    for s in range(S):
+      order = np.argsort(-(gates[s] + bias), kind="stable")[:k]
+      w = gates[s, order]
+      choices.append((order, w / (w.sum() + 1e-9) if normalize else w))
+    n = max(valid[g].sum(), 1)
+    density = np.bincount([choices[s][0][0] for s in range(S) if valid[g, s]], minlength=E) / n
+    aux.append(np.mean(density * gates[valid[g]].sum(0) / n))
+    kept = np.zeros(E, int)
+    for j in range(k):
+      count = kept.copy()
+      for s in range(S):
+        if valid[g, s]:
+          e = choices[s][0][j]
+          pos, count[e] = count[e], count[e] + 1
+          if pos < C:
+            combine[g, s, e, pos] = choices[s][1][j]
+            kept[e] += 1
+  return combine, float(np.mean(aux) * E * E)
+
+
+def reference_expert_choice(logits, C, valid):
+  """Expert by expert: its C real tokens of highest gate, best first."""
+  G, S, E = logits.shape
+  combine = np.zeros((G, S, E, C), np.float32)
+  for g in range(G):
+    gates = softmax(logits[g].astype(np.float64))
+    for e in range(E):
+      ranked = [s for s in np.argsort(-gates[:, e], kind="stable") if valid[g, s]]
+      for c, s in enumerate(ranked[:C]):
+        combine[g, s, e, c] = gates[s, e]
+  return combine
+
+
+def inputs(G, S, E, pad, seed=0, scale=2.0):
+  rng = np.random.default_rng(seed)
+  return (rng.normal(size=(G, S, E)) * scale).astype(np.float32), rng.uniform(size=(G, S)) >= pad
+
+
+@jax.jit
+def _dense(routing):
+  return routing.combine_weights, routing.dispatch_mask
+
+
+@pytest.mark.parametrize("G,S,E,C,k,normalize,pad,biased", [
+    (2, 16, 4, 3, 1, False, 0.2, False),  # switch, overflowing
+    (3, 24, 8, 4, 3, True, 0.1, True),  # top-3 with a selection bias
+    (2, 20, 5, 20, 4, True, 0.3, False),  # top-4, C = S: dropless
+])
+def test_topk_matches_sequential_reference(G, S, E, C, k, normalize, pad, biased):
+  logits, valid = inputs(G, S, E, pad, seed=k)
+  bias = np.linspace(-0.3, 0.3, E).astype(np.float32) if biased else None
+  routing = jax.jit(topk.topk_gating, static_argnums=(1, 2), static_argnames="normalize")(
+      logits, k, C, normalize=normalize, bias=bias, padding_mask=valid)
+  combine, aux = reference_topk(logits, k, C, normalize, bias, valid)
+  got_combine, got_dispatch = _dense(routing)
+  np.testing.assert_allclose(got_combine, combine, atol=1e-6)
+  np.testing.assert_array_equal(got_dispatch, combine > 0)
+  np.testing.assert_allclose(routing.aux_loss, aux, rtol=1e-5)
+  assert routing.expert_index.shape == (G, S, k)
+  if C < S:
+    assert 0 < float(routing.metrics["top1_dropped"]) < 1
+
+
+def test_topk_with_two_choices_is_gshard_top2_with_policy_all():
+  logits, valid = inputs(3, 32, 8, 0.2, seed=5)
+  got = jax.jit(lambda z, m: topk.topk_gating(z, 2, 5, padding_mask=m))(logits, valid)
+  want = jax.jit(lambda z, m: gating.top2_gating(z, 5, padding_mask=m))(logits, valid)
+  for field in ("expert_index", "slot", "kept"):
+    np.testing.assert_array_equal(getattr(got, field), getattr(want, field))
+  for a, b in zip(jax.tree.leaves((got.weight, got.aux_loss, got.z_loss, got.metrics)),
+                  jax.tree.leaves((want.weight, want.aux_loss, want.z_loss, want.metrics))):
+    np.testing.assert_allclose(a, b, rtol=1e-6)  # XLA fuses the two differently: 1 ulp apart at most
+  assert got.metrics.keys() == want.metrics.keys()
+
+
+def test_expert_choice_matches_sequential_reference():
+  G, S, E, C = 2, 12, 4, 5
+  logits, valid = inputs(G, S, E, 0.4, seed=3)  # a group may have fewer than C real tokens
+  routing = jax.jit(expert_choice.expert_choice_gating, static_argnums=1)(logits, C, padding_mask=valid)
+  np.testing.assert_allclose(_dense(routing)[0], reference_expert_choice(logits, C, valid), atol=1e-6)
+  assert float(routing.aux_loss) == 0.0
+  kept = np.asarray(routing.kept)
+  np.testing.assert_allclose(routing.metrics["unrouted"], (~kept.any(-1))[valid].mean(), rtol=1e-6)
+
+
+def test_selection_bias_chooses_but_does_not_weigh():
+  logits, _ = inputs(1, 16, 4, 0.0, seed=1)
+  bias = jnp.array([0.0, 0.0, 0.0, 5.0])  # expert 3 first for every token
+  routing = jax.jit(topk.topk_gating, static_argnums=(1, 2))(logits, 2, 16, bias=bias)
+  assert (np.asarray(routing.expert_index[..., 0]) == 3).all()
+  gates = softmax(logits)[0]
+  chosen = np.take_along_axis(gates, np.asarray(routing.expert_index[0]), -1)
+  np.testing.assert_allclose(routing.weight[0], chosen / chosen.sum(-1, keepdims=True), rtol=1e-5)
+
+
+def test_every_router_has_a_class_and_the_capacity_its_config_promises():
+  assert tuple(routers.ROUTERS) == moe_config.ROUTERS
+  S, E = 64, 8
+  for name in moe_config.ROUTERS:
+    router = routers.make_router(dataclasses.replace(MoeConfig(), router=name, num_selected=3,
+                                                     decoder_router="topk"))
+    C = router.capacity(S, E, 1.0, 1)
+    assert C == {"gshard": 16, "switch": 8, "topk": 24, "expert_choice": 24}.get(name, S), name
+    assert (name in moe_config.NO_CAPACITY) == (C == S)
+  assert routers.make_router(MoeConfig(second_expert_policy="random"), deterministic=False).second_expert_policy \
+      == "random"
+  assert routers.make_router(MoeConfig(second_expert_policy="random")).second_expert_policy == "all"
+  assert routers.make_router(MoeConfig(router="expert_choice", decoder_router="switch"), decoder=True).k == 1
+  assert routers.ExpertChoice(4).capacity(8, 2, 2.0, 1) == 8  # at most S
