@@ -7,9 +7,9 @@ minutes instead of hours: each module gets a scratch copy of the project under m
 
 Every mutant runs in a process forked from mutmut's fork server (process_isolation = forkserver), which has imported
 the tests but run none: a mutant inside a jitted function is traced afresh, never answered from a jit cache filled by
-the unmutated code (mutmut's default, forking from the process that ran the clean tests, would report such mutants as
-survivors). The persistent compilation cache that tests/conftest.py sets up is shared by the mutants, so a mutant
-that compiles to the unmutated program costs no compilation.
+the unmutated code (mutmut's default forks from the process that ran the clean tests, whose jit caches could hide
+such a mutant). The persistent compilation cache that tests/conftest.py sets up is shared by the mutants, so a
+mutant that compiles to the unmutated program can reuse its compiled code.
 
   python bench/mutate.py                   # every module
   python bench/mutate.py gating dispatch   # some
@@ -23,6 +23,7 @@ each survivor.
 
 import argparse
 import fnmatch
+import hashlib
 import json
 import os
 import re
@@ -83,7 +84,10 @@ def run_module(name: str, python: str, previous: dict | None = None, only: list[
   """Runs mutmut over one module; with `previous` (this module's last result), only the mutants it left alive
   (and of those, with `only`, the ones matching one of these fnmatch patterns)."""
   module, tests, patterns = MODULES[name]
+  source = hashlib.sha256((ROOT / module).read_bytes()).hexdigest()
   if previous is not None:
+    if previous.get("source") != source:  # mutmut numbers a function's mutants in order: an edit renumbers them
+      raise SystemExit(f"--recheck {name}: {module} changed since the last run; run it again in full")
     patterns = sorted(k for k, s in previous["status"].items()
                       if s != "killed" and (not only or any(fnmatch.fnmatch(k, p) for p in only)))
     if not patterns:
@@ -122,7 +126,7 @@ def run_module(name: str, python: str, previous: dict | None = None, only: list[
     for k in (k for k in survivors if status[k] != "not checked"):
       diff = subprocess.run([*mutmut, "show", k], cwd=work, env=env, capture_output=True, text=True).stdout
       f.write(f"{diff}\n")
-  return {"module": module, "seconds": round(seconds), "rc": rc, "counts": counts,
+  return {"module": module, "source": source, "seconds": round(seconds), "rc": rc, "counts": counts,
           "not_killed": {k: status[k] for k in survivors}, "status": status}
 
 

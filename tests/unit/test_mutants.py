@@ -36,10 +36,11 @@ class TestSampling:
 
 
 class TestGating:
-  @pytest.mark.parametrize("name", ["group_size", "num_experts", "min_capacity"])
+  @pytest.mark.parametrize("name", ["group_size", "num_experts", "min_capacity", "num_selected"])
   def test_expert_capacity_names_the_bad_argument(self, name):
-    # x_expert_capacity__mutmut_2 / _4 / _5 / _6 / _7 (the argument's name in the message changed).
-    kwargs = {"group_size": 8, "num_experts": 4, "capacity_factor": 1.0, "min_capacity": 1, name: 0}
+    # x_expert_capacity__mutmut_* that change an argument's name in the message (7 of them).
+    kwargs = {"group_size": 8, "num_experts": 4, "capacity_factor": 1.0, "min_capacity": 1, "num_selected": 2,
+              name: 0}
     with pytest.raises(ValueError, match=f"^{name} must be a positive integer"):
       gating.expert_capacity(**kwargs)
 
