@@ -1,2 +1,3 @@
-"""The GShard MoE layer (section 2.2): `config` (its options), `gating` (top-2 routing), `dispatch` (moving tokens
-to experts), `manual` (the shard_map path), `layer` (the Flax module wiring them)."""
+"""The GShard MoE layer (section 2.2): `config` (its options), `gating` (GShard's top-2 routing), `routers` (the
+routers behind one interface, with `topk` and `expert_choice` their gating and `balance` the selection bias),
+`dispatch` (moving tokens to experts), `manual` (the shard_map path), `layer` (the Flax module wiring them)."""

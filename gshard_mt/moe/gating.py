@@ -140,8 +140,8 @@ def top2_gating(
   )
 
 
-def top2_choices(gates: jax.Array, bias: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array,
-                                                                            jax.Array]:
+def top2_choices(gates: jax.Array,
+                 bias: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """gates [G, S, E] -> (e1, e2 int [G, S], g1, g2 f32 [G, S]): the two best experts and their gates, normalised
   together (g1 + g2 = 1) before any capacity drop. `bias` [E] takes part in the choice only (DeepSeek-V3)."""
   scores = gates if bias is None else gates + bias

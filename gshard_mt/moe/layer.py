@@ -32,7 +32,7 @@ EGCH = ("expert", "group", "capacity", "mlp")
 GECM = ("group", None, "capacity", "embed")
 EMH = ("expert", "embed", "mlp")
 EHM = ("expert", "mlp", "embed")
-NMH, NHM = (None, "embed", "mlp"), (None, "mlp", "embed")  # the shared experts
+ZMH, ZHM = (None, "embed", "mlp"), (None, "mlp", "embed")  # the Z shared experts
 
 
 def expert_ffn(expert_in: jax.Array, wi: jax.Array, wo: jax.Array, activation: str = "relu",
@@ -108,11 +108,11 @@ def groups_of(num_tokens: int, group_size: int, pad: bool = False) -> tuple[int,
 
 
 def shared_ffn(x: jax.Array, wi: jax.Array, wo: jax.Array, activation: str = "relu") -> jax.Array:
-  """The shared experts (DeepSeekMoE), which every token passes through: x [G, S, M] x wi [N, M, H] x wo [N, H, M]
-  -> the sum of the N expert outputs [G, S, M]."""
-  h = nn.with_logical_constraint(ACTIVATIONS[activation](jnp.einsum("GSM,NMH->GSNH", x, wi)),
+  """The Z shared experts (DeepSeekMoE), which every token passes through: x [G, S, M] x wi [Z, M, H] x
+  wo [Z, H, M] -> the sum of the Z expert outputs [G, S, M]."""
+  h = nn.with_logical_constraint(ACTIVATIONS[activation](jnp.einsum("GSM,ZMH->GSZH", x, wi)),
                                  ("group", None, None, "mlp"))
-  return jnp.einsum("GSNH,NHM->GSM", h, wo)
+  return jnp.einsum("GSZH,ZHM->GSM", h, wo)
 
 
 class MoeFeedForward(nn.Module):
@@ -198,9 +198,9 @@ class MoeFeedForward(nn.Module):
       expert_out = nn.with_logical_constraint(expert_out.transpose(1, 0, 2, 3), GECM)  # E -> G: an all-to-all
       y = nn.with_logical_constraint(dispatcher.combine(expert_out), GSM)
     if cfg.shared_experts:
-      n = cfg.shared_experts
-      shared_wi = self.param("shared_wi", nn.with_logical_partitioning(expert_init, NMH), (n, M, H), self.param_dtype)
-      shared_wo = self.param("shared_wo", nn.with_logical_partitioning(expert_init, NHM), (n, H, M), self.param_dtype)
+      Z = cfg.shared_experts
+      shared_wi = self.param("shared_wi", nn.with_logical_partitioning(expert_init, ZMH), (Z, M, H), self.param_dtype)
+      shared_wo = self.param("shared_wo", nn.with_logical_partitioning(expert_init, ZHM), (Z, H, M), self.param_dtype)
       y = y + shared_ffn(x, shared_wi.astype(self.dtype), shared_wo.astype(self.dtype), cfg.activation)
     stats = {"aux_loss": routing.aux_loss, "z_loss": routing.z_loss, "metrics": routing.metrics}
     return y.reshape(G * S, M)[: B * L].reshape(B, L, M), stats

@@ -15,6 +15,7 @@ the same translations as the full model; serving one language then costs what a 
 from __future__ import annotations
 
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -100,7 +101,8 @@ def main(argv):
     raise WorkdirError(f"{args.workdir}: no source-language tag for {unknown} in its vocabulary")
   params, count, kept = extract_params(jax.device_get(run.params), run.model_cfg, tags)
   config.moe.num_experts = count
-  config.data.prepared_dir = str(prepare_lib.root(config.data, args.workdir))  # the same corpus and tokenizer
+  prepared = str(prepare_lib.root(config.data, args.workdir))  # the same corpus and tokenizer
+  config.data.prepared_dir = prepared if "://" in prepared else os.path.abspath(prepared)
   config_lib.save(config, output)
   setup = build(config, run.data.tokenizer.vocab_size)
   params = jax.device_put(params, setup.state_shardings.params)

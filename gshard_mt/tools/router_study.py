@@ -88,10 +88,13 @@ def verdict(points: list[dict]) -> dict:
     ranked = sorted((p for p in points if p[key]), key=lambda p: -sign * p[key]["mean"])
     if len(ranked) < 2:
       continue
-    best = ranked[0]
-    others = {"runner-up": ranked[1]} | {n: p for p in points for n in (DENSE, DEFAULT) if p["point"] == n}
-    out[key] = {"best": best["point"], "against": {label: {"point": p["point"], **compare(best, p, key, sign)}
-                                                   for label, p in others.items() if p is not best}}
+    best, labels = ranked[0], {ranked[1]["point"]: ["runner-up"]}
+    for p in points:
+      if p["point"] in (DENSE, DEFAULT) and p is not best:
+        labels.setdefault(p["point"], []).append({DENSE: "dense twin", DEFAULT: "today's default"}[p["point"]])
+    by_name = {p["point"]: p for p in points}
+    out[key] = {"best": best["point"], "against": {
+        ", ".join(label): {"point": name, **compare(best, by_name[name], key, sign)} for name, label in labels.items()}}
   return out
 
 

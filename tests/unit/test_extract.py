@@ -35,6 +35,18 @@ def test_kept_experts_top_up_to_the_most_any_layer_chose():
   np.testing.assert_array_equal(kept[1], [0, 1])
 
 
+def test_chosen_experts_follow_the_routers_rule_bias_included():
+  from gshard_mt.moe.config import MoeConfig
+
+  vectors = np.eye(3, 4)  # three languages
+  wg = np.stack([np.eye(4) * 3, np.eye(4)[::-1] * 3])  # two scanned units [U, M, E]
+  top1 = MoeConfig(router="language", num_selected=1)
+  np.testing.assert_array_equal(extract.chosen_experts({"wg": wg}, vectors, top1),
+                                [[1, 1, 1, 0], [0, 1, 1, 1]])
+  biased = {"wg": wg, "router_bias": np.array([[0, 0, 0, 5.0], [0, 0, 0, 0]])}  # unit 0: expert 3 for all
+  np.testing.assert_array_equal(extract.chosen_experts(biased, vectors, top1), [[0, 0, 0, 1], [0, 1, 1, 1]])
+
+
 def random_run(workdir, tokenizer_dir, **overrides):
   """A work directory holding a checkpoint, at step 1, of random parameters for small_config(**overrides): what
   eval.py and the extraction need, without compiling the model's initialisation."""

@@ -52,26 +52,27 @@ def reference(params, x, mask, language, cfg):
   out = jnp.einsum("GSKH,GSKHM->GSKM", jax.nn.relu(jnp.einsum("GSM,GSKMH->GSKH", xg, wi)), wo)
   y = jnp.einsum("GSK,GSKM->GSM", routing.weight, out)
   if cfg.shared_experts:
-    h = jax.nn.relu(jnp.einsum("GSM,NMH->GSNH", xg, p["shared_wi"]))
-    y = y + jnp.einsum("GSNH,NHM->GSM", h, p["shared_wo"])
+    h = jax.nn.relu(jnp.einsum("GSM,ZMH->GSZH", xg, p["shared_wi"]))
+    y = y + jnp.einsum("GSZH,ZHM->GSM", h, p["shared_wo"])
   return y.reshape(B, L, M), routing
 
 
-def loss_fn(apply):
-  """jitted (loss, (y, dropped)), gradients of a scalar that reads y, the aux loss and the z-loss."""
+def loss_and_grads(apply):
+  """(loss, (y, top-1 dropped)), gradients of a scalar that reads y, the aux loss and the z-loss."""
   def loss(params, x):
     y, aux, z, dropped = apply(params, x)
     return jnp.sum(jnp.sin(y) * x) + aux + 0.1 * z, (y, dropped)
-  return jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
+  return jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)
 
 
-CASES = {  # name: (config changes, the dispatch paths compared with the reference)
-    "switch": (dict(router="switch"), ("index", "grouped")),
-    "topk3": (dict(router="topk", num_selected=3), ("einsum", "shard_map")),
-    "expert_choice": (dict(router="expert_choice", decoder_router="topk"), ("index", "grouped")),
+ALL = ("einsum", "index", "grouped", "shard_map")  # shard_map on one device: its per-device program, whole
+CASES = {  # name: (config changes, the dispatch paths compared with the reference: all that the router takes)
+    "switch": (dict(router="switch"), ALL),
+    "topk3": (dict(router="topk", num_selected=3), ALL),
+    "expert_choice": (dict(router="expert_choice", decoder_router="topk"), ALL),
     "dropless": (dict(router="dropless", dispatch="grouped"), ("grouped",)),
     "language": (dict(router="language", dispatch="grouped"), ("grouped",)),
-    "gshard_bias_shared": (dict(balance="bias", aux_loss_weight=0.0, shared_experts=2), ("index", "grouped")),
+    "gshard_bias_shared": (dict(balance="bias", aux_loss_weight=0.0, shared_experts=2), ALL),
 }
 
 
@@ -85,22 +86,25 @@ def test_every_path_matches_the_per_token_reference(case):
     y, routing = reference(params, x, mask, language, cfg)
     return y, routing.aux_loss, routing.z_loss, routing.metrics["top1_dropped"]
 
-  ref = loss_fn(via_reference)(params, x)
-  if case == "switch":  # capacity drops some: the paths must drop the same ones
-    assert float(ref[0][1][1]) > 0
-  for path in paths:
+  def via_layer(path):
     layer = MoeFeedForward(dataclasses.replace(cfg, dispatch=path))
 
-    def via_layer(params, x, layer=layer):
+    def apply(params, x):
       y, stats = layer.apply(params, x, mask, language=language)
       return y, stats["aux_loss"], stats["z_loss"], stats["metrics"]["top1_dropped"]
+    return apply
 
-    got = loss_fn(via_layer)(params, x)
-    np.testing.assert_allclose(got[0][0], ref[0][0], rtol=1e-5, err_msg=path)
-    np.testing.assert_allclose(got[0][1][0], ref[0][1][0], atol=1e-5, err_msg=path)
-    for g, r in zip(jax.tree.leaves(got[1]), jax.tree.leaves(ref[1])):
+  # One compilation for the reference and every path.
+  ref, *got = jax.jit(lambda p, x: [loss_and_grads(f)(p, x) for f in [via_reference, *map(via_layer, paths)]])(
+      params, x)
+  if case == "switch":  # capacity drops some: the paths must drop the same ones
+    assert float(ref[0][1][1]) > 0
+  for path, out in zip(paths, got):
+    np.testing.assert_allclose(out[0][0], ref[0][0], rtol=1e-5, err_msg=path)
+    np.testing.assert_allclose(out[0][1][0], ref[0][1][0], atol=1e-5, err_msg=path)
+    for g, r in zip(jax.tree.leaves(out[1]), jax.tree.leaves(ref[1])):
       np.testing.assert_allclose(g, r, atol=1e-5, rtol=1e-5, err_msg=path)
-  assert not np.asarray(got[1][0]["params"][balance.NAME]).any()  # it chooses only: no gradient reaches it
+    assert not np.asarray(out[1][0]["params"][balance.NAME]).any()  # it chooses only: no gradient reaches it
 
 
 def test_bias_moves_by_the_sign_of_the_load_error_while_training():

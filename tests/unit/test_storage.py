@@ -97,6 +97,7 @@ def test_a_scheme_without_its_backend_is_one_line_naming_what_to_install(tmp_pat
                       lambda name, *a: None if name in ("gcsfs", "tensorflow") else find_spec(name, *a))
   with pytest.raises(UserError) as raised:
     config_lib.save(small_config(), "gs://x/y")
-  assert str(raised.value) == "gs://x/y: the gs:// backend is not installed (pip install -e '.[gcs]' (gcsfs, google-cloud-storage))"
+  assert str(raised.value) == ("gs://x/y: the gs:// backend is not installed (pip install -e '.[gcs]' (gcsfs, "
+                               "google-cloud-storage))")
   with pytest.raises(UserError, match=r"^ftp://x/y: unknown storage scheme 'ftp://' \(local paths, gs://"):
     io.path("ftp://x/y")
