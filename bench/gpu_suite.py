@@ -140,7 +140,7 @@ def training_section(prepared: Callable[[str], Prepared], name: str, warmup: int
   flops = metrics.step_flops(state.params, config.moe.num_experts, *sides)
   return dict(config=f"configs/{name}.py", steps=steps, step_ms=seconds * 1e3, tokens_per_step=float(sum(sides)),
               tokens_per_s=float(sum(sides)) / seconds, step_tflops=flops * 1e-12,
-              mfu=metrics.mfu(flops / seconds, jax.devices()[0].device_kind, jax.device_count()),
+              mfu=metrics.mfu(flops / seconds, jax.devices()[0], jax.device_count()),
               compile_and_warmup_s=compile_and_warmup_s, packing_efficiency=batches.packing_efficiency,
               batch_size=config.batch_size, row_lengths=packing.row_lengths(config))
 
@@ -245,8 +245,8 @@ def main(argv) -> int:
     prepared = functools.cache(functools.partial(prepare, small=args.small, workdir=pathlib.Path(workdir)))
     result["moe_layer"] = run_section(moe_layer_section, args.small, sizes["moe_repeats"])
     result["decoding"] = run_section(decoding_section, prepared, sizes["sentences"])
-    result["training"] = [run_section(training_section, prepared, name, sizes["train_warmup"], sizes["train_steps"])
-                          for name in CONFIGS]
+    result["training"] = [{"config": name} | run_section(training_section, prepared, name, sizes["train_warmup"],
+                                                         sizes["train_steps"]) for name in CONFIGS]
   result["seconds"] = time.perf_counter() - start
   env = result["environment"]
   path = pathlib.Path(args.out) / f"{env['date']}-{slug(env['device'])}{'-small' if args.small else ''}.json"
