@@ -131,30 +131,44 @@ class TrainBatches:
     self.mean_lengths = list(index.mean_lengths)  # float [languages] per side
     # pairs per stream: more than a window's rows can hold, so that a window always fills before its stream ends
     self.per_window = window_rows * max(lengths) // max(index.shortest, 1) + 1
+    # pairs a row holds on average, with a margin: how much of a stream `_head` reads first
+    self.pairs_per_row = 1.5 * min(n / (self.rates @ mean) for n, mean in zip(lengths, self.mean_lengths))
     self.next_index = 0
     self.real_tokens = 0
     self.slots = 0
 
   def _stream(self, index: int, window: int) -> np.ndarray:
-    """Pair ids int64 [per_window] sampled at the rates for a window of batch `index`: (seed, index, window) seed
-    them, nothing else."""
+    """Positions in `eligible` int64 [per_window] of the pairs sampled at the rates for a window of batch `index`:
+    (seed, index, window) seed them, nothing else."""
     rng = np.random.default_rng([self.seed, index, window])
     langs = np.searchsorted(self.cumulative_rates, rng.random(self.per_window), side="right")
     langs = langs.clip(0, len(self.rates) - 1)
     offset = (rng.random(self.per_window) * self.counts[langs]).astype(np.int64)
-    return self.eligible[self.starts[langs] + offset]
+    return self.starts[langs] + offset
+
+  def _head(self, stream: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, source lengths, target lengths) of the head of a window's stream: enough pairs that the longest prefix
+    within the room of `rows` rows ends inside it (or the whole stream). The stream is drawn long enough for the
+    shortest pairs; reading only its head keeps a batch's reads of a memory-mapped corpus near what it packs."""
+    room, n = rows * np.asarray(self.lengths), int(rows * self.pairs_per_row) + 8
+    while True:
+      ids = self.eligible[stream[:n]]
+      src_len, tgt_len = (offsets[ids + 1] - offsets[ids] for offsets in (self.split.src_offsets,
+                                                                          self.split.tgt_offsets))
+      if n >= len(stream) or src_len.sum() > room[0] or tgt_len.sum() > room[1]:
+        return ids, src_len, tgt_len
+      n *= 2
 
   def batch(self, index: int) -> dict[str, np.ndarray]:
     """This process's rows of global batch `index`: a pure function of (seed, index) and the rows."""
     W, end = self.window_rows, self.first_row + self.rows
     ids, rows = [], []
     for first in range(self.first_row // W * W, end, W):  # the windows that overlap this process's rows
-      stream = self._stream(index, first // W)
-      src_len, tgt_len = (offsets[stream + 1] - offsets[stream] for offsets in (self.split.src_offsets,
-                                                                                self.split.tgt_offsets))
-      row = first + packing.fill_rows(src_len, tgt_len, min(W, self.global_rows - first), self.lengths)
+      size = min(W, self.global_rows - first)
+      head, src_len, tgt_len = self._head(self._stream(index, first // W), size)
+      row = first + packing.fill_rows(src_len, tgt_len, size, self.lengths)
       mine = (row >= self.first_row) & (row < end)
-      ids.append(stream[: len(row)][mine])
+      ids.append(head[: len(row)][mine])
       rows.append(row[mine] - self.first_row)
     batch, real = packing.pack(self.split, np.concatenate(ids), np.concatenate(rows), self.rows, self.lengths)
     self.real_tokens += real

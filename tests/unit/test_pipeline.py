@@ -79,6 +79,18 @@ def test_windows_that_straddle_processes_give_the_same_global_batch(data, proces
     np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), whole[key])
 
 
+def test_a_window_reads_the_head_of_its_stream_and_packs_as_from_all_of_it(data):
+  batches, split = data.train_batches(small_config()), data.tokens["train"]
+  for index in range(30):
+    stream = batches._stream(index, 0)
+    ids = batches.eligible[stream]
+    whole = packing.fill_rows(split.src_len[ids], split.tgt_len[ids], 8, batches.lengths)
+    head, src_len, tgt_len = batches._head(stream, 8)
+    assert len(whole) < len(head) < len(stream) / 2  # the stream is drawn for the worst case; its head is read
+    np.testing.assert_array_equal(head, ids[:len(head)])
+    np.testing.assert_array_equal(packing.fill_rows(src_len, tgt_len, 8, batches.lengths), whole)
+
+
 def test_language_frequencies_follow_the_rates(data):
   config = small_config()
   batches = data.train_batches(config)
