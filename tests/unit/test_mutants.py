@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gshard_mt.data import sampling
+from gshard_mt.data import packing, sampling
 from gshard_mt.evaluation import evaluate, report
 from gshard_mt.moe import dispatch, gating
 from tests.unit.test_report import scores as report_scores
@@ -228,3 +228,75 @@ class TestEvaluate:
     # x_average_params__mutmut_32 / _33 / _34 (the message changed or dropped).
     with pytest.raises(ValueError, match="^average_params needs at least one tree$"):
       evaluate.average_params(iter([]))
+
+
+class TestPacking:
+  def test_from_lists_types(self):
+    # xǁTokenizedSplitǁfrom_lists__mutmut_17 (languages None), _18 (lang None), _25 / _27 (lang's int32 dropped),
+    # _26 (np.asarray(np.int32)), _8 (the tokens' int32 -> None: float64).
+    split = packing.TokenizedSplit.from_lists(("a", "b"), [1, 0], [[5, 1], [6, 7, 1]], [[8, 1], [1]])
+    assert split.languages == ["a", "b"] and isinstance(split.languages, list) and len(split) == 2
+    assert split.lang.dtype == np.int32 and split.lang.tolist() == [1, 0]
+    assert split.src_tokens.dtype == split.tgt_tokens.dtype == np.int32
+    # _3 / _5 (the lengths' int64 dropped): with no pairs, the offsets would be float64.
+    empty = packing.TokenizedSplit.from_lists(["a"], [], [], [])
+    assert empty.src_offsets.dtype == empty.tgt_offsets.dtype == np.int64 and len(empty) == 0
+
+  def test_fill_rows_takes_a_target_side_that_fills_exactly(self):
+    # x_fill_rows__mutmut_32 (side="right" dropped on the target side: a prefix whose targets fill the rows
+    # exactly would lose its last pair).
+    assert packing.fill_rows(np.ones(3, int), np.array([8, 8, 1]), 2, (10, 8)).tolist() == [0, 1]
+
+  def test_fill_rows_with_int32_lengths_and_long_rows(self):
+    # x_fill_rows__mutmut_3 / _5 (source) and _7 / _9 (target: the int64 cast dropped): int32 lengths times a row
+    # length of 2**16 overflow int32, and the sizes would sort the small pairs first (as test_packing's 3, 3, 7, 7:
+    # in sampled order the second large pair finds no room).
+    big, small, length = 45_875, 19_661, 2**16  # 0.7 and 0.3 of a row
+    lens, ones = np.array([small, small, big, big], np.int32), np.ones(4, np.int32)
+    assert packing.fill_rows(lens, ones, 2, (length, length)).tolist() == [0, 1, 0, 1]
+    assert packing.fill_rows(ones, lens, 2, (length, length)).tolist() == [0, 1, 0, 1]
+
+  def test_fill_rows_of_nothing_is_int64(self):
+    # x_fill_rows__mutmut_72 / _74 (the result's int64 dropped: an empty list becomes float64).
+    row = packing.fill_rows([], [], 2, (10, 10))
+    assert row.dtype == np.int64 and row.shape == (0,)
+
+  def test_pack_keeps_the_given_order_within_a_row(self):
+    # x_pack__mutmut_12 / _14 (argsort's kind="stable" -> None / omitted): quicksort keeps ties in order only in
+    # short arrays; 64 pairs alternating between two rows come out of order.
+    n = 64
+    split = packing.TokenizedSplit.from_lists(["xx"], [0] * n, [[i + 2] for i in range(n)],
+                                              [[i + 2] for i in range(n)])
+    batch, real = packing.pack(split, np.arange(n), np.arange(n) % 2, 2, (n // 2, n // 2))
+    assert real == 2 * n
+    for f in packing.FIELDS:
+      np.testing.assert_array_equal(batch[f], [np.arange(0, n, 2) + 2, np.arange(1, n, 2) + 2])
+      np.testing.assert_array_equal(batch[f"{f}_segmentation"], [np.arange(1, n // 2 + 1)] * 2)
+
+  def test_pack_and_pad_of_no_pairs(self):
+    # x_pack__mutmut_3 / _5 (the ids' int64 dropped), _7 / _9 (the rows'): an empty list becomes float64, which
+    # can neither index the offsets nor be counted per row. x_pad__mutmut_10 / _12 (pad's ids): the same.
+    split = packing.TokenizedSplit.from_lists(["xx"], [0], [[5, 1]], [[6, 1]])
+    batch, real = packing.pack(split, [], [], 2, (4, 3))
+    assert real == 0 and not any(v.any() for v in batch.values())
+    assert {k: v.shape for k, v in batch.items()} == {k: (2, 4 if k.startswith("inputs") else 3) for k in batch}
+    batch = packing.pad(split, [], 2, 4)
+    assert batch["index"].tolist() == [-1, -1] and not any(v.any() for k, v in batch.items() if k != "index")
+
+  def test_pad_puts_eos_last_only_in_full_rows(self):
+    # x_pad__mutmut_61 (column +1 for -1), _62 (-2), _63 (`> 0` -> `>= 0`): EOS written in the last column of a
+    # row that does not reach it. x_pad__mutmut_73 / _76 (the index's int32 dropped: int64).
+    src = [[5, 1], [2, 3, 4, 5, 6, 1], [*range(2, 12), 1]]
+    tgt = [[7, 8, 1], [9, 10, 11, 12, 1], [2, 3, 4, 5, 6, 7, 1]]  # 5 tokens in row 1: -2 is set, -1 not
+    batch = packing.pad(packing.TokenizedSplit.from_lists(["xx"], [0] * 3, src, tgt), np.arange(3), 4, 6)
+    np.testing.assert_array_equal(batch["inputs"], [[5, 1, 0, 0, 0, 0], [2, 3, 4, 5, 6, 1], [2, 3, 4, 5, 6, 1],
+                                                    [0] * 6])
+    np.testing.assert_array_equal(batch["targets"], [[7, 8, 1, 0, 0, 0], [9, 10, 11, 12, 1, 0], [2, 3, 4, 5, 6, 1],
+                                                     [0] * 6])
+    assert batch["index"].dtype == np.int32 and batch["index"].tolist() == [0, 1, 2, -1]
+
+  def test_pad_names_the_overflow(self):
+    # x_pad__mutmut_2 (the message -> None).
+    split = packing.TokenizedSplit.from_lists(["xx"], [0], [[5, 1]], [[6, 1]])
+    with pytest.raises(ValueError, match="^3 pairs do not fit in 2 rows$"):
+      packing.pad(split, np.zeros(3, int), 2, 4)
