@@ -99,25 +99,19 @@ def write_atomically(target: PathLike, data: str | bytes) -> None:
 
 
 def append(target: PathLike, data: str) -> None:
-  """Appends `data` to a text file and syncs it. Object storage has no append: the object is written again whole
-  (the files appended to, metrics and event logs, stay small)."""
-  target = path(target)
-  if is_local(target):
-    with _naming(target), open(target, "a") as f:
-      f.write(data)
-      f.flush()
-      os.fsync(f.fileno())
-  else:
-    write_atomically(target, (target.read_text() if target.exists() else "") + data)
+  """Appends `data` to a UTF-8 text file and syncs it (`append_bytes`)."""
+  append_bytes(target, data.encode())
 
 
 def append_bytes(target: PathLike, data: bytes) -> None:
-  """`append` for binary files (TensorBoard's event records)."""
+  """Appends `data` to a file and syncs it. Object storage has no append: the object is written again whole (the
+  files appended to, metrics, event and sweep logs, stay small)."""
   target = path(target)
   if is_local(target):
     with _naming(target), open(target, "ab") as f:
       f.write(data)
       f.flush()
+      os.fsync(f.fileno())
   else:
     write_atomically(target, (target.read_bytes() if target.exists() else b"") + data)
 

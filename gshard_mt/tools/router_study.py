@@ -20,7 +20,6 @@ from etils import epath
 
 from gshard_mt import cli
 from gshard_mt.data.corpus import language_of
-from gshard_mt.errors import WorkdirError
 from gshard_mt.io import write_atomically
 from gshard_mt.tools import study
 from gshard_mt.tools import sweep as sweep_lib
@@ -169,12 +168,7 @@ def main(argv):
   parser.add_argument("--report_only", action="store_true", help="report the runs already finished")
   parser.add_argument("--report_dir", default=None, help="default: bench/results/<sweep file name>")
   args, base, runs, root, extra = sweep_lib.parse(parser, argv)
-  if not args.report_only:
-    sweep_lib.run_points(runs, lambda run, log: study.run_point(base, root / run["name"], run, extra, log), root,
-                         args.jobs)
-  done = [summarize_run(root / run["name"], run) for run in runs if study.trained(root / run["name"])]
-  if not done:
-    raise WorkdirError(f"{root}: no finished run to report")
+  done = study.run_and_collect(args, base, runs, root, extra, summarize_run)
   points = aggregate(done)
   v = verdict(points)
   out = epath.Path(args.report_dir or sweep_lib.ROOT / "bench" / "results" / epath.Path(args.sweep).stem)

@@ -195,16 +195,23 @@ def run_point(base: str, workdir: epath.Path, point: dict, extra: list[str], log
     sweep_lib.run(sweep_lib.eval_command(workdir, "--step", str(step)), point["name"], log)
 
 
-def main(argv):
-  parser = sweep_lib.parser(__doc__)
-  parser.add_argument("--report_only", action="store_true", help="report the points already finished")
-  args, base, points, root, extra = sweep_lib.parse(parser, argv)
+def run_and_collect(args, base, points: list[dict], root, extra: list[str], summarize) -> list[dict]:
+  """Trains and scores the points not finished yet (none with --report_only); `summarize(workdir, point)` of each
+  finished point."""
   if not args.report_only:
     sweep_lib.run_points(points, lambda point, log: run_point(base, root / point["name"], point, extra, log), root,
                          args.jobs)
   done = [summarize(root / point["name"], point) for point in points if trained(root / point["name"])]
   if not done:
     raise WorkdirError(f"{root}: no finished point to report")
+  return done
+
+
+def main(argv):
+  parser = sweep_lib.parser(__doc__)
+  parser.add_argument("--report_only", action="store_true", help="report the points already finished")
+  args, base, points, root, extra = sweep_lib.parse(parser, argv)
+  done = run_and_collect(args, base, points, root, extra, summarize)
   table = compare(done)
   write_atomically(root / "report.json", json.dumps({"points": done, "comparison": table}, indent=2))
   write_atomically(root / "report.md", markdown(done, table))
