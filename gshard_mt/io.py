@@ -65,6 +65,12 @@ def is_local(p: PathLike) -> bool:
   return scheme(p) is None
 
 
+def absolute(p: PathLike) -> epath.Path:
+  """A local path made absolute (epath's resolve() would turn gs://b/x into <cwd>/gs:/b/x); others as they are."""
+  p = path(p)
+  return p.resolve() if is_local(p) else p
+
+
 def _temporary(target: epath.Path, kind: str) -> epath.Path:
   return target.with_name(f".{target.name}.{kind}{os.getpid()}")
 

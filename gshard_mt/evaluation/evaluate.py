@@ -132,9 +132,9 @@ def _restore_state(workdir: epath.Path, abstract, step: int | None):
   except checkpoint_lib.RestoreError as e:  # none restores: its one line gives each step and why
     raise WorkdirError(f"{e}; they are unreadable or do not match {workdir}/config.json") from None
   except Exception as e:  # noqa: BLE001 - orbax reports unreadable files and shape mismatches in several ways
-    where = directory.resolve() if io.is_local(directory) else directory
-    raise WorkdirError(f"the checkpoint of step {step} in {where} cannot be restored: it is unreadable or does not "
-                       f"match {workdir}/config.json ({type(e).__name__}: {str(e).splitlines()[0][:300]})") from None
+    raise WorkdirError(f"the checkpoint of step {step} in {io.absolute(directory)} cannot be restored: it is "
+                       f"unreadable or does not match {workdir}/config.json ({type(e).__name__}: "
+                       f"{str(e).splitlines()[0][:300]})") from None
   return step, state
 
 

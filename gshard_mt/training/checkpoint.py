@@ -36,8 +36,7 @@ class Checkpoints:
   """Saves every `every` steps (and on request), keeps the last `keep`."""
 
   def __init__(self, directory: io.PathLike, every: int = 1000, keep: int = 3, async_save: bool = True):
-    directory = io.path(directory)
-    self.directory = directory.resolve() if io.is_local(directory) else directory
+    self.directory = io.absolute(directory)
     self.every = every
     self.manager = ocp.CheckpointManager(
         self.directory,

@@ -250,10 +250,10 @@ def _train(config, workdir) -> dict:
   batches = data.train_batches(config, jax.process_index(), jax.process_count())
   state = restore_or_init(setup, ckpts, batches, config.seed)
   step = start = int(jax.device_get(state.step))
-  writer = metrics_lib.Writer(workdir, enabled=jax.process_index() == 0)
+  is_main = jax.process_index() == 0
+  writer = metrics_lib.Writer(workdir, enabled=is_main)
   writer.keep_until(start)  # the rows a killed run logged past its last checkpoint are logged again
   step_fn = setup.jit_train_step(Transformer(setup.model_cfg, deterministic=False), config)
-  is_main = jax.process_index() == 0
   bar = tqdm(total=config.num_train_steps, initial=start, disable=not is_main, desc="train", unit="step")
   k = tuple(setup.model_cfg.moe.experts_per_token(decoder) for decoder in (False, True))
   flops_per_token = tuple(metrics_lib.step_flops(state.params, config.moe.num_experts, *side, k)
