@@ -152,6 +152,3 @@ class Writer:
     row = {"step": int(step)} | {k: [float(x) for x in v] for k, v in vectors.items()}
     io.append(self.vectors_path, json.dumps(row) + "\n")
     self.events.add(step, {}, vectors)
-
-  def close(self):
-    """Nothing is buffered: every row and event is on storage when its write returns."""
