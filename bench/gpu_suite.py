@@ -14,6 +14,8 @@ bench/RESULTS.md; "" for none). Sections:
   (compiled and warmed up first; batches staged on the device beforehand): step time, real tokens/s and MFU
   (`gshard_mt.training.metrics`: the step's model FLOPs as the dry run counts them, against the device's peak
   bf16 FLOP/s).
+- Profile: a few training steps of each config traced (bench/profile_step.py): device time per step by part of
+  the model (the parts of bench/step_breakdown.py's TPU estimate), the matmuls' share, and the idle gaps.
 - Decoding: configs/base.py freshly initialised (no checkpoint), beam 4, the test split as eval.py decodes it
   (`batch_size` sentences per batch, similar lengths together): sentences/s. A fresh model seldom ends a
   hypothesis early, so most batches run to max_length: an upper bound on the time per sentence.
@@ -70,8 +72,8 @@ SMALL = {"batch_size": "8", "data.languages": "fra,deu,spa,ell,kab", "data.vocab
 # The MoE layer's shapes: bench/moe_layer.py's reference shape (one group size) and its --small shape.
 MOE_SHAPES = {False: dict(tokens=16384, model_dim=1024, hidden_dim=4096, experts=32, group_size=1024),
               True: dict(tokens=1024, model_dim=64, hidden_dim=128, experts=8, group_size=256)}
-SIZES = {False: dict(moe_repeats=20, train_warmup=3, train_steps=30, sentences=0),
-         True: dict(moe_repeats=3, train_warmup=1, train_steps=3, sentences=24)}
+SIZES = {False: dict(moe_repeats=20, train_warmup=3, train_steps=30, profile_steps=5, sentences=0),
+         True: dict(moe_repeats=3, train_warmup=1, train_steps=3, profile_steps=2, sentences=24)}
 
 
 def moe_layer_section(small: bool, repeats: int) -> dict:
@@ -145,6 +147,16 @@ def training_section(prepared: Callable[[str], Prepared], name: str, warmup: int
               batch_size=config.batch_size, row_lengths=packing.row_lengths(config))
 
 
+def profile_section(prepared: Callable[[str], Prepared], name: str, warmup: int, steps: int) -> dict:
+  """The config's train step traced (bench/profile_step.py; a fresh state, as the training section donates its own):
+  device time per step by part."""
+  sys.path.insert(0, str(ROOT / "bench"))
+  import profile_step  # bench/profile_step.py
+
+  p = prepared(name)
+  return profile_step.profile(p.config, p.data, p.setup, warmup, steps)
+
+
 def decoding_section(prepared: Callable[[str], Prepared], sentences: int, beam: int = 4) -> dict:
   """Beam search over the test split with configs/base.py, freshly initialised (before its training section, which
   donates the state): sentences/s as eval.py times them."""
@@ -173,11 +185,18 @@ def environment() -> dict:
   commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
   versions = {p: importlib.metadata.version(p) for p in ("jax", "jaxlib", "flax")}
   return dict(date=datetime.date.today().isoformat(), device=device.device_kind, platform=device.platform,
-              device_count=jax.device_count(), commit=commit.stdout.strip() or None, **versions)
+              device_count=jax.device_count(), commit=commit.stdout.strip() or None,
+              xla_flags=os.environ.get("XLA_FLAGS", "").strip(), **versions)  # with the GPU flags cli.run adds
 
 
 def slug(text: str) -> str:
   return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def small_backend():
+  """--small's backend, set before JAX starts it: the CPU, where compiling fast matters, not the code's speed."""
+  jax.config.update("jax_platforms", "cpu")
+  os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
 
 
 def markdown(result: dict) -> str:
@@ -185,7 +204,8 @@ def markdown(result: dict) -> str:
   env = result["environment"]
   lines = [f"## Accelerator suite: {env['device']} ({env['date']})", "",
            f"{env['device_count']} x {env['device']} ({env['platform']}), JAX {env['jax']}, flax {env['flax']}, "
-           f"commit {env['commit']}. Command: `{result['command']}` ({result['seconds'] / 60:.1f} minutes); "
+           f"commit {env['commit']}, " + (f"XLA_FLAGS `{env['xla_flags']}`. " if env["xla_flags"] else "no XLA_FLAGS. ")
+           + f"Command: `{result['command']}` ({result['seconds'] / 60:.1f} minutes); "
            f"JSON: `{result['json']}`.", ""]
   moe = result["moe_layer"]
   if "error" in moe:
@@ -209,6 +229,14 @@ def markdown(result: dict) -> str:
       mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
       lines.append(f"| {r['config']} | {r['batch_size']} x {' / '.join(map(str, r['row_lengths']))} | "
                    f"{r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | {mfu} |")
+  profiles = {r["config"]: r for r in result["profile"] if "error" not in r}
+  lines += ["", "Profile of the training step, traced (device time per step by part of the model):", ""]
+  if profiles:
+    import profile_step  # bench/profile_step.py, on the path since the profile section ran
+
+    lines += [profile_step.describe(label, p) + "." for label, p in profiles.items()]
+    lines += ["", profile_step.table(profiles).rstrip()]
+  lines += [f"{r['config']}: failed ({r['error']})." for r in result["profile"] if "error" in r]
   d = result["decoding"]
   lines += ["", "Decoding, test split (" + (f"failed: {d['error']})" if "error" in d else
             f"{d['config']}, {d['params']}, beam {d['beam']}, {d['batch_size']} sentences per batch, "
@@ -234,9 +262,8 @@ def main(argv) -> int:
   parser.add_argument("--results_md", default=str(ROOT / "bench" / "RESULTS.md"),
                       help='the markdown file to append a section to ("" for none)')
   args = parser.parse_args(argv)
-  if args.small:  # before JAX starts its backend: the CPU, where compiling fast matters, not the code's speed
-    jax.config.update("jax_platforms", "cpu")
-    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
+  if args.small:
+    small_backend()
   start = time.perf_counter()
   sizes = SIZES[args.small]
   result = dict(environment=environment(), small=args.small,
@@ -247,6 +274,8 @@ def main(argv) -> int:
     result["decoding"] = run_section(decoding_section, prepared, sizes["sentences"])
     result["training"] = [{"config": name} | run_section(training_section, prepared, name, sizes["train_warmup"],
                                                          sizes["train_steps"]) for name in CONFIGS]
+    result["profile"] = [{"config": f"configs/{name}.py"} | run_section(
+        profile_section, prepared, name, sizes["train_warmup"], sizes["profile_steps"]) for name in CONFIGS]
   result["seconds"] = time.perf_counter() - start
   env = result["environment"]
   path = pathlib.Path(args.out) / f"{env['date']}-{slug(env['device'])}{'-small' if args.small else ''}.json"
@@ -259,7 +288,7 @@ def main(argv) -> int:
       f.write("\n" + section)
   print(f"\n{section}\nwrote {path}" + (f" and a section of {args.results_md}" if args.results_md else ""))
   failed = "error" in result["moe_layer"] or any("error" in r for r in result["moe_layer"].get("rows", [])) or any(
-      "error" in r for r in result["training"]) or "error" in result["decoding"]
+      "error" in r for r in result["training"] + result["profile"]) or "error" in result["decoding"]
   return 1 if failed else 0
 
 

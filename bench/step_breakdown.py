@@ -5,11 +5,11 @@ time, not a measurement).
       --config.model.num_encoder_layers=2 --config.model.num_decoder_layers=2
 
 Compiles the step with the layers unrolled (model.scan_layers=False, so every layer is counted), splits the
-compiler's roofline per scheduled instruction (`gshard_mt.compiler.roofline.instruction_costs`) and sums it by part:
-the optimizer, the logits and loss, attention, the MoE expert matmuls, ... Prints the compiler's own total
-(`optimal_seconds`) beside the per-instruction sum: the two differ, and the difference is printed too. --top N
-then lists the N costliest instructions (of the parts named with --part) with their part, result shape and JAX
-operation.
+compiler's roofline per scheduled instruction (`gshard_mt.compiler.roofline.instruction_costs`) and sums it by part
+(`gshard_mt.compiler.parts`, the parts that bench/profile_step.py measures on an accelerator): the optimizer, the
+logits and loss, attention, the MoE expert matmuls, ... Prints the compiler's own total (`optimal_seconds`) beside
+the per-instruction sum: the two differ, and the difference is printed too. --top N then lists the N costliest
+instructions (of the parts named with --part) with their part, result shape and JAX operation.
 """
 
 from __future__ import annotations
@@ -18,26 +18,7 @@ import collections
 
 from gshard_mt import cli
 from gshard_mt import config as config_lib
-
-# (part, test on ('file.py:function' of the innermost frame, HLO op_name, opcode)), first match wins.
-PARTS = (
-    ("collectives", lambda f, op, code: code.startswith(("all-", "reduce-scatter", "collective-"))),
-    ("logits and cross-entropy", lambda f, op, code: "decode_logits/BLM,MV" in op or f == "step.py:cross_entropy"),
-    ("optimizer, gradient norm, finite check", lambda f, op, code: "Transformer" not in op
-     or f.split(":")[0] in ("numerics.py", "_clipping.py", "_tree_math.py", "factorized.py")),
-    ("MoE expert matmuls", lambda f, op, code: "/moe/" in op and ("EGCM,EMH" in op or "EGCH,EHM" in op)),
-    ("MoE router, gating, dispatch, combine", lambda f, op, code: "/moe/" in op),
-    ("attention", lambda f, op, code: "attention" in op),
-    ("dense FFN", lambda f, op, code: "/ffn/" in op),
-    ("dropout", lambda f, op, code: "Dropout" in op),
-    ("layer norms, residuals, embeddings, rest", lambda f, op, code: True),
-)
-
-
-def part_of(source: tuple[str, str], op_name: str, opcode: str) -> str:
-  """The part of PARTS that an instruction belongs to; `source` is (file path, function) of its frame."""
-  where = f"{source[0].rsplit('/', 1)[-1]}:{source[1]}"
-  return next(name for name, test in PARTS if test(where, op_name, opcode))
+from gshard_mt.compiler.parts import part_of
 
 
 def main(argv):

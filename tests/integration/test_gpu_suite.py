@@ -1,4 +1,5 @@
-"""bench/gpu_suite.py --small: the whole accelerator suite at CPU sizes, its JSON and its RESULTS.md section."""
+"""bench/gpu_suite.py --small: the whole accelerator suite at CPU sizes (the step profile included), its JSON and its
+RESULTS.md section."""
 
 import json
 import subprocess
@@ -33,10 +34,17 @@ def test_small_suite_writes_every_section(tmp_path):
     assert 0 < r["tokens_per_step"] <= r["batch_size"] * sum(r["row_lengths"])  # real tokens, both sides
     assert r["tokens_per_s"] == pytest.approx(r["tokens_per_step"] / r["step_ms"] * 1e3)
 
+  profiles = result["profile"]
+  assert [p["config"] for p in profiles] == ["configs/base.py", "configs/dense_base.py"]
+  for p in profiles:  # bench/profile_step.py's own test checks the accounting
+    assert p["steps"] == 2 and p["unknown_ops"] == [] and p["parts"]["dropout"]["ms"] > 0
+  assert "MoE expert matmuls" in profiles[0]["parts"] and "MoE expert matmuls" not in profiles[1]["parts"]
+
   decoding = result["decoding"]
   assert decoding["beam"] == 4 and decoding["sentences"] == 24 and decoding["sentences_per_s"] > 0
 
   text = markdown.read_text()
   assert text.startswith("# Benchmark results\n") and "## Accelerator suite: cpu (" in text
   assert all(f"| MoE {d} dispatch |" in text for d in DISPATCHES) and "| configs/dense_base.py |" in text
+  assert "| part | configs/base.py ms | share | matmuls ms | configs/dense_base.py ms |" in text
   assert path.name in text

@@ -1,0 +1,52 @@
+"""The parts of a training step (one table for the TPU estimate and the measured profile): which part an
+operation belongs to, and every instruction of a compiled program with its part and whether it is a matmul."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from gshard_mt.compiler import parts
+
+STEP = "jit(train_step)/jvp(Transformer)/Transformer.encode/encoder/while/body/eval_jaxpr/units"
+
+
+@pytest.mark.parametrize("op_name, part", [
+    (f"{STEP}/layer_0/ffn/Dropout_0/jit(_bernoulli)/jit(_uniform)/rng_bit_generator", "dropout"),  # before the FFN
+    (f"{STEP}/layer_0/self_attention/Dropout_0/mul", "dropout"),
+    ("jit(train_step)/jvp(Transformer)/Transformer.encode/Transformer._embed/dropout/select_n", "dropout"),
+    (f"{STEP}/layer_1/moe/jit(_uniform)/while", "MoE router, gating, dispatch, combine"),  # random routing's bits
+    (f"{STEP}/layer_1/moe/EGCM,EMH->EGCH/dot_general", "MoE expert matmuls"),
+    (f"{STEP}/layer_0/self_attention/BLHD,BKHD->BHLK/dot_general", "attention"),
+    (f"{STEP}/layer_0/ffn/BLM,MF->BLF/dot_general", "dense FFN"),
+    (f"{STEP}/layer_0/pre_ffn_norm/rsqrt", "layer norms, residuals, embeddings, rest"),
+    ("jit(train_step)/mul", "optimizer, gradient norm, finite check"),
+])
+def test_part_of(op_name, part):
+  assert parts.part_of(("/x/gshard_mt/model/layers.py", "f"), op_name, "fusion") == part
+
+
+def test_collectives_by_opcode():
+  assert parts.part_of(("", ""), f"{STEP}/layer_1/moe/x", "all-to-all") == "collectives"
+
+
+def test_every_instruction_of_a_compiled_program():
+  def f(x, w, key):
+    with jax.named_scope("Transformer"), jax.named_scope("ffn"):
+      h = jnp.tanh(x @ w)
+      with jax.named_scope("Dropout_0"):
+        h = jnp.where(jax.random.bernoulli(key, 0.9, h.shape), h / 0.9, 0)
+    return h.sum()
+
+  x = jnp.ones((64, 32))
+  text = jax.jit(f).lower(x, jnp.ones((32, 48)), jax.random.key(0)).compile().as_text()
+  ops = parts.instructions(text)
+  names = re.findall(r"^\s*(?:ROOT )?%?([\w.\-]+) = ", text, re.MULTILINE)
+  assert set(ops) == set(names)  # every instruction, fusions' insides too
+  matmuls = [op for op in ops.values() if op["matmul"]]
+  assert matmuls and all(op["part"] == "dense FFN" for op in matmuls)  # the dot, and the fusion around it
+  assert any(op["opcode"] == "fusion" for op in matmuls)
+  assert {op["part"] for op in ops.values() if "Dropout_0" in op["op_name"]} == {"dropout"}
+  assert ops[next(n for n in ops if n.startswith("dot"))]["op_name"].endswith("Transformer/ffn/dot_general")
+
