@@ -21,17 +21,22 @@ from gshard_mt.config import defaults
 from gshard_mt.data import packing
 from gshard_mt.data.corpus import SOURCES, known_source
 from gshard_mt.errors import ConfigError, UserError
+from gshard_mt.model.layers import ATTENTIONS, DROPOUT_KEYS
 from gshard_mt.model.transformer import EMBEDDING_SCHEMES, REMAT_POLICIES
 from gshard_mt.moe.config import MoeConfig
 from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.parallel import rules as rules_lib
 
+DTYPES = ("float32", "bfloat16")
 CHOICES = {
     "nonfinite": ("stop", "skip"),
     "model.positions": ("sinusoidal", "learned"),
     "model.embedding": tuple(EMBEDDING_SCHEMES),
-    "model.dtype": ("float32", "bfloat16"),
+    "model.dtype": DTYPES,
+    "model.residual_dtype": DTYPES,
+    "model.dropout_rng": tuple(DROPOUT_KEYS),
     "model.remat": tuple(REMAT_POLICIES),
+    "model.attention": ATTENTIONS,
     "optimizer.name": ("adafactor", "adam"),
     "optimizer.schedule": ("rsqrt", "constant"),
     "optimizer.warmup": ("linear", "constant"),
@@ -177,6 +182,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
     value = flat[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not test(value):
       raise ConfigError(f"{key}={value!r}: expected a finite number {expected}")
+  if config.model.attention == "fused" and config.model.attention_dropout_rate:
+    raise ConfigError(f"model.attention='fused' has no attention dropout: it needs model.attention_dropout_rate=0, "
+                      f"not {config.model.attention_dropout_rate}")
   if config.batch_size % config.num_microbatches:
     raise ConfigError(f"num_microbatches={config.num_microbatches} does not divide batch_size={config.batch_size}")
   if not config.data.temperature > 0:

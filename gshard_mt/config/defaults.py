@@ -62,8 +62,14 @@ def get_config():
   c.model.positions = "sinusoidal"  # or 'learned'
   c.model.max_position = 512  # for learned positions
   c.model.dropout_rate = 0.1
+  # the dropout masks' random bits (model.layers.DROPOUT_KEYS): 'threefry', or 'rbg' (XLA's RngBitGenerator; for GPUs)
+  c.model.dropout_rng = "threefry"
   c.model.attention_dropout_rate = 0.0
+  # 'xla': einsums with an additive mask (the reference; attention dropout); 'fused': jax.nn.dot_product_attention
+  # with a boolean mask, cuDNN's flash attention on GPUs (model.layers.ATTENTIONS; no attention dropout)
+  c.model.attention = "xla"
   c.model.dtype = "bfloat16"  # computation; parameters are float32
+  c.model.residual_dtype = "float32"  # the residual stream: 'float32' or 'bfloat16' (layer norms stay float32)
   c.model.remat = "none"  # what a layer unit keeps for the backward pass (model.REMAT_POLICIES): 'none', 'full', ...
   c.model.scan_layers = True  # compile one layer unit, not one per layer
 

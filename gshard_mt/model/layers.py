@@ -3,6 +3,10 @@
 Letters: B batch (rows), Q query positions, K key positions, A attention heads, D head dim, M model dim, F dense
 FFN hidden. Every parameter carries logical axes ('embed', 'heads', 'kv', 'mlp') that the partitioning rules map
 onto the mesh (`gshard_mt.parallel.rules`): with the 'expert_model' rules, heads and F are split over 'model'.
+
+Training and evaluation attend in one of two ways (model.attention): 'xla', our einsums with an additive bias (the
+reference, with attention dropout), or 'fused', `jax.nn.dot_product_attention` with a boolean mask (cuDNN's flash
+attention on a GPU; no attention dropout). Decoding always uses the cached einsum path.
 """
 
 from __future__ import annotations
@@ -15,6 +19,21 @@ import jax.numpy as jnp
 import numpy as np
 
 NEG_INF = -1e10  # additive mask: exp(NEG_INF - max) is exactly 0 in float32 and bfloat16
+# model.dropout_rng: the generator of the dropout masks' bits, as a function of the step's threefry dropout key.
+# 'rbg' draws them with XLA's RngBitGenerator, its bits depending on the backend and the XLA version: on GPUs (and
+# CPUs) fused Philox, cheaper per element than threefry's hash. Not the default: on a TPU it is a separate op whose
+# bits go through memory, drawn for the whole batch on every device unless libtpu has
+# --xla_tpu_spmd_rng_bit_generator_unsafe, and the compiler's estimate turns negative (bench/RESULTS.md).
+DROPOUT_KEYS = {
+    "threefry": lambda key: key,
+    "rbg": lambda key: jax.random.wrap_key_data(jax.random.bits(key, (4,), jnp.uint32), impl="rbg"),
+}
+ATTENTIONS = ("xla", "fused")  # model.attention
+# What cuDNN's flash attention takes (jax._src.cudnn.fused_attention_stablehlo, JAX 0.12): fp16/bf16 only, a head dim
+# that is a multiple of 8 and at most 128 (256 from Hopper on; 128 needs no device query) and, when training with a
+# bias (a boolean mask becomes one), even query and key lengths. Elsewhere 'fused' runs XLA's implementation.
+CUDNN_DTYPES = (jnp.float16, jnp.bfloat16)
+CUDNN_MAX_HEAD_DIM = 128
 
 
 def sinusoidal(positions: jax.Array, dim: int) -> jax.Array:
@@ -25,12 +44,23 @@ def sinusoidal(positions: jax.Array, dim: int) -> jax.Array:
   return jnp.concatenate([jnp.sin(angle), jnp.cos(angle)], axis=-1)
 
 
-def attention_bias(q_segments: jax.Array, k_segments: jax.Array, causal: bool, dtype=jnp.float32) -> jax.Array:
-  """[B, Q], [B, K] segment ids (0 = padding) -> [B, 1, Q, K] additive bias: 0 where allowed, NEG_INF elsewhere."""
+def attention_mask(q_segments: jax.Array, k_segments: jax.Array, causal: bool) -> jax.Array:
+  """[B, Q], [B, K] segment ids (0 = padding) -> [B, 1, Q, K] bool: True where a query may attend to a key."""
   allowed = (q_segments[:, :, None] == k_segments[:, None, :]) & (k_segments[:, None, :] > 0)
   if causal:
     allowed &= jnp.tril(jnp.ones((q_segments.shape[1], k_segments.shape[1]), bool))
-  return jnp.where(allowed, 0.0, NEG_INF).astype(dtype)[:, None]
+  return allowed[:, None]
+
+
+def attention_bias(q_segments: jax.Array, k_segments: jax.Array, causal: bool, dtype=jnp.float32) -> jax.Array:
+  """[B, Q], [B, K] segment ids (0 = padding) -> [B, 1, Q, K] additive bias: 0 where allowed, NEG_INF elsewhere."""
+  return jnp.where(attention_mask(q_segments, k_segments, causal), 0.0, NEG_INF).astype(dtype)
+
+
+def packing_mask(q_segments: jax.Array, k_segments: jax.Array, causal: bool, fused: bool) -> jax.Array:
+  """[B, Q], [B, K] segment ids -> [B, 1, Q, K] what attention reads of the packing outside decoding: the boolean
+  `attention_mask` for model.attention='fused', else the additive `attention_bias`."""
+  return attention_mask(q_segments, k_segments, causal) if fused else attention_bias(q_segments, k_segments, causal)
 
 
 def source_bias(k_segments: jax.Array) -> jax.Array:
@@ -50,6 +80,24 @@ def attention_probs(q: jax.Array, k: jax.Array, bias: jax.Array) -> jax.Array:
   [B, A, Q, K]."""
   logits = jnp.einsum("BQAD,BKAD->BAQK", q, k).astype(jnp.float32) + bias
   return jax.nn.softmax(logits, axis=-1)
+
+
+def attention_implementation(platform: str, dtype, head_dim: int, q_len: int, k_len: int) -> str:
+  """`jax.nn.dot_product_attention`'s implementation for model.attention='fused' on `platform` (the default
+  backend's name): 'cudnn' on a GPU when cuDNN takes the inputs (CUDNN_DTYPES, ...), else 'xla' (also on CPU and
+  TPU, where it is the reference's math)."""
+  takes = (jnp.dtype(dtype) in CUDNN_DTYPES and head_dim % 8 == 0 and head_dim <= CUDNN_MAX_HEAD_DIM
+           and q_len % 2 == 0 and k_len % 2 == 0)
+  return "cudnn" if platform == "gpu" and takes else "xla"
+
+
+def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, causal: bool) -> jax.Array:
+  """q [B, Q, A, D] (already scaled), k, v [B, K, A, D], mask [B, 1, Q, K] bool (True = may attend) -> [B, Q, A, D]
+  by `jax.nn.dot_product_attention` (`attention_implementation` picks the kernel). The mask already holds the
+  causal part; is_causal repeats it so that cuDNN skips the blocks above the diagonal."""
+  implementation = attention_implementation(jax.default_backend(), q.dtype, q.shape[-1], q.shape[1], k.shape[1])
+  return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0, is_causal=causal,
+                                      implementation=implementation)
 
 
 def per_sentence(q: jax.Array, sentences: int) -> jax.Array:
@@ -96,6 +144,8 @@ class Attention(nn.Module):
   dropout_rate: float = 0.0
   is_cross: bool = False
   decode: bool = False
+  fused: bool = False  # model.attention='fused': `bias` is then a boolean mask (not while decoding)
+  causal: bool = False  # the decoder's self-attention (the bias or mask holds it; the fused kernel is told too)
 
   @nn.compact
   def __call__(self, x, kv, bias, *, deterministic: bool, decode_step=None):
@@ -112,6 +162,8 @@ class Attention(nn.Module):
       out = cached_attention(per_sentence(q, k.shape[1]), k, v, bias).reshape(q.shape)
     elif self.decode:
       out = self._decode_step(q, project(wk), project(wv), bias, decode_step)
+    elif self.fused:
+      out = fused_attention(q, project(wk), project(wv), bias, self.causal)
     else:
       k, v = project(wk), project(wv)
       probs = nn.Dropout(self.dropout_rate)(attention_probs(q, k, bias), deterministic=deterministic)

@@ -18,7 +18,7 @@ import numpy as np
 from flax import struct
 
 from gshard_mt.data.packing import BATCH_KEYS
-from gshard_mt.model.layers import Attention, DenseFFN, attention_bias, layer_norm, shift_right, sinusoidal, source_bias
+from gshard_mt.model.layers import Attention, DenseFFN, layer_norm, packing_mask, shift_right, sinusoidal, source_bias
 from gshard_mt.moe import balance, routers
 from gshard_mt.moe.config import MoeConfig
 from gshard_mt.moe.layer import MoeFeedForward
@@ -66,16 +66,21 @@ class TransformerConfig:
   positions: str = "sinusoidal"
   max_position: int = 512
   dropout_rate: float = 0.1
+  dropout_rng: str = "threefry"  # a key of layers.DROPOUT_KEYS (the training step makes the dropout key)
   attention_dropout_rate: float = 0.0
+  attention: str = "xla"  # a value of layers.ATTENTIONS
   dtype: Any = jnp.float32
+  residual_dtype: Any = jnp.float32  # the stream the layers add to (layer norms compute in float32)
   remat: str = "none"  # a key of REMAT_POLICIES
   scan_layers: bool = True
   moe: MoeConfig = MoeConfig()
 
   @classmethod
   def from_config(cls, config, vocab_size: int) -> TransformerConfig:
-    """From a config's `model` and `moe` sections (every `model` key is a field here; dtype by name)."""
-    model = dict(config.model) | {"dtype": jnp.dtype(config.model.dtype)}
+    """From a config's `model` and `moe` sections (every `model` key is a field here; dtypes by name; a key that an
+    older run's config lacks keeps its default)."""
+    model = dict(config.model)
+    model |= {key: jnp.dtype(model[key]) for key in ("dtype", "residual_dtype") if key in model}
     return cls(vocab_size=vocab_size, moe=MoeConfig.from_config(config.moe), **model)
 
   @property
@@ -88,7 +93,7 @@ class TransformerConfig:
 class LayerInputs:
   """What every layer of a stack sees besides its input x (broadcast to all scanned units)."""
 
-  self_bias: jax.Array  # [B, 1, L, L], or [B, 1, R, L*R] over the cache's beam slots while decoding
+  self_bias: jax.Array  # [B, 1, L, L] (Transformer._mask), or [B, 1, R, L*R] over the cache's beam slots while decoding
   token_mask: jax.Array  # [B, L], True for real tokens (MoE routing skips the others)
   memory: jax.Array | None = None  # [B, Ls, M] encoder output (decoder only; None for later decoding steps)
   cross_bias: jax.Array | None = None  # [B, 1, L, Ls], or [B, 1, 1, Ls] per sentence while decoding
@@ -110,10 +115,10 @@ class Layer(nn.Module):
     cfg = self.cfg
     drop = nn.Dropout(cfg.dropout_rate)
     attention = dict(num_heads=cfg.num_heads, head_dim=cfg.head_dim, dtype=cfg.dtype,
-                     dropout_rate=cfg.attention_dropout_rate, decode=self.decode)
+                     dropout_rate=cfg.attention_dropout_rate, decode=self.decode, fused=cfg.attention == "fused")
     h = layer_norm("pre_self_attention")(x)
-    h = Attention(**attention, name="self_attention")(h, h, inputs.self_bias, deterministic=deterministic,
-                                                       decode_step=inputs.decode_step)
+    h = Attention(**attention, causal=self.is_decoder, name="self_attention")(
+        h, h, inputs.self_bias, deterministic=deterministic, decode_step=inputs.decode_step)
     x = x + drop(h, deterministic=deterministic).astype(x.dtype)
     if self.is_decoder:
       h = layer_norm("pre_cross_attention")(x)
@@ -215,6 +220,7 @@ class Transformer(nn.Module):
       x = x + jnp.take(self.position_table, positions, axis=0)
     else:
       x = x + sinusoidal(positions, self.cfg.emb_dim)
+    x = x.astype(self.cfg.residual_dtype)
     return nn.with_logical_constraint(self.dropout(x, deterministic=self.deterministic), BLM)
 
   def _language(self, src_tokens, src_segments, segments, decoder: bool, beams: bool = False):
@@ -226,10 +232,14 @@ class Transformer(nn.Module):
       raise ValueError("moe.router='language' routes by the source language: decode_logits needs src_tokens")
     return self.src_embed(source_tags(src_tokens, src_segments, segments, beams)) * self._scales[1]
 
+  def _mask(self, q_segments, k_segments, causal: bool) -> jax.Array:
+    """[B, 1, Q, K]: what the layers' attention reads of the packing (`packing_mask`) outside decoding."""
+    return packing_mask(q_segments, k_segments, causal, fused=self.cfg.attention == "fused")
+
   def encode(self, inputs, segments, positions):
     """[B, Ls] tokens -> (memory [B, Ls, M], stats)."""
     x = self._embed(self.src_embed, inputs, positions)
-    return self.encoder(x, LayerInputs(attention_bias(segments, segments, causal=False), segments > 0,
+    return self.encoder(x, LayerInputs(self._mask(segments, segments, causal=False), segments > 0,
                                        language=self._language(inputs, segments, segments, decoder=False)))
 
   def decode_logits(self, memory, src_segments, decoder_inputs, segments, positions, decode_step=None,
@@ -239,9 +249,9 @@ class Transformer(nn.Module):
     needs the source tokens [B, Ls] (their tags)."""
     x = self._embed(self.tgt_embed, decoder_inputs, positions)
     # While decoding, N = B x beams rows attend to the B sentences' sources, and self_bias masks the cache.
-    cross_bias = source_bias(src_segments) if self.decode else attention_bias(segments, src_segments, causal=False)
+    cross_bias = source_bias(src_segments) if self.decode else self._mask(segments, src_segments, causal=False)
     if self_bias is None:
-      self_bias = attention_bias(segments, segments, causal=True)
+      self_bias = self._mask(segments, segments, causal=True)
     language = self._language(src_tokens, src_segments, segments, decoder=True, beams=self.decode)
     y, stats = self.decoder(x, LayerInputs(self_bias, segments > 0, memory, cross_bias, decode_step, language))
     kernel = self.tgt_embed.embedding.T * self._scales[2] if self.cfg.tied_logits else self.logits_kernel  # [M, V]

@@ -10,6 +10,7 @@ import numpy as np
 import optax
 from flax import struct
 
+from gshard_mt.model.layers import DROPOUT_KEYS
 from gshard_mt.model.transformer import Transformer
 from gshard_mt.moe import balance
 from gshard_mt.training import metrics as metrics_lib
@@ -60,7 +61,8 @@ def _microbatch_loss(params, batch, rng, *, model: Transformer, config, num_toke
   dropout_rng, gating_rng = jax.random.split(rng)
   weights = (batch["targets_segmentation"] > 0).astype(jnp.float32)
   (logits, stats), biases = model.apply({"params": params}, batch, mutable=[balance.COLLECTION],
-                                        rngs={"dropout": dropout_rng, "gating": gating_rng})
+                                        rngs={"dropout": DROPOUT_KEYS[model.cfg.dropout_rng](dropout_rng),
+                                              "gating": gating_rng})
   loss, nll, correct = cross_entropy(logits, batch["targets"], weights, config.optimizer.label_smoothing)
   aux, z = metrics_lib.total_moe_losses(stats)
   moe_loss = config.moe.aux_loss_weight * aux + config.moe.z_loss_weight * z
