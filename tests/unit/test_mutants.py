@@ -5,6 +5,7 @@ names the mutmut mutants it kills. bench/RESULTS.md ("Mutation testing") lists t
 """
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -76,6 +77,81 @@ class TestGating:
                                  rng=jax.random.key(0))
     assert float(routing.metrics["second_expert_sampled"]) == 0.5
     assert float(routing.metrics["top2_dropped"]) == 1.0
+
+  def test_selection_bias_chooses_but_does_not_weigh(self):
+    # x_top2_choices__mutmut_3 (the bias ignored), _5 (gates - bias); _36 / _39 (-1 removes e1 under a bias too,
+    # and the bias pushes every other score below -1: e2 = e1), _40 (+inf: e2 = e1).
+    gates = np.array([0.1, 0.2, 0.3, 0.4], np.float32)
+    routing = gating.top2_gating(jnp.log(gates)[None, None], 4, selection_bias=jnp.array([0.0, -5.0, -5.0, -5.0]))
+    np.testing.assert_array_equal(routing.expert_index[0, 0], [0, 3])
+    np.testing.assert_allclose(routing.weight[0, 0], [0.2, 0.8], rtol=1e-6)
+
+  def test_weights_never_sum_over_one(self):
+    # x_top2_choices__mutmut_64 (g1 + g2 - 1e-9): the epsilon may only shrink the weights. With 256 equal gates,
+    # g1 + g2 = 1/128, whose float32 spacing is under 1e-9, and subtracting it made each weight 0.5 + 2**-24.
+    _, _, g1, g2 = gating.top2_choices(jnp.full((1, 1, 256), 1 / 256))
+    assert float(g1[0, 0]) + float(g2[0, 0]) <= 1.0
+
+  def test_softmax_in_float32_for_bfloat16_logits(self):
+    # x_top2_gating__mutmut_19 (the float32 cast dropped: the softmax, the gates and the weights in bfloat16).
+    logits = jax.random.normal(jax.random.key(0), (1, 8, 4)).astype(jnp.bfloat16)
+    routing = gating.top2_gating(logits, 8)
+    gates = np.asarray(jax.nn.softmax(logits.astype(jnp.float32)))
+    top2 = np.sort(gates, axis=-1)[..., ::-1][..., :2]
+    assert routing.weight.dtype == jnp.float32
+    np.testing.assert_allclose(routing.weight, top2 / top2.sum(-1, keepdims=True), rtol=1e-6)
+
+  def test_one_real_token(self):
+    # The averages over real tokens with exactly one of them: x_top2_gating__mutmut_48 (a group's count at least 2:
+    # aux_loss quartered), _160 (the batch's: z_loss and the metrics halved), x__routing_metrics__mutmut_67
+    # (expert_load over at least 2 assignments: 0.5 for the only one).
+    logits = jnp.array([[[3.0, -3.0, -3.0], [1.0, 2.0, 3.0]]])
+    routing = gating.top2_gating(logits, 2, second_expert_policy="random", rng=jax.random.key(0),
+                                 padding_mask=jnp.array([[1, 0]]))  # its g2 ~ e^-6 / 0.5: never sampled here
+    gates = np.asarray(jax.nn.softmax(logits[0, 0]))
+    np.testing.assert_allclose(routing.aux_loss, 3 * gates[0], rtol=1e-6)  # E^2 * mean(density * proxy)
+    np.testing.assert_allclose(routing.z_loss, np.log(np.exp(np.asarray(logits[0, 0])).sum()) ** 2, rtol=1e-6)
+    np.testing.assert_allclose(routing.metrics["expert_load"], [1.0, 0.0, 0.0])
+    assert float(routing.metrics["second_expert_sampled"]) == 0.0 and float(routing.metrics["top1_dropped"]) == 0
+
+  def test_expert_load_counts_kept_assignments(self):
+    # x_top2_gating__mutmut_186 (mask1 - mask2: second choices subtracted from each expert's load).
+    routing = gating.top2_gating(jax.random.normal(jax.random.key(2), (2, 16, 4)) * 2, 4)
+    kept = np.asarray(routing.kept)
+    load = np.bincount(np.asarray(routing.expert_index)[kept], minlength=4) / kept.sum()
+    np.testing.assert_allclose(routing.metrics["expert_load"], load, rtol=1e-6)
+
+  def test_random_policy_drops_a_tie(self):
+    # x_top2_gating__mutmut_98 (uniform < g2 / threshold -> <=): a second choice is kept only if the draw is below.
+    # Equal gates give g2 = 0.5 exactly, and the threshold is set so that 0.5 / threshold is token 0's draw.
+    key = jax.random.key(0)
+    u = np.asarray(jax.random.uniform(key, (1, 8)))
+    threshold = np.float32(0.5) / u[0, 0]
+    assert np.float32(0.5) / threshold == u[0, 0]
+    routing = gating.top2_gating(jnp.zeros((1, 8, 2)), 8, second_expert_policy="random", rng=key,
+                                 second_expert_threshold=float(threshold))
+    np.testing.assert_array_equal(routing.kept[0, :, 1], u[0] < np.float32(0.5) / threshold)
+    assert not routing.kept[0, 0, 1]
+
+  @pytest.mark.parametrize("call, message", [
+      (lambda: gating.top2_gating(jnp.zeros((4, 8)), 4), "logits must be [G, S, E] (rank 3), got shape (4, 8)"),
+      (lambda: gating.top2_gating(jnp.zeros((1, 4, 1)), 4), "top-2 gating needs at least 2 experts, got E=1"),
+      (lambda: gating.top2_gating(jnp.zeros((1, 4, 4)), 2.5), "expert_capacity must be a positive integer, got 2.5"),
+      (lambda: gating.top2_gating(jnp.zeros((1, 4, 4)), 4, second_expert_policy="sampled"),
+       "unknown second_expert_policy 'sampled'; expected one of ('all', 'random')"),
+      (lambda: gating.top2_gating(jnp.zeros((1, 4, 4)), 4, second_expert_policy="random"),
+       "second_expert_policy='random' needs an rng"),
+      (lambda: gating.top2_gating(jnp.zeros((1, 4, 4)), 4, second_expert_policy="random", rng=jax.random.key(0),
+                                  second_expert_threshold=0.0), "second_expert_threshold must be > 0, got 0.0"),
+      (lambda: gating.top2_gating(jnp.zeros((1, 4, 4)), 4, padding_mask=jnp.ones((4,))),
+       "padding_mask must be [G, S] = (1, 4), got (4,)"),
+      (lambda: gating.expert_capacity(8, 4, 0.0), "capacity_factor must be > 0, got 0.0"),
+  ])
+  def test_argument_errors_whole(self, call, message):
+    # x__check_gating_args__mutmut_*, x__check_positive_int__mutmut_* and x_expert_capacity__mutmut_* that change a
+    # message (test_gating matches a part of each: "XX"-wrapped or re-cased text passed), and the threshold's check.
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+      call()
 
 
 class TestReport:
