@@ -1,7 +1,8 @@
 """The accelerator benchmark suite in one command: the MoE layer for every dispatch, the training steps of
 configs/base.py and configs/dense_base.py, and beam-4 decoding of the test split with configs/base.py.
 
-  make bench-gpu                       # = python bench/gpu_suite.py, on a GPU machine (3.1 minutes on one H100)
+  make bench-gpu                       # = python bench/gpu_suite.py, on a GPU machine (3.1 min on one H100, before the
+                                       # step variants were added)
   python bench/gpu_suite.py --small --out /tmp/suite --results_md ""   # the same code at CPU sizes (a minute)
 
 Writes <out>/<date>-<device>.json (default bench/results/) and appends a section to --results_md (default
@@ -13,7 +14,8 @@ bench/RESULTS.md; "" for none). Sections:
 - Training: the jitted train step of each config on its own packed batches of the Tatoeba-112 training split
   (compiled and warmed up first; batches staged on the device beforehand): step time, real tokens/s and MFU
   (`gshard_mt.training.metrics`: the step's model FLOPs as the dry run counts them, against the device's peak
-  bf16 FLOP/s).
+  bf16 FLOP/s), for each of the step's variants in RUNS (VARIANTS: dropout 0, rbg dropout bits, fused attention,
+  a bf16 residual stream, all of them), each against its config's defaults.
 - Profile: a few training steps of each config traced (bench/profile_step.py): device time per step by part of
   the model (the parts of bench/step_breakdown.py's TPU estimate), the matmuls' share, and the idle gaps.
 - Decoding: configs/base.py freshly initialised (no checkpoint), beam 4, the test split as eval.py decodes it
@@ -72,6 +74,19 @@ SMALL = {"batch_size": "8", "data.languages": "fra,deu,spa,ell,kab", "data.vocab
 # The MoE layer's shapes: bench/moe_layer.py's reference shape (one group size) and its --small shape.
 MOE_SHAPES = {False: dict(tokens=16384, model_dim=1024, hidden_dim=4096, experts=32, group_size=1024),
               True: dict(tokens=1024, model_dim=64, hidden_dim=128, experts=8, group_size=256)}
+# The training step's variants (issue 25's options) -> config overrides; 'all' is every option but dropout 0.
+VARIANTS = {
+    "defaults": {},
+    "dropout 0": {"model.dropout_rate": "0.0"},  # MaxText's setting
+    "rbg dropout bits": {"model.dropout_rng": "rbg"},
+    "fused attention": {"model.attention": "fused"},  # cuDNN's flash attention
+    "bf16 residual": {"model.residual_dtype": "bfloat16"},
+}
+VARIANTS["all"] = {k: v for overrides in list(VARIANTS.values())[2:] for k, v in overrides.items()}
+# (config, variant) timed by the training section: every variant of the dense step (where the gap to MaxText is),
+# base's defaults and all; --small: the defaults and all of each.
+RUNS = {False: [("dense_base", v) for v in VARIANTS] + [("base", "defaults"), ("base", "all")],
+        True: [(c, v) for c in CONFIGS for v in ("defaults", "all")]}
 SIZES = {False: dict(moe_repeats=20, train_warmup=3, train_steps=30, profile_steps=5, sentences=0),
          True: dict(moe_repeats=3, train_warmup=1, train_steps=3, profile_steps=2, sentences=24)}
 
@@ -111,16 +126,19 @@ class Prepared:
   state: Any
 
 
-def prepare(name: str, *, small: bool, workdir: pathlib.Path) -> Prepared:
-  config = config_lib.load(CONFIGS[name], SMALL if small else {}, num_devices=jax.device_count())
+def prepare(name: str, variant: str = "defaults", *, small: bool, workdir: pathlib.Path) -> Prepared:
+  overrides = (SMALL if small else {}) | VARIANTS[variant]
+  config = config_lib.load(CONFIGS[name], overrides, num_devices=jax.device_count())
   data = pipeline.load(config, workdir)
   setup = build(config, data.tokenizer.vocab_size)
   return Prepared(config, data, setup, setup.init_state(config.seed))
 
 
-def training_section(prepared: Callable[[str], Prepared], name: str, warmup: int, steps: int) -> dict:
-  """The config's jitted train step on its packed training batches: step time, real tokens/s, MFU."""
-  p = prepared(name)
+def training_section(prepared: Callable[[str, str], Prepared], name: str, variant: str, warmup: int,
+                     steps: int) -> dict:
+  """The config's jitted train step (with a variant's overrides) on its packed training batches: step time, real
+  tokens/s, MFU."""
+  p = prepared(name, variant)
   config, setup, state = p.config, p.setup, p.state
   step_fn = setup.jit_train_step(Transformer(setup.model_cfg, deterministic=False), config)
   batches = p.data.train_batches(config)
@@ -153,14 +171,14 @@ def profile_section(prepared: Callable[[str], Prepared], name: str, warmup: int,
   sys.path.insert(0, str(ROOT / "bench"))
   import profile_step  # bench/profile_step.py
 
-  p = prepared(name)
+  p = prepared(name, "defaults")
   return profile_step.profile(p.config, p.data, p.setup, warmup, steps)
 
 
 def decoding_section(prepared: Callable[[str], Prepared], sentences: int, beam: int = 4) -> dict:
   """Beam search over the test split with configs/base.py, freshly initialised (before its training section, which
   donates the state): sentences/s as eval.py times them."""
-  p = prepared("base")
+  p = prepared("base", "defaults")
   config, data, model_cfg = p.config, p.data, p.setup.model_cfg
   run = evaluate.Restored(None, config, data, model_cfg, 0, p.state.params)
   n = len(data.tokens["test"])
@@ -220,15 +238,19 @@ def markdown(result: dict) -> str:
       lines.append(f"| {r['variant']} | failed: {r['error']} | | |" if "error" in r else
                    f"| {r['variant']} | {r['ms']:.2f} | {r['useful_tflops']:.1f} | {r['ratio_to_dense']:.2f} |")
     lines.append("")
-  lines += ["Training step (packed Tatoeba-112 batches; tokens are real source + target tokens):", "",
-            "| config | rows x source / target tokens | step ms | tokens/s | MFU |", "|---|---|---|---|---|"]
+  lines += ["Training step (packed Tatoeba-112 batches; tokens are real source + target tokens; the variants of "
+            "`VARIANTS`, each step against its config's defaults):", "",
+            "| config | variant | rows x source / target tokens | step ms | vs defaults | tokens/s | MFU |",
+            "|---|---|---|---|---|---|---|"]
+  defaults = {r["config"]: r.get("step_ms") for r in result["training"] if r["variant"] == "defaults"}
   for r in result["training"]:
     if "error" in r:
-      lines.append(f"| {r['config']} | failed: {r['error']} | | | |")
+      lines.append(f"| {r['config']} | {r['variant']} | failed: {r['error']} | | | | |")
     else:
       mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
-      lines.append(f"| {r['config']} | {r['batch_size']} x {' / '.join(map(str, r['row_lengths']))} | "
-                   f"{r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | {mfu} |")
+      versus = f"{r['step_ms'] / defaults[r['config']]:.2f}x" if defaults.get(r["config"]) else "n/a"
+      lines.append(f"| {r['config']} | {r['variant']} | {r['batch_size']} x {' / '.join(map(str, r['row_lengths']))} "
+                   f"| {r['step_ms']:.1f} | {versus} | {r['tokens_per_s']:,.0f} | {mfu} |")
   profiles = {r["config"]: r for r in result["profile"] if "error" not in r}
   lines += ["", "Profile of the training step, traced (device time per step by part of the model):", ""]
   if profiles:
@@ -272,8 +294,9 @@ def main(argv) -> int:
     prepared = functools.cache(functools.partial(prepare, small=args.small, workdir=pathlib.Path(workdir)))
     result["moe_layer"] = run_section(moe_layer_section, args.small, sizes["moe_repeats"])
     result["decoding"] = run_section(decoding_section, prepared, sizes["sentences"])
-    result["training"] = [{"config": name} | run_section(training_section, prepared, name, sizes["train_warmup"],
-                                                         sizes["train_steps"]) for name in CONFIGS]
+    result["training"] = [{"config": f"configs/{name}.py", "variant": variant} | run_section(
+        training_section, prepared, name, variant, sizes["train_warmup"], sizes["train_steps"])
+        for name, variant in RUNS[args.small]]
     result["profile"] = [{"config": f"configs/{name}.py"} | run_section(
         profile_section, prepared, name, sizes["train_warmup"], sizes["profile_steps"]) for name in CONFIGS]
   result["seconds"] = time.perf_counter() - start

@@ -43,7 +43,15 @@ MODULES = {
   "dispatch": ("gshard_mt/moe/dispatch.py", ["tests/unit/test_dispatch.py", f"{EXTRA}::TestDispatch"], None),
   "packing": ("gshard_mt/data/packing.py", ["tests/unit/test_packing.py", f"{EXTRA}::TestPacking"], None),
   "sampling": ("gshard_mt/data/sampling.py", ["tests/unit/test_sampling.py", f"{EXTRA}::TestSampling"], None),
-  "decode": ("gshard_mt/evaluation/decode.py", ["tests/unit/test_decode.py", f"{EXTRA}::TestDecode"], None),
+  # decode.py's search: Translator and unscanned wire a model's parameters to it (each of their mutants would compile
+  # a Transformer for every test); the search, its length penalty, beam bookkeeping and EOS cut are mutated.
+  "decode": (
+    "gshard_mt/evaluation/decode.py",
+    ["tests/unit/test_decode.py", f"{EXTRA}::TestDecode"],
+    [f"gshard_mt.evaluation.decode.x_{f}__mutmut_*"
+     for f in ("length_penalty", "greedy_search", "beam_bias", "best_candidates", "take_rows", "beam_search",
+               "cut_at_eos")],
+  ),
   # evaluate.py also restores checkpoints and drives decoding; only its pure helpers (checkpoint averaging, scores,
   # the paired bootstrap, ΔBLEU, resource buckets) are mutated.
   "evaluate": (
@@ -156,7 +164,11 @@ def main():
       parser.error(f"--recheck {name}: no earlier run in {summary_path}")
     result = run_module(name, sys.executable, summary[name] if args.recheck else None, args.only)
     summary[name] = result
-    summary_path.write_text(json.dumps(summary, indent=1) + "\n")
+    # Read again before writing: another `make mutate` of other modules may have written its results meanwhile.
+    latest = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    temporary = summary_path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps(latest | {name: result}, indent=1) + "\n")
+    os.replace(temporary, summary_path)
     c = dict(result["counts"])
     known = [c.pop(k, 0) for k in ("generated", "killed", "survived", "timeout", "no tests")]
     print(f"{name:10s} {known[0]:9d} {known[1]:6d} {known[2]:8d} {known[3]:7d} {known[4]:8d} "

@@ -27,7 +27,8 @@ def test_small_suite_writes_every_section(tmp_path):
   assert all(r["ms"] > 0 and r["ratio_to_dense"] > 0 for r in rows)
   assert rows[0]["ratio_to_dense"] == 1.0
 
-  assert [r["config"] for r in result["training"]] == ["configs/base.py", "configs/dense_base.py"]
+  assert [(r["config"], r["variant"]) for r in result["training"]] == [
+      (f"configs/{c}.py", v) for c in ("base", "dense_base") for v in ("defaults", "all")]
   for r in result["training"]:
     assert r["step_ms"] > 0 and r["mfu"] is None  # no peak FLOP/s for a CPU
     assert r["row_lengths"] == [24, 16]  # --small's source / target rows
@@ -46,5 +47,6 @@ def test_small_suite_writes_every_section(tmp_path):
   text = markdown.read_text()
   assert text.startswith("# Benchmark results\n") and "## Accelerator suite: cpu (" in text
   assert all(f"| MoE {d} dispatch |" in text for d in DISPATCHES) and "| configs/dense_base.py |" in text
+  assert "| configs/base.py | all | 8 x 24 / 16 |" in text and " | 1.00x | " in text
   assert "| part | configs/base.py ms | share | matmuls ms | configs/dense_base.py ms |" in text
   assert path.name in text

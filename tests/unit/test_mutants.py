@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from gshard_mt.data import packing, sampling
-from gshard_mt.evaluation import evaluate, report
+from gshard_mt.evaluation import decode, evaluate, report
 from gshard_mt.moe import dispatch, gating
 from tests.unit.test_report import scores as report_scores
 
@@ -376,3 +376,28 @@ class TestPacking:
     split = packing.TokenizedSplit.from_lists(["xx"], [0], [[5, 1]], [[6, 1]])
     with pytest.raises(ValueError, match="^3 pairs do not fit in 2 rows$"):
       packing.pad(split, np.zeros(3, int), 2, 4)
+
+
+class TestDecode:
+  def test_greedy_search_reads_each_rows_previous_token(self):
+    # x_greedy_search__mutmut_9 / _10 (`i == 0` -> `i != 0` / `i == 1`: the previous token replaced by PAD),
+    # _15 / _16 / _17 (`i - 1` -> `i + 1` / `i - 2`, `maximum(., 1)`: another position's token), _34
+    # (argmax over the flattened batch). test_decode's toy decoder gives every row the same sentence of one or
+    # two tokens; here each row has log-probs of its own and runs for several tokens before EOS.
+    B, V, L = 4, 7, 8
+    table = jax.random.normal(jax.random.key(5), (B, V, L, V)) * 3.0
+    log_probs = jax.nn.log_softmax(table.at[..., 1].add(-6.0).at[..., 0].set(-1e9))  # EOS 1 rare, PAD 0 never
+
+    def step_fn(tokens, i, cache):
+      return log_probs[jnp.arange(B), tokens, i], cache
+
+    want = np.zeros((B, L), np.int32)
+    for b in range(B):
+      prev = 0
+      for i in range(L):
+        prev = want[b, i] = int(np.argmax(log_probs[b, prev, i]))
+        if prev == 1:
+          break
+    got = np.asarray(jax.jit(lambda: decode.greedy_search(step_fn, {}, B, L))())
+    np.testing.assert_array_equal(got, want)
+    assert len({tuple(row) for row in want}) == B and (want[:, 2] > 1).all()  # rows differ, run past 2 tokens
