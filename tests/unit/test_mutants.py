@@ -401,3 +401,45 @@ class TestDecode:
     got = np.asarray(jax.jit(lambda: decode.greedy_search(step_fn, {}, B, L))())
     np.testing.assert_array_equal(got, want)
     assert len({tuple(row) for row in want}) == B and (want[:, 2] > 1).all()  # rows differ, run past 2 tokens
+
+  @staticmethod
+  def counted(step_fn, calls: list):
+    """step_fn, appending to `calls` each time the compiled loop runs it."""
+
+    def counting(tokens, i, cache):
+      jax.debug.callback(lambda: calls.append(1))
+      return step_fn(tokens, i, cache)
+
+    return counting
+
+  def test_greedy_search_runs_max_len_steps_and_no_more(self):
+    # x_greedy_search__mutmut_46 (`i < max_len` -> `i <= max_len`: one more step, its token written out of bounds
+    # and dropped, so only the count of steps shows it).
+    calls = []
+    never_eos = self.counted(lambda tokens, i, cache: (jnp.zeros((2, 5)).at[:, 3].set(1.0), cache), calls)
+    out = jax.jit(lambda: decode.greedy_search(never_eos, {}, 2, 6))()
+    jax.effects_barrier()
+    assert np.asarray(out).tolist() == [[3] * 6] * 2 and len(calls) == 6
+
+  def test_beam_search_stops_once_the_n_best_are_settled(self):
+    # x_beam_search__mutmut_5 (n_best ignored: the search waits for the K-th hypothesis, with the same n_best
+    # first ones). Here EOS is likely from the first step, so the best hypothesis settles long before the 4th.
+    B, K, V, L = 2, 4, 6, 8
+    table = jax.random.normal(jax.random.key(7), (V, L, V)) * 2.0
+    log_probs = jax.nn.log_softmax(table.at[..., 1].add(1.0).at[..., 0].set(-1e9))
+    steps = {}
+    for n in (1, K):
+      steps[n] = []
+      step_fn = self.counted(lambda tokens, i, cache: (log_probs[tokens, i], cache), steps[n])
+      jax.jit(lambda f=step_fn, n=n: decode.beam_search(f, {}, B, K, L, n_best=n))()
+      jax.effects_barrier()
+    assert len(steps[1]) < len(steps[K])
+
+  def test_beam_search_default_alpha_is_gnmts_0_6(self):
+    # x_beam_search__mutmut_1 (the default alpha 0.6 -> 1.6): test_decode passes alpha wherever it matters.
+    step_fn = lambda tokens, i, cache: (jax.nn.log_softmax(jnp.sin(tokens[:, None] + i + jnp.arange(6.0))), cache)  # noqa: E731
+    search = jax.jit(lambda **alpha: decode.beam_search(step_fn, {}, 2, 3, 6, **alpha))
+    (tokens, scores), (want_tokens, want_scores) = search(), search(alpha=0.6)
+    np.testing.assert_array_equal(tokens, want_tokens)
+    np.testing.assert_array_equal(scores, want_scores)
+    assert not np.allclose(search(alpha=1.6)[1], want_scores)
