@@ -121,6 +121,12 @@ class TestGating:
     load = np.bincount(np.asarray(routing.expert_index)[kept], minlength=4) / kept.sum()
     np.testing.assert_allclose(routing.metrics["expert_load"], load, rtol=1e-6)
 
+  def test_indices_are_int32(self):
+    # x_top2_gating__mutmut_125 (the slots' int32 cast -> astype(None): float32 slots, which one_hot and the
+    # einsum dispatch accept, but the index and grouped dispatchers cannot index with).
+    routing = gating.top2_gating(jax.random.normal(jax.random.key(2), (2, 16, 4)), 4)
+    assert routing.slot.dtype == routing.expert_index.dtype == jnp.int32
+
   def test_random_policy_drops_a_tie(self):
     # x_top2_gating__mutmut_98 (uniform < g2 / threshold -> <=): a second choice is kept only if the draw is below.
     # Equal gates give g2 = 0.5 exactly, and the threshold is set so that 0.5 / threshold is token 0's draw.
