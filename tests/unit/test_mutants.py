@@ -450,6 +450,16 @@ class TestDecode:
     np.testing.assert_array_equal(scores, want_scores)
     assert not np.allclose(search(alpha=1.6)[1], want_scores)
 
+  def test_best_candidates_of_log_probs_ignore_the_padding(self):
+    # x_best_candidates__mutmut_34 (the blocks padded with 0 instead of -inf): log-probs are all below 0, so zeros
+    # padding V = 37 up to two blocks of 32 would be taken as the best candidates; test_decode's scores are normal
+    # draws whose best eight are far above 0.
+    scores = jax.nn.log_softmax(jax.random.normal(jax.random.key(3), (2, 4, 37)))
+    top, beam, token = decode.best_candidates(scores, 8)
+    want, flat = jax.lax.top_k(scores.reshape(2, 4 * 37), 8)
+    np.testing.assert_array_equal(top, want)
+    np.testing.assert_array_equal(np.asarray(beam) * 37 + np.asarray(token), flat)
+
   @staticmethod
   def beam_reference(log_probs: np.ndarray, K: int, alpha: float):
     """log_probs [B, V, L, V] (sentence, previous token, position, token) -> (tokens [B, K, L], scores [B, K]): the
