@@ -500,3 +500,18 @@ class TestDecode:
     n = n_best or K
     np.testing.assert_array_equal(np.asarray(tokens)[:, :n], want_tokens[:, :n])
     np.testing.assert_allclose(np.asarray(scores)[:, :n], want_scores[:, :n], rtol=1e-5)
+
+  def test_beam_search_without_a_finished_hypothesis_returns_the_live_beams(self):
+    # x_beam_search__mutmut_239 (the live beams' log-probs multiplied by the last length penalty instead of divided:
+    # test_decode checks their tokens when EOS never comes, not their scores).
+    B, K, V, L, alpha = 8, 2, 8, 5, 0.6
+    table = jax.random.normal(jax.random.key(13), (B, V, L, V)) * 2.0
+    log_probs = jax.nn.log_softmax(table.at[..., 1].set(-1e9).at[..., 0].set(-1e9))  # neither EOS nor PAD
+
+    def step_fn(tokens, i, cache):
+      return log_probs[jnp.arange(B * K) // K, tokens, i], cache
+
+    tokens, scores = jax.jit(lambda: decode.beam_search(step_fn, {}, B, K, L, alpha=alpha))()
+    want_tokens, want_scores = self.beam_reference(np.asarray(log_probs, np.float64), K, alpha)
+    np.testing.assert_array_equal(tokens, want_tokens)
+    np.testing.assert_allclose(scores, want_scores, rtol=1e-5)
