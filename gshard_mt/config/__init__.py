@@ -182,8 +182,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
     value = flat[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not test(value):
       raise ConfigError(f"{key}={value!r}: expected a finite number {expected}")
-  if config.model.attention == "fused" and config.model.attention_dropout_rate:
-    raise ConfigError(f"model.attention='fused' has no attention dropout: it needs model.attention_dropout_rate=0, "
+  if config.model.attention != "xla" and config.model.attention_dropout_rate:
+    raise ConfigError(f"model.attention={config.model.attention!r} has no attention dropout: it needs "
+                      f"model.attention_dropout_rate=0, "
                       f"not {config.model.attention_dropout_rate}")
   if config.batch_size % config.num_microbatches:
     raise ConfigError(f"num_microbatches={config.num_microbatches} does not divide batch_size={config.batch_size}")

@@ -4,9 +4,10 @@ Letters: B batch (rows), Q query positions, K key positions, A attention heads, 
 FFN hidden. Every parameter carries logical axes ('embed', 'heads', 'kv', 'mlp') that the partitioning rules map
 onto the mesh (`gshard_mt.parallel.rules`): with the 'expert_model' rules, heads and F are split over 'model'.
 
-Training and evaluation attend in one of two ways (model.attention): 'xla', our einsums with an additive bias (the
-reference, with attention dropout), or 'fused', `jax.nn.dot_product_attention` with a boolean mask (cuDNN's flash
-attention on a GPU; no attention dropout). Decoding always uses the cached einsum path.
+Training and evaluation attend in one of three ways (model.attention): 'xla', our einsums with an additive bias
+(the reference, with attention dropout), 'fused', `jax.nn.dot_product_attention` with a boolean mask (cuDNN's flash
+attention on a GPU), or 'pallas', our Pallas kernels for TPUs reading the segment ids (`pallas_attention`); the
+last two have no attention dropout. Decoding always uses the cached einsum path.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ DROPOUT_KEYS = {
     "threefry": lambda key: key,
     "rbg": lambda key: jax.random.wrap_key_data(jax.random.bits(key, (4,), jnp.uint32), impl="rbg"),
 }
-ATTENTIONS = ("xla", "fused")  # model.attention
+ATTENTIONS = ("xla", "fused", "pallas")  # model.attention
 # What cuDNN's flash attention takes (jax._src.cudnn.fused_attention_stablehlo, JAX 0.12): fp16/bf16 only, a head dim
 # that is a multiple of 8 and at most 128 (256 from Hopper on; 128 needs no device query) and, when training with a
 # bias (a boolean mask becomes one), even query and key lengths. Elsewhere 'fused' runs XLA's implementation.
@@ -57,10 +58,15 @@ def attention_bias(q_segments: jax.Array, k_segments: jax.Array, causal: bool, d
   return jnp.where(attention_mask(q_segments, k_segments, causal), 0.0, NEG_INF).astype(dtype)
 
 
-def packing_mask(q_segments: jax.Array, k_segments: jax.Array, causal: bool, fused: bool) -> jax.Array:
-  """[B, Q], [B, K] segment ids -> [B, 1, Q, K] what attention reads of the packing outside decoding: the boolean
-  `attention_mask` for model.attention='fused', else the additive `attention_bias`."""
-  return attention_mask(q_segments, k_segments, causal) if fused else attention_bias(q_segments, k_segments, causal)
+def packing_mask(q_segments: jax.Array, k_segments: jax.Array, causal: bool, attention: str):
+  """[B, Q], [B, K] segment ids -> what `attention` (a value of ATTENTIONS) reads of the packing outside decoding:
+  the boolean [B, 1, Q, K] `attention_mask` for 'fused', the segment ids themselves for 'pallas' (its kernels build
+  the mask), else the additive [B, 1, Q, K] `attention_bias`."""
+  if attention == "pallas":
+    return q_segments, k_segments
+  if attention == "fused":
+    return attention_mask(q_segments, k_segments, causal)
+  return attention_bias(q_segments, k_segments, causal)
 
 
 def source_bias(k_segments: jax.Array) -> jax.Array:
@@ -144,8 +150,8 @@ class Attention(nn.Module):
   dropout_rate: float = 0.0
   is_cross: bool = False
   decode: bool = False
-  fused: bool = False  # model.attention='fused': `bias` is then a boolean mask (not while decoding)
-  causal: bool = False  # the decoder's self-attention (the bias or mask holds it; the fused kernel is told too)
+  attention: str = "xla"  # model.attention: what `bias` is outside decoding (`packing_mask`)
+  causal: bool = False  # the decoder's self-attention (the bias or mask holds it; the kernels are told too)
 
   @nn.compact
   def __call__(self, x, kv, bias, *, deterministic: bool, decode_step=None):
@@ -162,8 +168,12 @@ class Attention(nn.Module):
       out = cached_attention(per_sentence(q, k.shape[1]), k, v, bias).reshape(q.shape)
     elif self.decode:
       out = self._decode_step(q, project(wk), project(wv), bias, decode_step)
-    elif self.fused:
+    elif self.attention == "fused":
       out = fused_attention(q, project(wk), project(wv), bias, self.causal)
+    elif self.attention == "pallas":
+      from gshard_mt.model.pallas_attention import pallas_attention  # it imports NEG_INF from here
+
+      out = pallas_attention(q, project(wk), project(wv), *bias, causal=self.causal)
     else:
       k, v = project(wk), project(wv)
       probs = nn.Dropout(self.dropout_rate)(attention_probs(q, k, bias), deterministic=deterministic)

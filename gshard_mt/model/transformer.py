@@ -93,10 +93,12 @@ class TransformerConfig:
 class LayerInputs:
   """What every layer of a stack sees besides its input x (broadcast to all scanned units)."""
 
-  self_bias: jax.Array  # [B, 1, L, L] (Transformer._mask), or [B, 1, R, L*R] over the cache's beam slots while decoding
+  # [B, 1, L, L] (Transformer._mask; the segment ids for 'pallas'), or [B, 1, R, L*R] over the cache's beam slots
+  # while decoding
+  self_bias: jax.Array | tuple
   token_mask: jax.Array  # [B, L], True for real tokens (MoE routing skips the others)
   memory: jax.Array | None = None  # [B, Ls, M] encoder output (decoder only; None for later decoding steps)
-  cross_bias: jax.Array | None = None  # [B, 1, L, Ls], or [B, 1, 1, Ls] per sentence while decoding
+  cross_bias: jax.Array | tuple | None = None  # [B, 1, L, Ls] (as self_bias), or [B, 1, 1, Ls] per sentence decoding
   decode_step: jax.Array | None = None  # the position being decoded
   language: jax.Array | None = None  # [B, L, M] the router input of moe.router='language' (`source_tags`)
 
@@ -115,7 +117,7 @@ class Layer(nn.Module):
     cfg = self.cfg
     drop = nn.Dropout(cfg.dropout_rate)
     attention = dict(num_heads=cfg.num_heads, head_dim=cfg.head_dim, dtype=cfg.dtype,
-                     dropout_rate=cfg.attention_dropout_rate, decode=self.decode, fused=cfg.attention == "fused")
+                     dropout_rate=cfg.attention_dropout_rate, decode=self.decode, attention=cfg.attention)
     h = layer_norm("pre_self_attention")(x)
     h = Attention(**attention, causal=self.is_decoder, name="self_attention")(
         h, h, inputs.self_bias, deterministic=deterministic, decode_step=inputs.decode_step)
@@ -233,8 +235,8 @@ class Transformer(nn.Module):
     return self.src_embed(source_tags(src_tokens, src_segments, segments, beams)) * self._scales[1]
 
   def _mask(self, q_segments, k_segments, causal: bool) -> jax.Array:
-    """[B, 1, Q, K]: what the layers' attention reads of the packing (`packing_mask`) outside decoding."""
-    return packing_mask(q_segments, k_segments, causal, fused=self.cfg.attention == "fused")
+    """What the layers' attention reads of the packing outside decoding (`packing_mask`)."""
+    return packing_mask(q_segments, k_segments, causal, self.cfg.attention)
 
   def encode(self, inputs, segments, positions):
     """[B, Ls] tokens -> (memory [B, Ls, M], stats)."""

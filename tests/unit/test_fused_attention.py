@@ -38,16 +38,16 @@ def positions_of(segments: np.ndarray) -> np.ndarray:
   return np.where(segments > 0, np.arange(segments.shape[1]) - starts, 0).astype(np.int32)
 
 
-def attention_outputs_and_gradients(fused: bool, dtype, cross: bool, causal: bool):
-  """(outputs, gradients with respect to the parameters and inputs) of one Attention over packed rows."""
-  B, Q, K, M = 3, 16, 24 if cross else 16, 32
+def attention_outputs_and_gradients(attention: str, dtype, cross: bool, causal: bool, B: int = 3):
+  """(outputs, gradients with respect to the parameters and inputs) of one Attention over B packed rows."""
+  Q, K, M = 16, 24 if cross else 16, 32
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(B, Q, M)), jnp.float32)
   kv = jnp.asarray(rng.normal(size=(B, K, M)), jnp.float32) if cross else x
   q_segments = packed_segments(B, Q, pairs=3, seed=1)
   k_segments = packed_segments(B, K, pairs=3, seed=2) if cross else q_segments
-  mask = layers.packing_mask(q_segments, k_segments, causal, fused)
-  module = layers.Attention(num_heads=4, head_dim=8, dtype=dtype, is_cross=cross, fused=fused, causal=causal)
+  mask = layers.packing_mask(q_segments, k_segments, causal, attention)
+  module = layers.Attention(num_heads=4, head_dim=8, dtype=dtype, is_cross=cross, attention=attention, causal=causal)
   params = module.init(jax.random.key(0), x, kv, mask, deterministic=True)
   # Padding queries see no key: the reference spreads their attention evenly and passes a gradient through it,
   # the mask none. Nothing real reads a padding position (the loss weighs it 0), so their cotangent is 0.
@@ -71,8 +71,8 @@ def relative_error(got, want) -> float:
                          ids=["self", "causal", "cross"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["float32", "bfloat16"])
 def test_fused_equals_xla_on_packed_rows(dtype, cross, causal):
-  out, grads = attention_outputs_and_gradients(True, dtype, cross, causal)
-  want_out, want_grads = attention_outputs_and_gradients(False, dtype, cross, causal)
+  out, grads = attention_outputs_and_gradients("fused", dtype, cross, causal)
+  want_out, want_grads = attention_outputs_and_gradients("xla", dtype, cross, causal)
   if dtype == jnp.float32:
     np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
     jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5), grads, want_grads)
@@ -97,7 +97,7 @@ def test_transformer_loss_and_gradients_equal_between_the_two():
   vocab, batch = config.data.vocab_size, packed_batch(config.batch_size, config.data.max_length, config.data.vocab_size)
   params = Transformer(TransformerConfig.from_config(config, vocab)).init(jax.random.key(0), batch)["params"]
   results = {}
-  for attention in config_lib.CHOICES["model.attention"]:
+  for attention in ("xla", "fused"):
     config.model.attention = attention
     model = Transformer(TransformerConfig.from_config(config, vocab), deterministic=False)
     loss = lambda p, m=model: step._microbatch_loss(  # noqa: E731
@@ -112,7 +112,7 @@ def test_fused_attention_refuses_attention_dropout():
   with pytest.raises(ConfigError, match=r"model.attention='fused' has no attention dropout: it needs "
                                         r"model.attention_dropout_rate=0, not 0.1"):
     config_lib.load(ROOT / "configs" / "tiny.py", {"model.attention": "fused", "model.attention_dropout_rate": "0.1"})
-  with pytest.raises(ConfigError, match=r"model.attention='flash': expected one of \('xla', 'fused'\)"):
+  with pytest.raises(ConfigError, match=r"model.attention='flash': expected one of \('xla', 'fused', 'pallas'\)"):
     config_lib.load(ROOT / "configs" / "tiny.py", {"model.attention": "flash"})
   assert config_lib.CHOICES["model.attention"] == layers.ATTENTIONS
 
