@@ -75,9 +75,11 @@ def _backward_kernel(q_ref, k_ref, v_ref, do_ref, qs_ref, ks_ref, dq_ref, dk_ref
       ref[r] = jnp.concatenate(parts, -1).astype(ref.dtype)
 
 
-def _call(kernel, arrays, q_segments, k_segments, outputs, matmuls: int, heads: int, causal: bool, interpret: bool):
+def _call(kernel, arrays, q_segments, k_segments, outputs, matmuls: int, heads: int, causal: bool):
   """Runs `kernel` over blocks of rows; its cost: `matmuls` [Q, K] x D matmuls per row and head, and its bytes.
-  `outputs` names which of `arrays` each output is shaped like."""
+  `outputs` names which of `arrays` each output is shaped like. Compiled for a TPU, the Mosaic kernel; for any
+  other platform, Pallas's interpret mode (chosen where the program is lowered, not by the host's default
+  backend: a TPU program compiled ahead of time on a CPU host gets the kernel)."""
   B, Q, AD = arrays[0].shape
   K = arrays[1].shape[1]
   rows = ROWS if B % ROWS == 0 else B
@@ -87,26 +89,27 @@ def _call(kernel, arrays, q_segments, k_segments, outputs, matmuls: int, heads: 
   nbytes = sum(x.size * x.dtype.itemsize for x in (*arrays, *out_arrays, q_segments, k_segments))
   cost = pl.CostEstimate(flops=2 * matmuls * B * Q * K * AD, transcendentals=B * heads * Q * K,
                          bytes_accessed=nbytes)
-  return pl.pallas_call(
+  run = lambda interpret: pl.pallas_call(  # noqa: E731
       functools.partial(kernel, heads=heads, causal=causal), grid=(B // rows,),
       in_specs=[block(x) for x in arrays] + [ids(q_segments), ids(k_segments)],
       out_specs=[block(x) for x in out_arrays], out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in out_arrays],
-      cost_estimate=cost, interpret=interpret)(*arrays, q_segments, k_segments)
+      cost_estimate=cost, interpret=interpret)
+  return jax.lax.platform_dependent(*arrays, q_segments, k_segments, tpu=run(False), default=run(True))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _core(q, k, v, q_segments, k_segments, heads, causal, interpret):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _core(q, k, v, q_segments, k_segments, heads, causal):
   """q [B, Q, A·D], k, v [B, K, A·D] -> [B, Q, A·D]."""
-  return _call(_forward_kernel, (q, k, v), q_segments, k_segments, (0,), 2, heads, causal, interpret)[0]
+  return _call(_forward_kernel, (q, k, v), q_segments, k_segments, (0,), 2, heads, causal)[0]
 
 
-def _core_forward(q, k, v, q_segments, k_segments, heads, causal, interpret):
-  return _core(q, k, v, q_segments, k_segments, heads, causal, interpret), (q, k, v, q_segments, k_segments)
+def _core_forward(q, k, v, q_segments, k_segments, heads, causal):
+  return _core(q, k, v, q_segments, k_segments, heads, causal), (q, k, v, q_segments, k_segments)
 
 
-def _core_backward(heads, causal, interpret, residuals, do):
+def _core_backward(heads, causal, residuals, do):
   q, k, v, q_segments, k_segments = residuals
-  grads = _call(_backward_kernel, (q, k, v, do), q_segments, k_segments, (0, 1, 2), 5, heads, causal, interpret)
+  grads = _call(_backward_kernel, (q, k, v, do), q_segments, k_segments, (0, 1, 2), 5, heads, causal)
   return (*grads, None, None)
 
 
@@ -118,7 +121,7 @@ def pallas_attention(q, k, v, q_segments, k_segments, causal: bool):
   the packing's attention as `layers.attention_probs` and the einsum compute it, by the Pallas kernels."""
   B, Q, A, D = q.shape
   lanes = lambda x: x.reshape(*x.shape[:2], A * D)  # noqa: E731
-  core = functools.partial(_core, heads=A, causal=causal, interpret=jax.default_backend() != "tpu")
+  core = functools.partial(_core, heads=A, causal=causal)
   mesh = jax.sharding.get_abstract_mesh()
   batch = nn.logical_to_mesh_axes(("batch",))[0] if not mesh.empty else None
   if batch is not None:  # each device's rows through the kernels
