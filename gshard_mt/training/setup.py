@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 
 import flax.linen as nn
 import jax
@@ -18,6 +19,8 @@ from gshard_mt.parallel import shardings
 from gshard_mt.training import checkpoint as checkpoint_lib
 from gshard_mt.training.optimizer import make_optimizer
 from gshard_mt.training.step import TrainState, train_step
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -60,6 +63,9 @@ def build(config, vocab_size: int, devices=None) -> Setup:
   """Model, optimizer, mesh and the shardings of the train state, all without allocating anything."""
   model_cfg = TransformerConfig.from_config(config, vocab_size)
   mesh = mesh_lib.make_mesh(config, devices)
+  if model_cfg.attention == "pallas" and mesh.devices.flat[0].platform != "tpu":
+    log.warning("model.attention='pallas' runs its kernels in Pallas's interpret mode off a TPU (%s): for tests, "
+                "far too slow to train with", mesh.devices.flat[0].platform)
   rules = rules_lib.rules(config)
   tx = make_optimizer(config.optimizer)
   boxed = jax.eval_shape(functools.partial(_init_state, model_cfg, tx, 0, True)).params

@@ -3,6 +3,7 @@
 8 rows and in one block; the whole model's loss and gradients, on one device and under shard_map on a mesh; the
 kernels' declared cost; the config's refusal of attention dropout."""
 
+import logging
 import os
 import subprocess
 import sys
@@ -122,3 +123,15 @@ def test_pallas_attention_refuses_attention_dropout():
   with pytest.raises(ConfigError, match=r"model.attention='pallas' has no attention dropout: it needs "
                                         r"model.attention_dropout_rate=0, not 0.1"):
     config_lib.load(ROOT / "configs" / "tiny.py", {"model.attention": "pallas", "model.attention_dropout_rate": "0.1"})
+
+
+def test_build_warns_that_it_is_interpreted_off_a_tpu(caplog):
+  from gshard_mt.training.setup import build
+
+  with caplog.at_level(logging.WARNING, logger="gshard_mt.training.setup"):
+    build(small_config(**{"model.attention": "pallas"}), 600)
+  assert "model.attention='pallas' runs its kernels in Pallas's interpret mode off a TPU (cpu)" in caplog.text
+  caplog.clear()
+  with caplog.at_level(logging.WARNING, logger="gshard_mt.training.setup"):
+    build(small_config(), 600)
+  assert "interpret mode" not in caplog.text
