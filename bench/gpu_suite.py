@@ -126,7 +126,7 @@ class Prepared:
   state: Any
 
 
-def prepare(name: str, variant: str = "defaults", *, small: bool, workdir: pathlib.Path) -> Prepared:
+def prepare(name: str, variant: str, *, small: bool, workdir: pathlib.Path) -> Prepared:
   overrides = (SMALL if small else {}) | VARIANTS[variant]
   config = config_lib.load(CONFIGS[name], overrides, num_devices=jax.device_count())
   data = pipeline.load(config, workdir)
@@ -165,7 +165,7 @@ def training_section(prepared: Callable[[str, str], Prepared], name: str, varian
               batch_size=config.batch_size, row_lengths=packing.row_lengths(config))
 
 
-def profile_section(prepared: Callable[[str], Prepared], name: str, warmup: int, steps: int) -> dict:
+def profile_section(prepared: Callable[[str, str], Prepared], name: str, warmup: int, steps: int) -> dict:
   """The config's train step traced (bench/profile_step.py; a fresh state, as the training section donates its own):
   device time per step by part."""
   sys.path.insert(0, str(ROOT / "bench"))
@@ -175,7 +175,7 @@ def profile_section(prepared: Callable[[str], Prepared], name: str, warmup: int,
   return profile_step.profile(p.config, p.data, p.setup, warmup, steps)
 
 
-def decoding_section(prepared: Callable[[str], Prepared], sentences: int, beam: int = 4) -> dict:
+def decoding_section(prepared: Callable[[str, str], Prepared], sentences: int, beam: int = 4) -> dict:
   """Beam search over the test split with configs/base.py, freshly initialised (before its training section, which
   donates the state): sentences/s as eval.py times them."""
   p = prepared("base", "defaults")

@@ -171,7 +171,7 @@ class Attention(nn.Module):
     elif self.attention == "fused":
       out = fused_attention(q, project(wk), project(wv), bias, self.causal)
     elif self.attention == "pallas":
-      from gshard_mt.model.pallas_attention import pallas_attention  # it imports NEG_INF from here
+      from gshard_mt.model.pallas_attention import pallas_attention  # it imports from here
 
       out = pallas_attention(q, project(wk), project(wv), *bias, causal=self.causal)
     else:

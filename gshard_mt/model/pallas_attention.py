@@ -20,20 +20,11 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from gshard_mt.model.layers import NEG_INF
+from gshard_mt.model.layers import NEG_INF, attention_mask
 
 ROWS = 8  # rows per kernel block (the segment ids' block is [ROWS, L]: a multiple of 8 rows, or the whole batch)
 _NT = (((1,), (1,)), ((), ()))  # x y^T
 _TN = (((0,), (0,)), ((), ()))  # x^T y
-
-
-def _row_mask(q_ids, k_ids, causal: bool):
-  """[Q], [K] segment ids of one row -> [Q, K] bool: a query sees the real keys of its own pair (and no later one)."""
-  allowed = (q_ids[:, None] == k_ids[None, :]) & (k_ids[None, :] > 0)
-  if causal:
-    shape = (q_ids.shape[0], k_ids.shape[0])
-    allowed &= jax.lax.broadcasted_iota(jnp.int32, shape, 0) >= jax.lax.broadcasted_iota(jnp.int32, shape, 1)
-  return allowed
 
 
 def _probs(q, k, mask):
@@ -46,7 +37,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, o_ref, *, heads: int, c
   """q [R, Q, A·D], k, v [R, K, A·D], segment ids [R, Q], [R, K] -> o [R, Q, A·D]."""
   D = q_ref.shape[-1] // heads
   for r in range(q_ref.shape[0]):
-    mask = _row_mask(qs_ref[r], ks_ref[r], causal)
+    mask = attention_mask(qs_ref[r][None], ks_ref[r][None], causal)[0, 0]  # [Q, K]
     out = []
     for a in range(heads):
       cols = slice(a * D, (a + 1) * D)
@@ -60,7 +51,7 @@ def _backward_kernel(q_ref, k_ref, v_ref, do_ref, qs_ref, ks_ref, dq_ref, dk_ref
   """The forward's inputs and the output's cotangent do [R, Q, A·D] -> dq, dk, dv (the scores recomputed)."""
   D = q_ref.shape[-1] // heads
   for r in range(q_ref.shape[0]):
-    mask = _row_mask(qs_ref[r], ks_ref[r], causal)
+    mask = attention_mask(qs_ref[r][None], ks_ref[r][None], causal)[0, 0]  # [Q, K]
     dq, dk, dv = [], [], []
     for a in range(heads):
       cols = slice(a * D, (a + 1) * D)

@@ -2,6 +2,8 @@
 outputs and gradients on packed rows, the whole model's loss, the config's refusal of attention dropout, and the
 kernel each platform gets."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -91,19 +93,25 @@ def packed_batch(B: int, L: int, vocab: int) -> dict:
   return batch
 
 
+def transformer_loss_and_grads(config, attention: str, batch: dict):
+  """A training step's loss (config's dropout on) and its gradients with model.attention=`attention`, from the
+  parameters that seed 0 gives every attention alike."""
+  config = config.copy_and_resolve_references()
+  config.model.attention = attention
+  model_cfg = TransformerConfig.from_config(config, config.data.vocab_size)
+  params = Transformer(dataclasses.replace(model_cfg, attention="xla")).init(jax.random.key(0), batch)["params"]
+  model = Transformer(model_cfg, deterministic=False)
+  loss = lambda p: step._microbatch_loss(  # noqa: E731
+      p, batch, jax.random.key(1), model=model, config=config, num_tokens=100.0, num_microbatches=1)[0]
+  return jax.jit(jax.value_and_grad(loss))(params)
+
+
 def test_transformer_loss_and_gradients_equal_between_the_two():
   """A training step's loss (MoE layers, residual dropout on) and its gradients, from the same parameters."""
   config = small_config(**{"model.dtype": "float32", "model.dropout_rate": "0.1"})
-  vocab, batch = config.data.vocab_size, packed_batch(config.batch_size, config.data.max_length, config.data.vocab_size)
-  params = Transformer(TransformerConfig.from_config(config, vocab)).init(jax.random.key(0), batch)["params"]
-  results = {}
-  for attention in ("xla", "fused"):
-    config.model.attention = attention
-    model = Transformer(TransformerConfig.from_config(config, vocab), deterministic=False)
-    loss = lambda p, m=model: step._microbatch_loss(  # noqa: E731
-        p, batch, jax.random.key(1), model=m, config=config, num_tokens=100.0, num_microbatches=1)[0]
-    results[attention] = jax.jit(jax.value_and_grad(loss))(params)
-  (fused_loss, fused_grads), (xla_loss, xla_grads) = results["fused"], results["xla"]
+  batch = packed_batch(config.batch_size, config.data.max_length, config.data.vocab_size)
+  (fused_loss, fused_grads), (xla_loss, xla_grads) = (transformer_loss_and_grads(config, a, batch)
+                                                      for a in ("fused", "xla"))
   np.testing.assert_allclose(fused_loss, xla_loss, rtol=1e-6)
   assert relative_error(fused_grads, xla_grads) < 1e-5  # 8.6e-7 measured
 

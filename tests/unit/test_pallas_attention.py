@@ -18,10 +18,13 @@ from jax.experimental import pallas as pl
 from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError
 from gshard_mt.model import pallas_attention
-from gshard_mt.model.transformer import Transformer, TransformerConfig
-from gshard_mt.training import step
 from tests.helpers import ROOT, small_config
-from tests.unit.test_fused_attention import attention_outputs_and_gradients, packed_batch, relative_error
+from tests.unit.test_fused_attention import (
+  attention_outputs_and_gradients,
+  packed_batch,
+  relative_error,
+  transformer_loss_and_grads,
+)
 
 
 @pytest.mark.parametrize("rows", [16, 3], ids=["blocks-of-8", "one-block"])
@@ -32,16 +35,6 @@ def test_pallas_equals_xla_on_packed_rows(cross, causal, rows):
   want_out, want_grads = attention_outputs_and_gradients("xla", jnp.float32, cross, causal, B=rows)
   np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
   assert relative_error(grads, want_grads) < 1e-5
-
-
-def transformer_loss_and_grads(config, attention, batch, mesh=None):
-  vocab = config.data.vocab_size
-  params = Transformer(TransformerConfig.from_config(config, vocab)).init(jax.random.key(0), batch)["params"]
-  config.model.attention = attention
-  model = Transformer(TransformerConfig.from_config(config, vocab), deterministic=False)
-  loss = lambda p: step._microbatch_loss(  # noqa: E731
-      p, batch, jax.random.key(1), model=model, config=config, num_tokens=100.0, num_microbatches=1)[0]
-  return jax.jit(jax.value_and_grad(loss))(params)
 
 
 def test_transformer_loss_and_gradients_equal_xla():
