@@ -11,7 +11,8 @@ suite's other sections.
 
 The step is compiled once; its program text gives every HLO instruction a part (from the JAX operation and the
 stack frame in its metadata) and says whether it is a matmul (a dot, a cuBLAS call, a fusion around a dot). The
-trace is read in memory (`jax.profiler.trace()` with no directory gives a `ProfileData`; no TensorFlow needed).
+trace is written to a temporary folder and read back as a `ProfileData` (no TensorFlow needed; JAX 0.11, which GPU
+images carry, has no in-memory trace).
 Operations are the events that name an `hlo_op` of the step's module: on a GPU the kernels on the first device's
 plane (`/device:GPU:0`; every device runs the same program), one line per stream (XLA leaves out command buffers
 while it is profiled, so every kernel is seen); on the CPU the XLA thunks on the host's threads. Each event counts
@@ -141,13 +142,16 @@ def trace_steps(step, state, batches: list, warmup: int) -> dict:
   for batch in batches[:warmup]:
     state, _ = step(state, batch)
   jax.block_until_ready(state)
-  with jax.profiler.trace() as session:
-    for batch in batches[warmup:]:
-      state, _ = step(state, batch)
-    jax.block_until_ready(state)
+  with tempfile.TemporaryDirectory() as log_dir:
+    with jax.profiler.trace(log_dir):
+      for batch in batches[warmup:]:
+        state, _ = step(state, batch)
+      jax.block_until_ready(state)
+    (xplane,) = pathlib.Path(log_dir).rglob("*.xplane.pb")
+    profile_data = jax.profiler.ProfileData.from_file(str(xplane))
   text = step.as_text()
   module = re.match(r"HloModule ([\w.\-]+)", text).group(1)
-  events = op_events(session.profile_data.planes, module)
+  events = op_events(profile_data.planes, module)
   if not events:
     raise RuntimeError(f"the trace shows no operation of {module} (no per-operation events on this backend?)")
   return summarize(events, parts.instructions(text), len(batches) - warmup)
