@@ -57,6 +57,7 @@ import numpy as np  # noqa: E402
 from gshard_mt import cli  # noqa: E402
 from gshard_mt import config as config_lib  # noqa: E402
 from gshard_mt.data import packing, pipeline  # noqa: E402
+from gshard_mt.errors import UserError  # noqa: E402
 from gshard_mt.evaluation import decode, evaluate  # noqa: E402
 from gshard_mt.model.transformer import Transformer  # noqa: E402
 from gshard_mt.moe.config import DISPATCHES, MoeConfig  # noqa: E402
@@ -83,10 +84,12 @@ VARIANTS = {
     "bf16 residual": {"model.residual_dtype": "bfloat16"},
 }
 VARIANTS["all"] = {k: v for overrides in list(VARIANTS.values())[2:] for k, v in overrides.items()}
+VARIANTS["scanned"] = {"model.scan_layers": "True"}  # the layers in a loop (the configs unroll them)
 # (config, variant) timed by the training section: every variant of the dense step (where the gap to MaxText is),
-# base's defaults and all; --small: the defaults and all of each.
-RUNS = {False: [("dense_base", v) for v in VARIANTS] + [("base", "defaults"), ("base", "all")],
+# base's defaults, all and scanned; --small: the defaults and all of each.
+RUNS = {False: [("dense_base", v) for v in VARIANTS] + [("base", v) for v in ("defaults", "all", "scanned")],
         True: [(c, v) for c in CONFIGS for v in ("defaults", "all")]}
+SECTIONS = ("moe_layer", "decoding", "training", "profile")  # in the order they run
 SIZES = {False: dict(moe_repeats=20, train_warmup=3, train_steps=30, profile_steps=5, sentences=0),
          True: dict(moe_repeats=3, train_warmup=1, train_steps=3, profile_steps=2, sentences=24)}
 
@@ -165,14 +168,15 @@ def training_section(prepared: Callable[[str, str], Prepared], name: str, varian
               batch_size=config.batch_size, row_lengths=packing.row_lengths(config))
 
 
-def profile_section(prepared: Callable[[str, str], Prepared], name: str, warmup: int, steps: int) -> dict:
-  """The config's train step traced (bench/profile_step.py; a fresh state, as the training section donates its own):
-  device time per step by part."""
-  sys.path.insert(0, str(ROOT / "bench"))
-  import profile_step  # bench/profile_step.py
-
-  p = prepared(name, "defaults")
-  return profile_step.profile(p.config, p.data, p.setup, warmup, steps)
+def profile_section(small: bool, name: str, warmup: int, steps: int) -> dict:
+  """The config's train step traced by bench/profile_step.py in a process of its own (which turns XLA's GPU
+  command buffers off before its backend starts): device time per step by part."""
+  with tempfile.TemporaryDirectory() as folder:
+    out = pathlib.Path(folder) / "profile.json"
+    subprocess.run([sys.executable, str(ROOT / "bench" / "profile_step.py"), "--config", str(CONFIGS[name]),
+                    "--warmup", str(warmup), "--steps", str(steps), "--json", str(out)] + ["--small"] * small,
+                   check=True)
+    return json.loads(out.read_text())
 
 
 def decoding_section(prepared: Callable[[str, str], Prepared], sentences: int, beam: int = 4) -> dict:
@@ -225,8 +229,10 @@ def markdown(result: dict) -> str:
            f"commit {env['commit']}, " + (f"XLA_FLAGS `{env['xla_flags']}`. " if env["xla_flags"] else "no XLA_FLAGS. ")
            + f"Command: `{result['command']}` ({result['seconds'] / 60:.1f} minutes); "
            f"JSON: `{result['json']}`.", ""]
-  moe = result["moe_layer"]
-  if "error" in moe:
+  moe = result.get("moe_layer", {})
+  if not moe:
+    pass  # not run (--sections), nor are the sections below that a run leaves out
+  elif "error" in moe:
     lines += [f"MoE layer: failed ({moe['error']})", ""]
   else:
     s = moe["shape"]
@@ -241,9 +247,9 @@ def markdown(result: dict) -> str:
   lines += ["Training step (packed Tatoeba-112 batches; tokens are real source + target tokens; the variants of "
             "`VARIANTS`, each step against its config's defaults):", "",
             "| config | variant | rows x source / target tokens | step ms | vs defaults | tokens/s | MFU |",
-            "|---|---|---|---|---|---|---|"]
-  defaults = {r["config"]: r.get("step_ms") for r in result["training"] if r["variant"] == "defaults"}
-  for r in result["training"]:
+            "|---|---|---|---|---|---|---|"] if "training" in result else []
+  defaults = {r["config"]: r.get("step_ms") for r in result.get("training", []) if r["variant"] == "defaults"}
+  for r in result.get("training", []):
     if "error" in r:
       lines.append(f"| {r['config']} | {r['variant']} | failed: {r['error']} | | | | |")
     else:
@@ -251,16 +257,19 @@ def markdown(result: dict) -> str:
       versus = f"{r['step_ms'] / defaults[r['config']]:.2f}x" if defaults.get(r["config"]) else "n/a"
       lines.append(f"| {r['config']} | {r['variant']} | {r['batch_size']} x {' / '.join(map(str, r['row_lengths']))} "
                    f"| {r['step_ms']:.1f} | {versus} | {r['tokens_per_s']:,.0f} | {mfu} |")
-  profiles = {r["config"]: r for r in result["profile"] if "error" not in r}
-  lines += ["", "Profile of the training step, traced (device time per step by part of the model):", ""]
+  profiles = {r["config"]: r for r in result.get("profile", []) if "error" not in r}
   if profiles:
-    import profile_step  # bench/profile_step.py, on the path since the profile section ran
+    lines += ["", "Profile of the training step, traced (device time per step by part of the model):", ""]
+    sys.path.insert(0, str(ROOT / "bench"))
+    import profile_step  # bench/profile_step.py
 
     lines += [profile_step.describe(label, p) + "." for label, p in profiles.items()]
     lines += ["", profile_step.table(profiles).rstrip()]
-  lines += [f"{r['config']}: failed ({r['error']})." for r in result["profile"] if "error" in r]
-  d = result["decoding"]
-  lines += ["", "Decoding, test split (" + (f"failed: {d['error']})" if "error" in d else
+    for label, p in profiles.items():
+      lines += ["", f"The longest instructions of {label}:", "", profile_step.top_table(p).rstrip()]
+  lines += [f"{r['config']}: failed ({r['error']})." for r in result.get("profile", []) if "error" in r]
+  d = result.get("decoding")
+  lines += [] if d is None else ["", "Decoding, test split (" + (f"failed: {d['error']})" if "error" in d else
             f"{d['config']}, {d['params']}, beam {d['beam']}, {d['batch_size']} sentences per batch, "
             f"max length {d['max_length']}): {d['sentences']:,} sentences in {d['seconds']:.1f} s, "
             f"{d['sentences_per_s']:,.1f} sentences/s, {d['tokens_per_s']:,.0f} tokens/s."), ""]
@@ -283,22 +292,38 @@ def main(argv) -> int:
   parser.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder of the JSON file")
   parser.add_argument("--results_md", default=str(ROOT / "bench" / "RESULTS.md"),
                       help='the markdown file to append a section to ("" for none)')
+  parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated, of " + ",".join(SECTIONS))
+  parser.add_argument("--runs", default="", help="the training section's config:variant pairs, comma-separated "
+                      "(default: RUNS), e.g. dense_base:defaults,dense_base:scanned")
   args = parser.parse_args(argv)
+  sections = args.sections.split(",")
+  runs = [tuple(run.split(":", 1)) for run in args.runs.split(",") if run] or RUNS[args.small]
+  for section in sections:
+    if section not in SECTIONS:
+      raise UserError(f"--sections: unknown section {section!r}; expected some of {','.join(SECTIONS)}")
+  for run in runs:
+    if len(run) != 2 or run[0] not in CONFIGS or run[1] not in VARIANTS:
+      raise UserError(f"--runs: {':'.join(run)!r} is not config:variant with a config of {sorted(CONFIGS)} and a "
+                      f"variant of {sorted(VARIANTS)}")
   if args.small:
     small_backend()
   start = time.perf_counter()
   sizes = SIZES[args.small]
   result = dict(environment=environment(), small=args.small,
-                command="python bench/gpu_suite.py" + (" --small" if args.small else ""))
+                command=" ".join(["python bench/gpu_suite.py", *argv]))
   with tempfile.TemporaryDirectory() as workdir:  # the tokenizer, trained once for both configs
     prepared = functools.cache(functools.partial(prepare, small=args.small, workdir=pathlib.Path(workdir)))
-    result["moe_layer"] = run_section(moe_layer_section, args.small, sizes["moe_repeats"])
-    result["decoding"] = run_section(decoding_section, prepared, sizes["sentences"])
-    result["training"] = [{"config": f"configs/{name}.py", "variant": variant} | run_section(
-        training_section, prepared, name, variant, sizes["train_warmup"], sizes["train_steps"])
-        for name, variant in RUNS[args.small]]
-    result["profile"] = [{"config": f"configs/{name}.py"} | run_section(
-        profile_section, prepared, name, sizes["train_warmup"], sizes["profile_steps"]) for name in CONFIGS]
+    if "moe_layer" in sections:
+      result["moe_layer"] = run_section(moe_layer_section, args.small, sizes["moe_repeats"])
+    if "decoding" in sections:
+      result["decoding"] = run_section(decoding_section, prepared, sizes["sentences"])
+    if "training" in sections:
+      result["training"] = [{"config": f"configs/{name}.py", "variant": variant} | run_section(
+          training_section, prepared, name, variant, sizes["train_warmup"], sizes["train_steps"])
+          for name, variant in runs]
+    if "profile" in sections:
+      result["profile"] = [{"config": f"configs/{name}.py"} | run_section(
+          profile_section, args.small, name, sizes["train_warmup"], sizes["profile_steps"]) for name in CONFIGS]
   result["seconds"] = time.perf_counter() - start
   env = result["environment"]
   path = pathlib.Path(args.out) / f"{env['date']}-{slug(env['device'])}{'-small' if args.small else ''}.json"
@@ -310,8 +335,9 @@ def main(argv) -> int:
     with open(args.results_md, "a") as f:
       f.write("\n" + section)
   print(f"\n{section}\nwrote {path}" + (f" and a section of {args.results_md}" if args.results_md else ""))
-  failed = "error" in result["moe_layer"] or any("error" in r for r in result["moe_layer"].get("rows", [])) or any(
-      "error" in r for r in result["training"] + result["profile"]) or "error" in result["decoding"]
+  moe = result.get("moe_layer", {})
+  failed = "error" in moe or any("error" in r for r in moe.get("rows", []) + result.get("training", []) + result.get(
+      "profile", [])) or "error" in result.get("decoding", {})
   return 1 if failed else 0
 
 

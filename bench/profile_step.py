@@ -14,19 +14,22 @@ stack frame in its metadata) and says whether it is a matmul (a dot, a cuBLAS ca
 trace is written to a temporary folder and read back as a `ProfileData` (no TensorFlow needed; JAX 0.11, which GPU
 images carry, has no in-memory trace).
 Operations are the events that name an `hlo_op` of the step's module: on a GPU the kernels on the first device's
-plane (`/device:GPU:0`; every device runs the same program), one line per stream (XLA leaves out command buffers
-while it is profiled, so every kernel is seen); on the CPU the XLA thunks on the host's threads. Each event counts
-its own time, less that of the events nested in it on its line, so the parts sum to the operations' time. Streams
-or threads that run at once each count: `overlap` is how much the operations' time exceeds the time some operation
-ran. Idle: the traced window (the first operation's start to the last one's end) less the time some operation ran.
-All per step. A traced step runs somewhat slower than an untraced one (the profiler's own work, no command
-buffers); the suite times its steps untraced.
+plane (`/device:GPU:0`; every device runs the same program), one line per stream (the command line turns XLA's
+command buffers off, which would otherwise show as one event each, as with JAX 0.11 on an H100); on the CPU the
+XLA thunks on the host's threads. Each event counts its own time, less that of the events nested in it on its
+line, so the parts sum to the operations' time. Streams or threads that run at once each count: `overlap` is how
+much the operations' time exceeds the time some operation ran. Idle: the traced window (the first operation's
+start to the last one's end) less the time some operation ran. `top` lists the longest instructions with their
+part and JAX operation. All per step. A traced step runs somewhat slower than an untraced one (the profiler's own
+work, no command buffers); the suite times its steps untraced.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import json
+import os
 import pathlib
 import re
 import sys
@@ -39,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 
-from gshard_mt import cli  # noqa: E402
+from gshard_mt import cli, io  # noqa: E402
 from gshard_mt import config as config_lib  # noqa: E402
 from gshard_mt.compiler import parts  # noqa: E402
 from gshard_mt.data import pipeline  # noqa: E402
@@ -49,7 +52,11 @@ from gshard_mt.parallel import distributed  # noqa: E402
 from gshard_mt.training.setup import build  # noqa: E402
 
 IDLE = "idle: the device waits (for the host)"
-DEVICE_PLANES = ("/device:GPU:", "/device:TPU:")  # without them (the CPU backend), the host's planes
+DEVICE_PLANES = ("/device:GPU:", "/device:TPU:")
+TOP, TOP_NAME = 12, 90  # the longest instructions listed, and the end of their JAX operation's name kept
+# XLA's GPU command buffers (CUDA graphs) show in a trace as one event each, hiding the kernels inside them: off
+# while profiling (set before JAX starts its backend, which reads XLA_FLAGS once).
+NO_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer="  # without them (the CPU backend), the host's planes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +125,7 @@ def summarize(events: list[Event], ops: dict[str, dict], steps: int) -> dict:
   to `parts.instructions`' rows; an operation the program does not name is classified by its opcode alone and
   listed in `unknown_ops`."""
   per_part = collections.defaultdict(lambda: [0.0, 0.0])  # part: [ns, matmul ns] over all traced steps
+  per_op = collections.Counter()  # instruction: ns over all traced steps
   unknown = set()
   for e, ns in zip(events, own_times(events)):
     op = ops.get(e.op)
@@ -126,6 +134,7 @@ def summarize(events: list[Event], ops: dict[str, dict], steps: int) -> dict:
       op = dict(part=parts.part_of(("", ""), "", re.sub(r"\.\d+$", "", e.op)), matmul=False)
     per_part[op["part"]][0] += ns
     per_part[op["part"]][1] += ns if op["matmul"] else 0.0
+    per_op[e.op] += ns
   window, busy = max(e.end_ns for e in events) - min(e.start_ns for e in events), busy_ns(events)
   operations = sum(ns for ns, _ in per_part.values())
   per_part[IDLE] = [window - busy, 0.0]
@@ -134,7 +143,10 @@ def summarize(events: list[Event], ops: dict[str, dict], steps: int) -> dict:
           for name in [name for name, _ in parts.PARTS] + [IDLE] if name in per_part}
   return dict(steps=steps, events=len(events), unknown_ops=sorted(unknown), window_ms=window * ms,
               op_ms=operations * ms, busy_ms=busy * ms, overlap_ms=(operations - busy) * ms,
-              idle_ms=(window - busy) * ms, matmul_ms=sum(m for _, m in per_part.values()) * ms, parts=rows)
+              idle_ms=(window - busy) * ms, matmul_ms=sum(m for _, m in per_part.values()) * ms, parts=rows,
+              top=[dict(op=name, ms=ns * ms, part=ops.get(name, {}).get("part", "not in the program"),
+                        op_name=ops.get(name, {}).get("op_name", "")[-TOP_NAME:])
+                   for name, ns in per_op.most_common(TOP)])
 
 
 def trace_steps(step, state, batches: list, warmup: int) -> dict:
@@ -183,6 +195,12 @@ def table(profiles: dict[str, dict]) -> str:
   return "\n".join(lines) + "\n"
 
 
+def top_table(p: dict) -> str:
+  """Markdown: the longest instructions of a summary, with their part and the end of their JAX operation's name."""
+  return "\n".join(["| instruction | ms per step | part | JAX operation (end) |", "|---|---|---|---|"] + [
+      f"| {t['op']} | {t['ms']:.2f} | {t['part']} | `{t['op_name']}` |" for t in p["top"]]) + "\n"
+
+
 def describe(label: str, p: dict) -> str:
   """One line: the traced window, operations, overlap and idle time per step of a summary."""
   return (f"{label}: {p['steps']} traced steps, {p['window_ms']:.2f} ms per step from the first operation to the "
@@ -196,6 +214,7 @@ def main(argv):
   parser.add_argument("--warmup", type=int, default=3, help="untraced steps first (the step is compiled before)")
   parser.add_argument("--steps", type=int, default=5, help="traced steps")
   parser.add_argument("--small", action="store_true", help="gpu_suite's CPU-sized configs, on the CPU")
+  parser.add_argument("--json", default="", help="also write the summary to this file")
   parsed = parser.parse_args(args)
   if parsed.steps < 1 or parsed.warmup < 0:
     raise UserError(f"--steps must be at least 1 and --warmup at least 0, not {parsed.steps} and {parsed.warmup}")
@@ -203,12 +222,16 @@ def main(argv):
 
   if parsed.small:
     gpu_suite.small_backend()
+  elif NO_COMMAND_BUFFERS.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {NO_COMMAND_BUFFERS}".strip()
   config = config_lib.load(parsed.config, {**(gpu_suite.SMALL if parsed.small else {}), **overrides},
                            num_devices=jax.device_count())
   with tempfile.TemporaryDirectory() as workdir:
     data = pipeline.load(config, pathlib.Path(workdir))
     summary = profile(config, data, build(config, data.tokenizer.vocab_size), parsed.warmup, parsed.steps)
-  print(f"\n{describe(parsed.config, summary)}\n\n{table({parsed.config: summary})}")
+  print(f"\n{describe(parsed.config, summary)}\n\n{table({parsed.config: summary})}\n{top_table(summary)}")
+  if parsed.json:
+    io.write_atomically(parsed.json, json.dumps(summary, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from gshard_mt.compiler import hlo, roofline
 PARTS = (
     ("collectives", lambda f, op, code: code.startswith(("all-", "reduce-scatter", "collective-"))),
     ("logits and cross-entropy", lambda f, op, code: "decode_logits/BLM,MV" in op or f == "step.py:cross_entropy"),
+    # No JAX operation: what XLA adds itself (a loop's buffers and their set-up, layout copies).
+    ("XLA's own: loop buffers, copies", lambda f, op, code: not op and not f.strip(":")),
     ("optimizer, gradient norm, finite check", lambda f, op, code: "Transformer" not in op
      or f.split(":")[0] in ("numerics.py", "_clipping.py", "_tree_math.py", "factorized.py")),
     ("MoE expert matmuls", lambda f, op, code: "/moe/" in op and ("EGCM,EMH" in op or "EGCH,EHM" in op)),

@@ -31,6 +31,13 @@ def test_collectives_by_opcode():
   assert parts.part_of(("", ""), f"{STEP}/layer_1/moe/x", "all-to-all") == "collectives"
 
 
+def test_instructions_without_a_jax_operation():
+  # A scanned step's loop buffers (a broadcast of zeros, a dynamic-update-slice) carry no metadata: they are XLA's.
+  assert parts.part_of(("", ""), "", "fusion") == "XLA's own: loop buffers, copies"
+  assert parts.part_of(("", ""), "", "all-reduce") == "collectives"
+  assert parts.part_of(("/x/optax/_src/factorized.py", "f"), "", "fusion") == "optimizer, gradient norm, finite check"
+
+
 def test_every_instruction_of_a_compiled_program():
   def f(x, w, key):
     with jax.named_scope("Transformer"), jax.named_scope("ffn"):

@@ -13,7 +13,8 @@ import profile_step  # noqa: E402
 
 OPS = {"fusion.1": dict(part="dropout", matmul=False), "custom-call.2": dict(part="dense FFN", matmul=True),
        "fusion.4": dict(part="optimizer, gradient norm, finite check", matmul=False),
-       "call.5": dict(part="attention", matmul=False), "fusion.6": dict(part="attention", matmul=True)}
+       "call.5": dict(part="attention", matmul=False, op_name="jit(train_step)/" + "x" * 100 + "/attention/exp"),
+       "fusion.6": dict(part="attention", matmul=True)}
 STREAM_1, STREAM_2, THREAD = ("/device:GPU:0", "Stream #1"), ("/device:GPU:0", "Stream #2"), ("/host:CPU", "t")
 EVENTS = [profile_step.Event(STREAM_1, 0, 10, "fusion.1"), profile_step.Event(STREAM_1, 12, 20, "custom-call.2"),
           profile_step.Event(STREAM_1, 20, 30, "all-reduce-start.3"),  # not in the program: by its opcode
@@ -41,6 +42,19 @@ def test_summary_by_part():
   assert s["matmul_ms"] == pytest.approx(13 * ms)
   table = profile_step.table({"a": s, "b": s})
   assert "| dense FFN | 0.00 | 12% | 0.00 | 0.00 | 12% | 0.00 |" in table and table.count("\n") == 9
+
+
+def test_longest_instructions():
+  top = profile_step.summarize(EVENTS, OPS, steps=2)["top"]
+  ms = 1e-6 / 2
+  assert [t["op"] for t in top] == ["call.5", "fusion.1", "all-reduce-start.3", "fusion.4", "custom-call.2",
+                                    "fusion.6"]  # by own time, ties in the trace's order
+  assert top[0]["ms"] == pytest.approx(15 * ms) and top[-1]["ms"] == pytest.approx(5 * ms)
+  assert top[0]["part"] == "attention" and top[0]["op_name"] == OPS["call.5"]["op_name"][-profile_step.TOP_NAME:]
+  assert top[0]["op_name"].endswith("/attention/exp") and len(top[0]["op_name"]) == profile_step.TOP_NAME
+  assert top[2]["part"] == "not in the program" and top[2]["op_name"] == ""
+  text = profile_step.top_table(dict(top=top))
+  assert text.count("\n") == 2 + len(top) and "| call.5 | 0.00 | attention | `" in text
 
 
 def plane(name, events):

@@ -1,0 +1,37 @@
+"""bench/gpu_suite.py's choice of sections and training runs: bad names end before any work, and the RESULTS.md
+section holds only what ran."""
+
+import sys
+
+import pytest
+
+from gshard_mt.errors import UserError
+from tests.helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import gpu_suite  # noqa: E402
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--sections", "training,profiles"], "--sections: unknown section 'profiles'"),
+    (["--runs", "base:nope"], "--runs: 'base:nope' is not config:variant"),
+    (["--runs", "tiny:defaults"], "--runs: 'tiny:defaults' is not config:variant"),
+    (["--runs", "dense_base"], "--runs: 'dense_base' is not config:variant"),
+])
+def test_bad_choices_end_before_any_work(argv, message, tmp_path):
+  with pytest.raises(UserError, match=message):
+    gpu_suite.main(argv + ["--out", str(tmp_path)])
+  assert list(tmp_path.iterdir()) == []
+
+
+def test_markdown_holds_only_the_sections_that_ran():
+  row = dict(config="configs/dense_base.py", variant="defaults", step_ms=50.0, mfu=0.2, tokens_per_s=1e6,
+             batch_size=512, row_lengths=[64, 40])
+  result = dict(environment=dict(device="GPU", date="2026-11-25", device_count=1, platform="gpu", jax="0.11.2",
+                                 flax="0.12.10", commit="abc", xla_flags=""),
+                command="python bench/gpu_suite.py --sections training", seconds=60, json="x.json",
+                training=[row, row | dict(variant="scanned", step_ms=70.0)])
+  text = gpu_suite.markdown(result)
+  assert "| configs/dense_base.py | scanned | 512 x 64 / 40 | 70.0 | 1.40x | 1,000,000 | 20.0% |" in text
+  assert "MoE layer" not in text and "Decoding" not in text and "Profile" not in text
+  assert "Command: `python bench/gpu_suite.py --sections training`" in text
