@@ -5,6 +5,7 @@ agree."""
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -54,6 +55,27 @@ def test_dispatchers_agree_on_dispatched_buffers():
   routing, x, y = routing_and_inputs()
   np.testing.assert_allclose(IndexDispatcher(routing).dispatch(x), EinsumDispatcher(routing).dispatch(x), atol=1e-6)
   np.testing.assert_allclose(IndexDispatcher(routing).combine(y), EinsumDispatcher(routing).combine(y), atol=1e-6)
+
+
+@pytest.mark.parametrize("dispatcher", [EinsumDispatcher, IndexDispatcher])
+def test_gradients_go_back_to_their_tokens_and_slots(dispatcher):
+  """The gradients of dispatch and combine by loops over the assignments: a kept assignment's slot sends its
+  gradient to its token, and a token's gradient reaches its slots weighted; dropped assignments and empty slots
+  get none."""
+  routing, x, y = routing_and_inputs()
+  u = jax.random.normal(jax.random.key(5), (E, G, C, M))
+  v = jax.random.normal(jax.random.key(6), (G, S, M))
+  dx = jax.grad(lambda x: jnp.sum(dispatcher(routing).dispatch(x) * u))(x)
+  dy = jax.grad(lambda y: jnp.sum(dispatcher(routing).combine(y) * v))(y)
+  expert, slot, weight, kept = (np.asarray(a) for a in (routing.expert_index, routing.slot, routing.weight,
+                                                         routing.kept))
+  want_dx, want_dy = np.zeros((G, S, M)), np.zeros((G, E, C, M))
+  for g, s, k in zip(*np.nonzero(kept)):
+    e, c = expert[g, s, k], slot[g, s, k]
+    want_dx[g, s] += np.asarray(u)[e, g, c]
+    want_dy[g, e, c] += weight[g, s, k] * np.asarray(v)[g, s]
+  np.testing.assert_allclose(dx, want_dx, atol=1e-5)
+  np.testing.assert_allclose(dy, want_dy, atol=1e-5)
 
 
 def test_grouped_rows_are_the_kept_assignments_sorted_by_expert():
