@@ -31,7 +31,9 @@ def main(argv):
     return jnp.einsum("BAQK,BKAD->BQAD", probs.astype(v.dtype), v)
 
   def pallas_core(q, k, v, segments):
-    return pallas_attention(q, k, v, segments, segments, causal=False)
+    B, L, A, D = q.shape  # from the einsums' layout, as the model gave them before its projections were lane-dense
+    lanes = lambda x: x.reshape(B, L, A * D)  # noqa: E731
+    return pallas_attention(lanes(q), lanes(k), lanes(v), segments, segments, heads=A, causal=False).reshape(q.shape)
 
   sharding = jax.sharding.SingleDeviceSharding(tpu.topology_devices(args.topology)[0])
   qkv = jax.ShapeDtypeStruct((128, 64, 8, 64), jnp.bfloat16, sharding=sharding)

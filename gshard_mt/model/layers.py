@@ -160,6 +160,13 @@ class Attention(nn.Module):
     wq, wk, wv = (param(self, n, (M, A, D), ("embed", "heads", "kv"), init) for n in ("query", "key", "value"))
     wo = param(self, "out", (A, D, M), ("heads", "kv", "embed"),
                nn.initializers.variance_scaling(1.0, "fan_in", "normal", in_axis=(0, 1), out_axis=2))
+    if self.attention == "pallas" and not self.decode:  # lane-dense: [M, A·D] projections, [B, L, A·D] activations
+      from gshard_mt.model.pallas_attention import pallas_attention  # it imports from here
+
+      project = lambda y, w: jnp.einsum("BLM,MF->BLF", y.astype(dt), w.astype(dt).reshape(M, A * D))  # noqa: E731
+      out = pallas_attention(project(x, wq) * D ** -0.5, project(kv, wk), project(kv, wv), *bias, heads=A,
+                             causal=self.causal)
+      return jnp.einsum("BQF,FM->BQM", out, wo.astype(dt).reshape(A * D, M))
     q = jnp.einsum("BQM,MAD->BQAD", x.astype(dt), wq.astype(dt)) * D ** -0.5
     project = lambda w: jnp.einsum("BKM,MAD->BKAD", kv.astype(dt), w.astype(dt))  # noqa: E731
     if self.decode and self.is_cross:
@@ -170,10 +177,6 @@ class Attention(nn.Module):
       out = self._decode_step(q, project(wk), project(wv), bias, decode_step)
     elif self.attention == "fused":
       out = fused_attention(q, project(wk), project(wv), bias, self.causal)
-    elif self.attention == "pallas":
-      from gshard_mt.model.pallas_attention import pallas_attention  # it imports from here
-
-      out = pallas_attention(q, project(wk), project(wv), *bias, causal=self.causal)
     else:
       k, v = project(wk), project(wv)
       probs = nn.Dropout(self.dropout_rate)(attention_probs(q, k, bias), deterministic=deterministic)

@@ -107,16 +107,16 @@ def _core_backward(heads, causal, residuals, do):
 _core.defvjp(_core_forward, _core_backward)
 
 
-def pallas_attention(q, k, v, q_segments, k_segments, causal: bool):
-  """q [B, Q, A, D] (already scaled), k, v [B, K, A, D], segment ids [B, Q], [B, K] (0 = padding) -> [B, Q, A, D]:
-  the packing's attention as `layers.attention_probs` and the einsum compute it, by the Pallas kernels."""
-  B, Q, A, D = q.shape
-  lanes = lambda x: x.reshape(*x.shape[:2], A * D)  # noqa: E731
-  core = functools.partial(_core, heads=A, causal=causal)
+def pallas_attention(q, k, v, q_segments, k_segments, heads: int, causal: bool):
+  """q [B, Q, A·D] (already scaled), k, v [B, K, A·D] with A = `heads`, segment ids [B, Q], [B, K] (0 = padding)
+  -> [B, Q, A·D]: the packing's attention as `layers.attention_probs` and the einsum compute it, by the Pallas
+  kernels. Lane-dense in and out: each head's D columns are taken inside the kernels, so no [B, L, A, D] layout
+  (D = 64 fills half of a TPU tile's lanes) is ever written."""
+  core = functools.partial(_core, heads=heads, causal=causal)
   mesh = jax.sharding.get_abstract_mesh()
   batch = nn.logical_to_mesh_axes(("batch",))[0] if not mesh.empty else None
   if batch is not None:  # each device's rows through the kernels
     spec = jax.sharding.PartitionSpec(batch)
     # check_vma=False: the kernels' outputs vary over the batch's axes as their inputs do, which Pallas cannot infer.
     core = jax.shard_map(core, mesh=mesh, in_specs=(spec,) * 5, out_specs=spec, check_vma=False)
-  return core(lanes(q), lanes(k), lanes(v), q_segments, k_segments).reshape(B, Q, A, D)
+  return core(q, k, v, q_segments, k_segments)
