@@ -1,0 +1,85 @@
+"""Where the TPU estimate's unattributed time lives: the compiler's estimate (not a measurement) of each piece of
+configs/dense_base.py's layers on its per-chip batch (128 rows of 64 source / 40 target positions, M=512, FFN
+3072, 8 heads of 64, bf16 compute, float32 weights), forward + backward, against the per-instruction roofline
+(`gshard_mt.compiler.roofline`: FLOPs at the compiler's peak, bytes at its bandwidth). The difference is what the
+compiler charges beyond FLOPs and bytes, the "unattributed" of bench/step_breakdown.py.
+
+  python bench/step_pieces.py [--topology v5p:2x2x1]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from gshard_mt import cli
+
+B, L, T, M, F, A, D, V = 128, 64, 40, 512, 3072, 8, 64, 16000  # dense_base per chip on v5p:2x2x1 (data=4)
+
+
+def pieces(jnp, jax):
+  """{name: (function, argument shapes and dtypes)} of the step's pieces, each differentiated where it trains."""
+  from gshard_mt.model.pallas_attention import pallas_attention
+
+  bf16, f32 = jnp.bfloat16, jnp.float32
+
+  def project(x, w):  # BLM,MF->BLF
+    return jnp.einsum("BLM,MF->BLF", x, w.astype(x.dtype))
+
+  def ffn(x, wi, wo):
+    return project(jax.nn.relu(project(x, wi)), wo)
+
+  def layer_norm(x, scale, bias):  # float32 residual in, bf16 out
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return ((x - mean) * jax.lax.rsqrt(var + 1e-6) * scale + bias).astype(bf16)
+
+  def logits_nll(x, w, targets):
+    log_probs = jax.nn.log_softmax(project(x, w).astype(f32))
+    return -jnp.take_along_axis(log_probs, targets[..., None], -1)
+
+  def three_projections(x, wq, wk, wv):
+    return jnp.concatenate([project(x, wq), project(x, wk), project(x, wv)], -1)
+
+  def core(q, k, v, segments):
+    return pallas_attention(q, k, v, segments, segments, heads=A, causal=False)
+
+  return {
+      "dense FFN (M -> 3072 -> M)": (ffn, [((B, L, M), bf16), ((M, F), f32), ((F, M), f32)]),
+      "one attention projection (M -> A·D)": (project, [((B, L, M), bf16), ((M, A * D), f32)]),
+      "the same, bf16 weight (no cast)": (project, [((B, L, M), bf16), ((M, A * D), bf16)]),
+      "three projections (q, k, v)": (three_projections, [((B, L, M), bf16)] + [((M, A * D), f32)] * 3),
+      "one projection to 3·A·D (q, k, v fused)": (project, [((B, L, M), bf16), ((M, 3 * A * D), f32)]),
+      "layer norm": (layer_norm, [((B, L, M), f32), ((M,), f32), ((M,), f32)]),
+      "logits and log-softmax (40 positions, V=16000)": (logits_nll, [((B, T, M), bf16), ((M, V), f32),
+                                                                       ((B, T), jnp.int32)]),
+      "Pallas attention core (lane-dense)": (core, [((B, L, A * D), bf16)] * 3 + [((B, L), jnp.int32)]),
+  }
+
+
+def main(argv):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--topology", default="v5p:2x2x1")
+  args = p.parse_args(argv)
+  import jax
+  import jax.numpy as jnp
+
+  from gshard_mt.compiler import roofline, tpu
+
+  device = tpu.topology_devices(args.topology)[0]
+  sharding = jax.sharding.SingleDeviceSharding(device)
+  flops_per_s, bytes_per_s = roofline.compiler_roofline(device)
+  print("| piece, forward + backward | compiler's optimal_seconds | per-instruction roofline | unattributed |")
+  print("|---|---|---|---|")
+  for name, (fn, shapes) in pieces(jnp, jax).items():
+    args_ = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
+    floating = tuple(i for i, (_, dtype) in enumerate(shapes) if jnp.issubdtype(dtype, jnp.floating))
+    loss = jax.grad(lambda *a, fn=fn: jnp.sum(fn(*a).astype(jnp.float32) ** 2), argnums=floating)
+    compiled = jax.jit(loss).lower(*args_).compile()
+    total = tpu.compiler_cost(compiled)["optimal_seconds"]
+    attributed = sum(roofline.breakdown(compiled.as_text(), flops_per_s, bytes_per_s).values())
+    print(f"| {name} | {total * 1e6:.0f} us | {attributed * 1e6:.0f} us | {(total - attributed) * 1e6:.0f} us |",
+          flush=True)
+
+
+if __name__ == "__main__":
+  cli.run(main, prog="python bench/step_pieces.py")
