@@ -1,0 +1,22 @@
+"""bench/step_pieces.py's pieces trace at their shapes (their TPU compiles are left to the script): each piece's
+forward + backward is well-formed, so the script keeps running as the model's functions change."""
+
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from tests.helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import step_pieces  # noqa: E402
+
+
+def test_every_piece_traces_forward_and_backward():
+  pieces = step_pieces.pieces(jnp, jax)
+  assert len(pieces) == 8
+  for name, (fn, shapes) in pieces.items():
+    args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in shapes]
+    grads = jax.eval_shape(step_pieces.forward_backward(jax, jnp, fn, shapes), *args)
+    floating = [shape for shape, dtype in shapes if dtype != jnp.int32]
+    assert [g.shape for g in grads] == floating, name
