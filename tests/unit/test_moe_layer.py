@@ -77,8 +77,8 @@ def test_grouped_matches_einsum_with_and_without_overflow(capacity_factor, overf
 
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_grouped_expert_ffn_matches_a_loop_over_rows(activation):
-  """The grouped FFN's own gradient (weights cast inside, their gradients in the weights' dtype) against autodiff
-  of a plain loop: row i uses the weights of the expert whose block holds it."""
+  """The grouped FFN's own gradient (float32 weights into the grouped matmuls, their gradients in the weights'
+  dtype) against autodiff of a plain loop: row i uses the weights of the expert whose block holds it."""
   R, sizes = 12, jnp.array([3, 0, 5, 4], jnp.int32)
   keys = jax.random.split(jax.random.key(7), 4)
   rows = jax.random.normal(keys[0], (R, M))
@@ -101,9 +101,16 @@ def test_grouped_expert_ffn_matches_a_loop_over_rows(activation):
   for g, r in zip(jax.jit(value_and_vjp, static_argnums=0)(grouped),
                   jax.jit(value_and_vjp, static_argnums=0)(plain)):
     np.testing.assert_allclose(g, r, atol=1e-5, rtol=1e-5)
-  # bf16 rows, float32 weights: the weight gradients come out in float32.
-  _, vjp = jax.vjp(lambda wi, wo: grouped(rows.astype(jnp.bfloat16), wi, wo), wi, wo)
-  assert [g.dtype for g in vjp(d_out.astype(jnp.bfloat16))] == [jnp.float32, jnp.float32]
+  # bf16 rows, float32 weights: outputs and row gradients in bf16, as the plain loop gives them with the weights
+  # cast first; the weight gradients in float32.
+  bf16 = jnp.bfloat16
+  rows16, d_out16 = rows.astype(bf16), d_out.astype(bf16)
+  out, *grads = jax.jit(lambda: (lambda o, vjp: (o, *vjp(d_out16)))(*jax.vjp(grouped, rows16, wi, wo)))()
+  want, *want_grads = jax.jit(lambda: (lambda o, vjp: (o, *vjp(d_out16)))(*jax.vjp(
+      lambda r, wi, wo: plain(r, wi.astype(bf16), wo.astype(bf16)), rows16, wi, wo)))()
+  assert [out.dtype, *(g.dtype for g in grads)] == [bf16, bf16, jnp.float32, jnp.float32]
+  for g, r in zip([out, *grads], [want, *want_grads]):
+    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r, np.float32), atol=0.05, rtol=0.05)
 
 
 @pytest.mark.parametrize("dispatch", ["einsum", "index", "shard_map", "grouped"])
