@@ -1,8 +1,8 @@
 """The accelerator benchmark suite in one command: the MoE layer for every dispatch, the training steps of
 configs/base.py and configs/dense_base.py, and beam-4 decoding of the test split with configs/base.py.
 
-  make bench-gpu                       # = python bench/gpu_suite.py, on a GPU machine (3.1 min on one H100, before the
-                                       # step variants were added)
+  make bench-gpu                       # = python bench/gpu_suite.py, on a GPU machine (3.6 min on one H100)
+  python bench/gpu_suite.py --sections training --runs dense_base:defaults,dense_base:scanned   # some steps only
   python bench/gpu_suite.py --small --out /tmp/suite --results_md ""   # the same code at CPU sizes (a minute)
 
 Writes <out>/<date>-<device>.json (default bench/results/) and appends a section to --results_md (default
