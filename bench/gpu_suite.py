@@ -15,9 +15,10 @@ bench/RESULTS.md; "" for none). Sections:
   (compiled and warmed up first; batches staged on the device beforehand): step time, real tokens/s and MFU
   (`gshard_mt.training.metrics`: the step's model FLOPs as the dry run counts them, against the device's peak
   bf16 FLOP/s), for each of the step's variants in RUNS (VARIANTS: dropout 0, rbg dropout bits, fused attention,
-  a bf16 residual stream, all of them), each against its config's defaults.
-- Profile: a few training steps of each config traced (bench/profile_step.py): device time per step by part of
-  the model (the parts of bench/step_breakdown.py's TPU estimate), the matmuls' share, and the idle gaps.
+  a bf16 residual stream, all of them, the layers scanned), each against its config's defaults.
+- Profile: a few training steps of each config traced by bench/profile_step.py in a process of its own (XLA's
+  GPU command buffers off): device time per step by part of the model (the parts of bench/step_breakdown.py's
+  TPU estimate), the matmuls' share, the idle gaps and the longest instructions.
 - Decoding: configs/base.py freshly initialised (no checkpoint), beam 4, the test split as eval.py decodes it
   (`batch_size` sentences per batch, similar lengths together): sentences/s. A fresh model seldom ends a
   hypothesis early, so most batches run to max_length: an upper bound on the time per sentence.
