@@ -1,7 +1,7 @@
 """The accelerator benchmark suite in one command: the MoE layer for every dispatch, the training steps of
 configs/base.py and configs/dense_base.py, and beam-4 decoding of the test split with configs/base.py.
 
-  make bench-gpu                       # = python bench/gpu_suite.py, on a GPU machine (3.6 min on one H100)
+  make bench-gpu                       # = python bench/gpu_suite.py, on a GPU machine (minutes: see README)
   python bench/gpu_suite.py --sections training --runs dense_base:defaults,dense_base:scanned   # some steps only
   python bench/gpu_suite.py --small --out /tmp/suite --results_md ""   # the same code at CPU sizes (a minute)
 
@@ -39,6 +39,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -55,7 +56,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from gshard_mt import cli  # noqa: E402
+from gshard_mt import cli, gpu_flags  # noqa: E402
 from gshard_mt import config as config_lib  # noqa: E402
 from gshard_mt.data import packing, pipeline  # noqa: E402
 from gshard_mt.errors import UserError  # noqa: E402
@@ -76,7 +77,8 @@ SMALL = {"batch_size": "8", "data.languages": "fra,deu,spa,ell,kab", "data.vocab
 # The MoE layer's shapes: bench/moe_layer.py's reference shape (one group size) and its --small shape.
 MOE_SHAPES = {False: dict(tokens=16384, model_dim=1024, hidden_dim=4096, experts=32, group_size=1024),
               True: dict(tokens=1024, model_dim=64, hidden_dim=128, experts=8, group_size=256)}
-# The training step's variants (issue 25's options) -> config overrides; 'all' is every option but dropout 0.
+# The training step's variants (issue 25's options) -> config overrides; 'all' is every option but dropout 0 (and
+# the layers as the config has them).
 VARIANTS = {
     "defaults": {},
     "dropout 0": {"model.dropout_rate": "0.0"},  # MaxText's setting
@@ -174,9 +176,13 @@ def profile_section(small: bool, name: str, warmup: int, steps: int) -> dict:
   command buffers off before its backend starts): device time per step by part."""
   with tempfile.TemporaryDirectory() as folder:
     out = pathlib.Path(folder) / "profile.json"
-    subprocess.run([sys.executable, str(ROOT / "bench" / "profile_step.py"), "--config", str(CONFIGS[name]),
-                    "--warmup", str(warmup), "--steps", str(steps), "--json", str(out)] + ["--small"] * small,
-                   check=True)
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "profile_step.py"), "--config", str(CONFIGS[name]),
+                           "--warmup", str(warmup), "--steps", str(steps), "--json", str(out)] + ["--small"] * small,
+                          stderr=subprocess.PIPE, text=True)
+    if done.returncode:
+      sys.stderr.write(done.stderr)
+      raise RuntimeError(f"bench/profile_step.py exited with {done.returncode}: "
+                         f"{(done.stderr.strip().splitlines() or [''])[-1]}")
     return json.loads(out.read_text())
 
 
@@ -219,7 +225,7 @@ def slug(text: str) -> str:
 def small_backend():
   """--small's backend, set before JAX starts it: the CPU, where compiling fast matters, not the code's speed."""
   jax.config.update("jax_platforms", "cpu")
-  os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
+  gpu_flags.add((("xla_backend_optimization_level", "0"),))
 
 
 def markdown(result: dict) -> str:
@@ -259,8 +265,9 @@ def markdown(result: dict) -> str:
       lines.append(f"| {r['config']} | {r['variant']} | {r['batch_size']} x {' / '.join(map(str, r['row_lengths']))} "
                    f"| {r['step_ms']:.1f} | {versus} | {r['tokens_per_s']:,.0f} | {mfu} |")
   profiles = {r["config"]: r for r in result.get("profile", []) if "error" not in r}
-  if profiles:
+  if "profile" in result:
     lines += ["", "Profile of the training step, traced (device time per step by part of the model):", ""]
+  if profiles:
     sys.path.insert(0, str(ROOT / "bench"))
     import profile_step  # bench/profile_step.py
 
@@ -306,12 +313,16 @@ def main(argv) -> int:
     if len(run) != 2 or run[0] not in CONFIGS or run[1] not in VARIANTS:
       raise UserError(f"--runs: {':'.join(run)!r} is not config:variant with a config of {sorted(CONFIGS)} and a "
                       f"variant of {sorted(VARIANTS)}")
+  if args.runs and "training" not in sections:
+    raise UserError(f"--runs chooses the training section's steps, but --sections {args.sections} leaves it out")
   if args.small:
     small_backend()
+  # Accelerator memory as needed, not JAX's 75% of it: the profile's own process needs its share of the GPU.
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   start = time.perf_counter()
   sizes = SIZES[args.small]
   result = dict(environment=environment(), small=args.small,
-                command=" ".join(["python bench/gpu_suite.py", *argv]))
+                command=shlex.join(["python", "bench/gpu_suite.py", *argv]))
   with tempfile.TemporaryDirectory() as workdir:  # the tokenizer, trained once for both configs
     prepared = functools.cache(functools.partial(prepare, small=args.small, workdir=pathlib.Path(workdir)))
     if "moe_layer" in sections:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-import os
 import pathlib
 import re
 import sys
@@ -42,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 
-from gshard_mt import cli, io  # noqa: E402
+from gshard_mt import cli, gpu_flags, io  # noqa: E402
 from gshard_mt import config as config_lib  # noqa: E402
 from gshard_mt.compiler import parts  # noqa: E402
 from gshard_mt.data import pipeline  # noqa: E402
@@ -52,11 +51,11 @@ from gshard_mt.parallel import distributed  # noqa: E402
 from gshard_mt.training.setup import build  # noqa: E402
 
 IDLE = "idle: the device waits (for the host)"
-DEVICE_PLANES = ("/device:GPU:", "/device:TPU:")
+DEVICE_PLANES = ("/device:GPU:", "/device:TPU:")  # without them (the CPU backend), the host's planes
 TOP, TOP_NAME = 12, 90  # the longest instructions listed, and the end of their JAX operation's name kept
 # XLA's GPU command buffers (CUDA graphs) show in a trace as one event each, hiding the kernels inside them: off
-# while profiling (set before JAX starts its backend, which reads XLA_FLAGS once).
-NO_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer="  # without them (the CPU backend), the host's planes
+# while profiling.
+NO_COMMAND_BUFFERS = (("xla_gpu_enable_command_buffer", ""),)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +125,7 @@ def summarize(events: list[Event], ops: dict[str, dict], steps: int) -> dict:
   listed in `unknown_ops`."""
   per_part = collections.defaultdict(lambda: [0.0, 0.0])  # part: [ns, matmul ns] over all traced steps
   per_op = collections.Counter()  # instruction: ns over all traced steps
+  part_of_op = {}
   unknown = set()
   for e, ns in zip(events, own_times(events)):
     op = ops.get(e.op)
@@ -135,6 +135,7 @@ def summarize(events: list[Event], ops: dict[str, dict], steps: int) -> dict:
     per_part[op["part"]][0] += ns
     per_part[op["part"]][1] += ns if op["matmul"] else 0.0
     per_op[e.op] += ns
+    part_of_op[e.op] = op["part"]
   window, busy = max(e.end_ns for e in events) - min(e.start_ns for e in events), busy_ns(events)
   operations = sum(ns for ns, _ in per_part.values())
   per_part[IDLE] = [window - busy, 0.0]
@@ -144,7 +145,7 @@ def summarize(events: list[Event], ops: dict[str, dict], steps: int) -> dict:
   return dict(steps=steps, events=len(events), unknown_ops=sorted(unknown), window_ms=window * ms,
               op_ms=operations * ms, busy_ms=busy * ms, overlap_ms=(operations - busy) * ms,
               idle_ms=(window - busy) * ms, matmul_ms=sum(m for _, m in per_part.values()) * ms, parts=rows,
-              top=[dict(op=name, ms=ns * ms, part=ops.get(name, {}).get("part", "not in the program"),
+              top=[dict(op=name, ms=ns * ms, part=part_of_op[name],
                         op_name=ops.get(name, {}).get("op_name", "")[-TOP_NAME:])
                    for name, ns in per_op.most_common(TOP)])
 
@@ -222,8 +223,8 @@ def main(argv):
 
   if parsed.small:
     gpu_suite.small_backend()
-  elif NO_COMMAND_BUFFERS.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {NO_COMMAND_BUFFERS}".strip()
+  else:
+    gpu_flags.add(NO_COMMAND_BUFFERS)
   config = config_lib.load(parsed.config, {**(gpu_suite.SMALL if parsed.small else {}), **overrides},
                            num_devices=jax.device_count())
   with tempfile.TemporaryDirectory() as workdir:

@@ -1,6 +1,6 @@
 """Where the TPU estimate's unattributed time lives: the compiler's estimate (not a measurement) of each piece of
 configs/dense_base.py's layers on its per-chip batch (128 rows of 64 source / 40 target positions, M=512, FFN
-3072, 8 heads of 64, bf16 compute, float32 weights), forward + backward, against the per-instruction roofline
+3072, 8 heads of 64, V=16,000; bf16 compute, float32 weights), forward + backward, against the per-instruction roofline
 (`gshard_mt.compiler.roofline`: FLOPs at the compiler's peak, bytes at its bandwidth). The difference is what the
 compiler charges beyond FLOPs and bytes, the "unattributed" of bench/step_breakdown.py.
 
@@ -10,15 +10,26 @@ compiler charges beyond FLOPs and bytes, the "unattributed" of bench/step_breakd
 from __future__ import annotations
 
 import argparse
+import pathlib
+import sys
 
-from gshard_mt import cli
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-B, L, T, M, F, A, D, V = 128, 64, 40, 512, 3072, 8, 64, 16000  # dense_base per chip on v5p:2x2x1 (data=4)
+from gshard_mt import cli  # noqa: E402
+
+CONFIG, CHIPS = "configs/dense_base.py", 4  # its batch over v5p:2x2x1's chips (data=4)
 
 
 def pieces(jnp, jax):
-  """{name: (function, argument shapes and dtypes)} of the step's pieces, each differentiated where it trains."""
+  """{name: (function, argument shapes and dtypes)} of the step's pieces, each differentiated where it trains, at
+  CONFIG's shapes on one of CHIPS chips."""
+  from gshard_mt import config as config_lib
   from gshard_mt.model.pallas_attention import pallas_attention
+
+  c = config_lib.load(ROOT / CONFIG)
+  B, L, T, M, F = c.batch_size // CHIPS, c.data.max_length, c.data.max_target_length, c.model.emb_dim, c.model.mlp_dim
+  A, D, V = c.model.num_heads, c.model.head_dim, c.data.vocab_size
 
   bf16, f32 = jnp.bfloat16, jnp.float32
 
@@ -44,13 +55,13 @@ def pieces(jnp, jax):
     return pallas_attention(q, k, v, segments, segments, heads=A, causal=False)
 
   return {
-      "dense FFN (M -> 3072 -> M)": (ffn, [((B, L, M), bf16), ((M, F), f32), ((F, M), f32)]),
+      f"dense FFN (M -> {F} -> M)": (ffn, [((B, L, M), bf16), ((M, F), f32), ((F, M), f32)]),
       "one attention projection (M -> A·D)": (project, [((B, L, M), bf16), ((M, A * D), f32)]),
       "the same, bf16 weight (no cast)": (project, [((B, L, M), bf16), ((M, A * D), bf16)]),
       "three projections (q, k, v)": (three_projections, [((B, L, M), bf16)] + [((M, A * D), f32)] * 3),
       "one projection to 3·A·D (q, k, v fused)": (project, [((B, L, M), bf16), ((M, 3 * A * D), f32)]),
       "layer norm": (layer_norm, [((B, L, M), f32), ((M,), f32), ((M,), f32)]),
-      "logits and log-softmax (40 positions, V=16000)": (logits_nll, [((B, T, M), bf16), ((M, V), f32),
+      f"logits and log-softmax ({T} positions, V={V})": (logits_nll, [((B, T, M), bf16), ((M, V), f32),
                                                                        ((B, T), jnp.int32)]),
       "Pallas attention core (lane-dense)": (core, [((B, L, A * D), bf16)] * 3 + [((B, L), jnp.int32)]),
   }

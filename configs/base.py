@@ -7,8 +7,8 @@ tokens per step (sources take ~1.6x the tokens of their targets: 92% of the slot
 bf16 computation. Compare with configs/dense_base.py (same FLOPs per token, no experts). Step time, tokens/s
 and MFU go to runs/base/metrics.jsonl; the H100 figures are in bench/RESULTS.md.
 
-The layers are unrolled (model.scan_layers=False): on one H100 the scanned step took 1.39x as long (83.5 against
-59.4 ms; dense_base 63.1 against 45.5 ms), for 15 s more compilation.
+The layers are unrolled (model.scan_layers=False): on one H100 the scanned step is markedly slower, for a little
+less compilation (bench/RESULTS.md, "The training step on one H100").
 """
 
 from gshard_mt.config import defaults
@@ -31,7 +31,7 @@ def get_config():
   c.model.mlp_dim = 2048
   c.model.num_encoder_layers = 6
   c.model.num_decoder_layers = 6
-  c.model.scan_layers = False  # unrolled: 0.71x the scanned step's time on an H100 (bench/RESULTS.md)
+  c.model.scan_layers = False  # unrolled: faster steps on an H100 (see the docstring)
   c.model.dtype = "bfloat16"
   c.moe.num_experts = 32
   c.moe.hidden_dim = 2048

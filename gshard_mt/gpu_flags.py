@@ -38,11 +38,19 @@ def will_use_gpu(platforms: str) -> bool:
   return any(importlib.util.find_spec(module) is not None for module in CUDA_PLUGINS)
 
 
-def merged(xla_flags: str) -> tuple[str, list[str]]:
-  """(XLA_FLAGS with each flag of FLAGS that it does not name already, the flags added)."""
+def merged(xla_flags: str, flags=FLAGS) -> tuple[str, list[str]]:
+  """(XLA_FLAGS with each (name, value) of `flags` that it does not name already, the flags added)."""
   named = {word.lstrip("-").split("=", 1)[0] for word in xla_flags.split()}
-  added = [f"--{name}={value}" for name, value in FLAGS if name not in named]
+  added = [f"--{name}={value}" for name, value in flags if name not in named]
   return " ".join([xla_flags.strip(), *added]).strip(), added
+
+
+def add(flags, environ=os.environ) -> list[str]:
+  """Adds each (name, value) of `flags` to environ['XLA_FLAGS'] that it does not name already (the user's value
+  wins); returns the flags added. Before JAX starts its backend, which reads XLA_FLAGS once."""
+  value, added = merged(environ.get("XLA_FLAGS", ""), flags)
+  environ["XLA_FLAGS"] = value
+  return added
 
 
 def apply(environ=os.environ) -> list[str]:
@@ -50,8 +58,7 @@ def apply(environ=os.environ) -> list[str]:
   added; returns them. A second call adds nothing."""
   if environ.get(SWITCH, "1") == "0" or not will_use_gpu(environ.get("JAX_PLATFORMS", "")):
     return []
-  value, added = merged(environ.get("XLA_FLAGS", ""))
+  added = add(FLAGS, environ)
   if added:
-    environ["XLA_FLAGS"] = value
     log.info("GPU XLA flags added (%s=0 leaves them out): %s", SWITCH, " ".join(added))
   return added

@@ -54,14 +54,18 @@ def grouped_expert_ffn(rows: jax.Array, group_sizes: jax.Array, wi: jax.Array, w
   """Each expert's FFN on its rows: rows [R, M] in blocks by expert, group_sizes [E] (summing to R), wi [E, M, H],
   wo [E, H, M] -> [R, M], by grouped matmuls (`jax.lax.ragged_dot`: a Mosaic kernel on TPU).
 
-  The weights enter the grouped matmuls in their own dtype (float32 master weights) and the outputs come in the
-  rows' dtype: on TPU the kernel reads the float32 weights and rounds them as it multiplies (XLA's default
-  precision), with no separate cast pass over the E expert matrices (0.72 -> 0.82 of the dense FFN on the TPU
-  estimate, bench/RESULTS.md). Their gradients leave the grouped matmuls in the weights' dtype too.
+  On TPU the weights enter the grouped matmuls in their own dtype (float32 master weights) and the kernels round
+  them as they multiply (XLA's default precision), with no separate cast pass over the E expert matrices (0.72
+  -> 0.82 of the dense FFN on the TPU estimate, bench/RESULTS.md); elsewhere they are cast to the rows' dtype
+  first, as before (a GPU's mixed-dtype grouped matmul is unmeasured). The weight gradients leave the grouped
+  matmuls in the weights' dtype.
   """
   return _grouped_ffn_forward(rows, group_sizes, wi, wo, activation)[0]
 
 
+# lhs [R, X] by each group's rhs [E, X, Y]: [R, Y] (`jax.lax.ragged_dot`'s own).
+_RAGGED = jax.lax.RaggedDotDimensionNumbers((([1], [1]), ([], [])), lhs_ragged_dimensions=[0],
+                                            rhs_group_dimensions=[0])
 # lhs [R, X] and rhs [R, Y], contracted over the rows of each group: [E, X, Y] (the weight gradients).
 _RAGGED_ROWS = jax.lax.RaggedDotDimensionNumbers((([0], [0]), ([], [])), lhs_ragged_dimensions=[0],
                                                  rhs_group_dimensions=[])
@@ -70,25 +74,31 @@ _RAGGED_TRANSPOSED = jax.lax.RaggedDotDimensionNumbers((([1], [2]), ([], [])), l
                                                        rhs_group_dimensions=[0])
 
 
+def _by_weights(x, w, group_sizes, dims):
+  """x [R, .] by the expert weights w [E, ., .] in `dims`, in x's dtype: the float32 weights as they are on TPU,
+  cast to x's dtype first elsewhere."""
+  as_they_are = lambda: jax.lax.ragged_dot_general(x, w, group_sizes, dims, preferred_element_type=x.dtype)  # noqa: E731
+  cast_first = lambda: jax.lax.ragged_dot_general(x, w.astype(x.dtype), group_sizes, dims)  # noqa: E731
+  return jax.lax.platform_dependent(tpu=as_they_are, default=cast_first)
+
+
 def _grouped_ffn_forward(rows, group_sizes, wi, wo, activation):
-  pre = jax.lax.ragged_dot(rows, wi, group_sizes, preferred_element_type=rows.dtype)
+  pre = _by_weights(rows, wi, group_sizes, _RAGGED)
   h = ACTIVATIONS[activation](pre)
   saved = None if activation == "relu" else pre  # relu's gradient needs only where h > 0: keep no [R, H] more
-  return jax.lax.ragged_dot(h, wo, group_sizes, preferred_element_type=rows.dtype), (rows, group_sizes, saved, h,
-                                                                                      wi, wo)
+  return _by_weights(h, wo, group_sizes, _RAGGED), (rows, group_sizes, saved, h, wi, wo)
 
 
 def _grouped_ffn_backward(activation, residuals, d_out):
   rows, group_sizes, saved, h, wi, wo = residuals
   d_wo = jax.lax.ragged_dot_general(h, d_out, group_sizes, _RAGGED_ROWS, preferred_element_type=wo.dtype)
-  d_h = jax.lax.ragged_dot_general(d_out, wo, group_sizes, _RAGGED_TRANSPOSED, preferred_element_type=d_out.dtype)
+  d_h = _by_weights(d_out, wo, group_sizes, _RAGGED_TRANSPOSED)
   if saved is None:
     d_pre = jnp.where(h > 0, d_h, 0)
   else:
     d_pre = jax.vjp(ACTIVATIONS[activation], saved)[1](d_h)[0]
   d_wi = jax.lax.ragged_dot_general(rows, d_pre, group_sizes, _RAGGED_ROWS, preferred_element_type=wi.dtype)
-  d_rows = jax.lax.ragged_dot_general(d_pre, wi, group_sizes, _RAGGED_TRANSPOSED, preferred_element_type=d_pre.dtype)
-  return d_rows, None, d_wi, d_wo
+  return _by_weights(d_pre, wi, group_sizes, _RAGGED_TRANSPOSED), None, d_wi, d_wo
 
 
 grouped_expert_ffn.defvjp(_grouped_ffn_forward, _grouped_ffn_backward)

@@ -34,6 +34,17 @@ def test_a_gpu_gets_the_flags(cuda_plugin, platforms, caplog):
   assert len(caplog.records) == 1 and "GSHARD_MT_GPU_FLAGS=0" in caplog.text
 
 
+def test_add_keeps_the_users_value_and_adds_once():
+  env = {"XLA_FLAGS": "--xla_gpu_enable_command_buffer=FUSION"}
+  assert gpu_flags.add((("xla_gpu_enable_command_buffer", ""), ("xla_dump_to", "/tmp/x")), env) == [
+      "--xla_dump_to=/tmp/x"]
+  assert env["XLA_FLAGS"] == "--xla_gpu_enable_command_buffer=FUSION --xla_dump_to=/tmp/x"
+  env = {}
+  assert gpu_flags.add((("xla_gpu_enable_command_buffer", ""),), env) == ["--xla_gpu_enable_command_buffer="]
+  assert gpu_flags.add((("xla_gpu_enable_command_buffer", ""),), env) == []
+  assert env == {"XLA_FLAGS": "--xla_gpu_enable_command_buffer="}
+
+
 @pytest.mark.parametrize("platforms", ["cpu", "tpu", "tpu,cpu"])
 def test_cpu_and_tpu_are_left_alone(cuda_plugin, platforms):
   env = {"JAX_PLATFORMS": platforms}

@@ -17,6 +17,7 @@ import gpu_suite  # noqa: E402
     (["--runs", "base:nope"], "--runs: 'base:nope' is not config:variant"),
     (["--runs", "tiny:defaults"], "--runs: 'tiny:defaults' is not config:variant"),
     (["--runs", "dense_base"], "--runs: 'dense_base' is not config:variant"),
+    (["--sections", "profile", "--runs", "base:defaults"], "--runs chooses the training section's steps"),
 ])
 def test_bad_choices_end_before_any_work(argv, message, tmp_path):
   with pytest.raises(UserError, match=message):
@@ -35,3 +36,13 @@ def test_markdown_holds_only_the_sections_that_ran():
   assert "| configs/dense_base.py | scanned | 512 x 64 / 40 | 70.0 | 1.40x | 1,000,000 | 20.0% |" in text
   assert "MoE layer" not in text and "Decoding" not in text and "Profile" not in text
   assert "Command: `python bench/gpu_suite.py --sections training`" in text
+
+
+def test_a_failed_profile_is_said_below_its_heading():
+  result = dict(environment=dict(device="GPU", date="2026-11-25", device_count=1, platform="gpu", jax="0.11.2",
+                                 flax="0.12.10", commit="abc", xla_flags=""),
+                command="python bench/gpu_suite.py --sections profile", seconds=60, json="x.json",
+                profile=[dict(config="configs/base.py", error="RuntimeError: out of memory")])
+  lines = gpu_suite.markdown(result).splitlines()
+  heading = lines.index("Profile of the training step, traced (device time per step by part of the model):")
+  assert lines[heading + 1:heading + 3] == ["", "configs/base.py: failed (RuntimeError: out of memory)."]

@@ -1,6 +1,7 @@
 """The MoE layer: every dispatch path agrees, dropped tokens pass through, gradients reach the router, errors."""
 
 import functools
+import re
 
 import flax.linen as nn
 import jax
@@ -111,6 +112,26 @@ def test_grouped_expert_ffn_matches_a_loop_over_rows(activation):
   assert [out.dtype, *(g.dtype for g in grads)] == [bf16, bf16, jnp.float32, jnp.float32]
   for g, r in zip([out, *grads], [want, *want_grads]):
     np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r, np.float32), atol=0.05, rtol=0.05)
+
+
+def test_grouped_expert_ffn_reads_float32_weights_without_a_cast_on_tpu():
+  """Compiled for a TPU (libtpu's compile-only devices), the grouped matmuls read the float32 weights: no bf16
+  copy of an [E, M, H] weight is made. On the CPU the weights are cast first."""
+  from gshard_mt.compiler import tpu
+
+  E_, M_, H_, R = 4, 128, 256, 512
+  grad = jax.grad(lambda r, wi, wo, sizes: jnp.sum(layer_lib.grouped_expert_ffn(r, sizes, wi, wo).astype(
+      jnp.float32) ** 2), argnums=(0, 1, 2))
+
+  def program(device):
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    shapes = [((R, M_), jnp.bfloat16), ((E_, M_, H_), jnp.float32), ((E_, H_, M_), jnp.float32), ((E_,), jnp.int32)]
+    args = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
+    return jax.jit(grad).lower(*args).compile().as_text()
+
+  cast_weights = re.compile(rf"bf16\[({E_},{M_},{H_}|{E_},{H_},{M_})\]")
+  assert not cast_weights.search(program(tpu.topology_devices("v5p:1x1x1")[0]))
+  assert cast_weights.search(program(jax.devices("cpu")[0]))
 
 
 @pytest.mark.parametrize("dispatch", ["einsum", "index", "shard_map", "grouped"])
