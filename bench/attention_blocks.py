@@ -23,9 +23,7 @@ def main(argv):
 
   from gshard_mt.compiler import roofline, tpu
 
-  device = tpu.topology_devices(args.topology)[0]
-  sharding = jax.sharding.SingleDeviceSharding(device)
-  flops_per_s, bytes_per_s = roofline.compiler_roofline(device)
+  device, sharding = tpu.one_chip(args.topology)
   B, L, A, D = 128, 64, 8, 64
 
   def core(q, k, v, bias):  # q, k, v [B, L, A, D], bias [B, 1, L, L]
@@ -39,8 +37,7 @@ def main(argv):
     qkv = jax.ShapeDtypeStruct((B // r, r * L, A, D), jnp.bfloat16, sharding=sharding)
     bias = jax.ShapeDtypeStruct((B // r, 1, r * L, r * L), jnp.float32, sharding=sharding)
     compiled = jax.jit(loss).lower(qkv, qkv, qkv, bias).compile()
-    total = tpu.compiler_cost(compiled)["optimal_seconds"]
-    attributed = sum(roofline.breakdown(compiled.as_text(), flops_per_s, bytes_per_s).values())
+    total, attributed = roofline.estimate_and_attributed(compiled, device)
     print(f"| {r} | {r * L} | {total * 1e6:.0f} us | {attributed * 1e6:.0f} us |", flush=True)
 
 

@@ -35,7 +35,7 @@ def main(argv):
     lanes = lambda x: x.reshape(B, L, A * D)  # noqa: E731
     return pallas_attention(lanes(q), lanes(k), lanes(v), segments, segments, heads=A, causal=False).reshape(q.shape)
 
-  sharding = jax.sharding.SingleDeviceSharding(tpu.topology_devices(args.topology)[0])
+  _, sharding = tpu.one_chip(args.topology)
   qkv = jax.ShapeDtypeStruct((128, 64, 8, 64), jnp.bfloat16, sharding=sharding)
   ids = jax.ShapeDtypeStruct((128, 64), jnp.int32, sharding=sharding)
   print("| one attention core, 128 rows x 64, bf16 | forward | forward + backward | bytes it counts (f + b) |")

@@ -82,16 +82,13 @@ def main(argv):
 
   from gshard_mt.compiler import roofline, tpu
 
-  device = tpu.topology_devices(args.topology)[0]
-  sharding = jax.sharding.SingleDeviceSharding(device)
-  flops_per_s, bytes_per_s = roofline.compiler_roofline(device)
+  device, sharding = tpu.one_chip(args.topology)
   print("| piece, forward + backward | compiler's optimal_seconds | per-instruction roofline | unattributed |")
   print("|---|---|---|---|")
   for name, (fn, shapes) in pieces(jnp, jax).items():
     args_ = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
     compiled = jax.jit(forward_backward(jax, jnp, fn, shapes)).lower(*args_).compile()
-    total = tpu.compiler_cost(compiled)["optimal_seconds"]
-    attributed = sum(roofline.breakdown(compiled.as_text(), flops_per_s, bytes_per_s).values())
+    total, attributed = roofline.estimate_and_attributed(compiled, device)
     print(f"| {name} | {total * 1e6:.0f} us | {attributed * 1e6:.0f} us | {(total - attributed) * 1e6:.0f} us |",
           flush=True)
 

@@ -209,3 +209,13 @@ def breakdown(text: str, flops_per_s: float, bytes_per_s: float) -> dict[str, fl
   for row in instruction_costs(text, flops_per_s, bytes_per_s):
     out[row["kind"]] += row["seconds"]
   return out
+
+
+def estimate_and_attributed(compiled, device) -> tuple[float, float]:
+  """(the compiler's `optimal_seconds` for a program compiled for `device`, the part of it the per-instruction
+  roofline attributes): their difference is what the compiler charges beyond FLOPs and bytes."""
+  from gshard_mt.compiler import tpu
+
+  flops_per_s, bytes_per_s = compiler_roofline(device)
+  return (tpu.compiler_cost(compiled)["optimal_seconds"],
+          sum(breakdown(compiled.as_text(), flops_per_s, bytes_per_s).values()))

@@ -48,6 +48,15 @@ def topology_devices(name: str) -> list:
     raise UserError(f"TPU topology {name!r} not accepted by libtpu: {str(e).splitlines()[0]}") from None
 
 
+def one_chip(name: str):
+  """(the first compile-only device of topology `name`, a SingleDeviceSharding on it): for estimating one chip's
+  share of a program."""
+  import jax
+
+  device = topology_devices(name)[0]
+  return device, jax.sharding.SingleDeviceSharding(device)
+
+
 def compiler_cost(compiled) -> dict[str, float]:
   """The compiler's own totals for one execution: 'flops', 'bytes accessed' (per device) and 'optimal_seconds'
   (its cost model's time, a lower bound). Each counts a loop body once, whatever its trip count."""
