@@ -15,7 +15,8 @@ bench/RESULTS.md; "" for none). Sections:
   (compiled and warmed up first; batches staged on the device beforehand): step time, real tokens/s and MFU
   (`gshard_mt.training.metrics`: the step's model FLOPs as the dry run counts them, against the device's peak
   bf16 FLOP/s), for each of the step's variants in RUNS (VARIANTS: dropout 0, rbg dropout bits, fused attention,
-  a bf16 residual stream, all of them, the layers scanned), each against its config's defaults.
+  a bf16 residual stream, all of them, the layers scanned, and for base the index dispatch with gathers for its
+  backward passes), each against its config's defaults.
 - Profile: a few training steps of each config traced by bench/profile_step.py in a process of its own (XLA's
   GPU command buffers off): device time per step by part of the model (the parts of bench/step_breakdown.py's
   TPU estimate), the matmuls' share, the idle gaps and the longest instructions.
@@ -88,9 +89,12 @@ VARIANTS = {
 }
 VARIANTS["all"] = {k: v for overrides in list(VARIANTS.values())[2:] for k, v in overrides.items()}
 VARIANTS["scanned"] = {"model.scan_layers": "True"}  # the layers in a loop (the configs unroll them)
+VARIANTS["index gather"] = {"moe.dispatch": "index_gather"}  # the MoE layer's backward gathers, no scatter-add
+MOE_ONLY = ("index gather",)
 # (config, variant) timed by the training section: every variant of the dense step (where the gap to MaxText is),
-# base's defaults, all and scanned; --small: the defaults and all of each.
-RUNS = {False: [("dense_base", v) for v in VARIANTS] + [("base", v) for v in ("defaults", "all", "scanned")],
+# base's defaults, all, scanned and index gather; --small: the defaults and all of each.
+RUNS = {False: [("dense_base", v) for v in VARIANTS if v not in MOE_ONLY] + [
+            ("base", v) for v in ("defaults", "all", "scanned", "index gather")],
         True: [(c, v) for c in CONFIGS for v in ("defaults", "all")]}
 SECTIONS = ("moe_layer", "decoding", "training", "profile")  # in the order they run
 SIZES = {False: dict(moe_repeats=20, train_warmup=3, train_steps=30, profile_steps=5, sentences=0),

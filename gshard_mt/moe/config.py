@@ -15,7 +15,8 @@ NOT_CAUSAL = ("expert_choice",)  # a token's routing depends on later tokens: ne
 NO_CAPACITY = ("dropless", "language")  # drop nothing: C = S, so only the grouped path computes no empty slot
 BALANCES = ("aux_loss", "bias")
 SECOND_EXPERT_POLICIES = ("all", "random")
-DISPATCHES = ("einsum", "index", "grouped", "shard_map")  # automatic (XLA places the all-to-alls) but shard_map
+# All automatic (XLA places the all-to-alls) but shard_map.
+DISPATCHES = ("einsum", "index", "index_gather", "grouped", "shard_map")
 ACTIVATIONS = ("relu", "gelu")
 
 

@@ -5,7 +5,8 @@ M]) -> [G, S, M]` returns the weighted expert outputs to their tokens. `combine`
 expert einsum produces (`EGCH,EHM->GECM`), so the E -> G reshard happens there.
 
 - EinsumDispatcher: the paper's one-hot einsums over the dense [G, S, E, C] tensors (the readable reference).
-- IndexDispatcher: gathers by slot index; never builds the [G, S, E, C] one-hot (same outputs and gradients).
+- IndexDispatcher: gathers by slot index; never builds the [G, S, E, C] one-hot (same outputs and gradients);
+  'index_gather' is the same with gathers for its backward passes.
 
 GroupedDispatcher has no buffers: `dispatch -> [R, M]`, one row per kept assignment in blocks by expert
 (`group_sizes` [E]: the rows of each block), for grouped matmuls over the real assignments only; `combine(y: [R,
@@ -17,11 +18,37 @@ Each takes any router's Routing (`moe.routers`): K assignments per token, K = 2 
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from gshard_mt.moe.gating import Routing
+
+
+@jax.custom_vjp
+def take_rows(x: jax.Array, index: jax.Array, readers: jax.Array) -> jax.Array:
+  """x [N, M], index int32 [...] in [0, N) -> x[index] [..., M], whose backward pass is a gather, not a
+  scatter-add.
+
+  readers int32 [N, J]: the positions r of index.reshape(-1) (R of them) with index[r] = n whose gradient reaches
+  row n, R where fewer than J do; then dx[n] = sum_j dout[readers[n, j]]. Positions that read n but are left out
+  of `readers` must get a zero gradient (a dropped assignment's, weighted 0 after the gather)."""
+  del readers
+  return x[index]
+
+
+def _take_rows_forward(x, index, readers):
+  return x[index], readers
+
+
+def _take_rows_backward(readers, dout):
+  rows = dout.reshape(-1, dout.shape[-1])
+  return jnp.take(rows, readers, axis=0, mode="fill", fill_value=0).sum(axis=1), None, None
+
+
+take_rows.defvjp(_take_rows_forward, _take_rows_backward)
 
 
 @struct.dataclass
@@ -41,9 +68,17 @@ class EinsumDispatcher:
 
 @struct.dataclass
 class IndexDispatcher:
-  """Gather/scatter by slot index: O(G·E·C·M) data movement, no dense one-hot."""
+  """Gather/scatter by slot index: O(G·E·C·M) data movement, no dense one-hot. With gather_backward=True
+  (moe.dispatch='index_gather') the gathers' backward passes are gathers too (`take_rows`: a slot holds at most
+  one token, a token sits in at most K slots) instead of XLA's scatter-adds, which were the MoE layer's longest
+  kernels in the H100 profile; on the TPU estimate they cost more (bench/RESULTS.md)."""
 
   routing: Routing
+  gather_backward: bool = struct.field(pytree_node=False, default=False)
+
+  def _take(self, x: jax.Array, index: jax.Array, readers: jax.Array) -> jax.Array:
+    """x[index] for one group; `readers` (see `take_rows`) only where the backward pass gathers."""
+    return take_rows(x, index, readers) if self.gather_backward else x[index]
 
   def _flat_slot(self, empty: int) -> jax.Array:
     """int32 [G, S, K]: e * C + c of each kept assignment, `empty` for dropped ones."""
@@ -61,15 +96,23 @@ class IndexDispatcher:
         flat, jnp.broadcast_to(token, flat.shape))
     # The zero row, not the gather's fill mode: its mask would cost an extra all-to-all when E is split.
     x_padded = jnp.concatenate([x, jnp.zeros((G, 1, M), x.dtype)], axis=1)
+    # A token's gradient gathers its K slots' (the zero row has none: E*C, past the last slot).
+    slots_of_token = jnp.concatenate([flat.reshape(G, S, K), jnp.full((G, 1, K), E * C, jnp.int32)], axis=1)
     # Per group (G stays a batch dimension for the partitioner), placed at axis 1: EGCM with no transpose after.
-    return jax.vmap(lambda xg, idx: xg[idx], out_axes=1)(x_padded, token_of_slot.reshape(G, E, C))
+    return jax.vmap(self._take, out_axes=1)(x_padded, token_of_slot.reshape(G, E, C), slots_of_token)
 
   def combine(self, y: jax.Array) -> jax.Array:
     """[G, E, C, M] -> [G, S, M]; dropped assignments carry weight 0."""
     G, E, C, M = y.shape
+    S, K = self.routing.slot.shape[1:]
     flat = self._flat_slot(empty=0)  # any valid row: its weight is 0
+    # A slot's gradient gathers from the one kept assignment in it: k*S + s, K*S (none) for an empty slot.
+    reader_of_slot = jax.vmap(lambda f: jnp.full((E * C,), K * S, jnp.int32).at[f].set(
+        jnp.arange(K * S, dtype=jnp.int32), mode="drop"))(self._flat_slot(empty=E * C).transpose(0, 2, 1).reshape(
+            G, K * S))
     # K-major [K, G, S, M]: the gathered rows are laid out as the sum over K reads them (K next to M: a relayout).
-    picked = jax.vmap(lambda yg, idx: yg[idx], out_axes=1)(y.reshape(G, E * C, M), flat.transpose(0, 2, 1))
+    picked = jax.vmap(self._take, out_axes=1)(y.reshape(G, E * C, M), flat.transpose(0, 2, 1),
+                                              reader_of_slot[..., None])
     return jnp.einsum("GSK,KGSM->GSM", self.routing.weight.astype(y.dtype), picked)
 
 
@@ -124,11 +167,12 @@ class GroupedDispatcher:
     return jnp.einsum("GSK,KGSM->GSM", self.routing.weight.astype(y.dtype), picked)
 
 
-DISPATCHERS = {"einsum": EinsumDispatcher, "index": IndexDispatcher, "grouped": GroupedDispatcher}
+DISPATCHERS = {"einsum": EinsumDispatcher, "index": IndexDispatcher,
+               "index_gather": functools.partial(IndexDispatcher, gather_backward=True), "grouped": GroupedDispatcher}
 
 
 def make_dispatcher(name: str, routing: Routing):
-  """The dispatcher called `name` ('einsum', 'index' or 'grouped') for this routing."""
+  """The dispatcher called `name` (a key of DISPATCHERS) for this routing."""
   if name not in DISPATCHERS:
     raise ValueError(f"unknown dispatch {name!r}; expected one of {tuple(DISPATCHERS)}")
   return DISPATCHERS[name](routing)

@@ -194,7 +194,7 @@ class MoeFeedForward(nn.Module):
                         balance.updated_bias(bias, routing.metrics["expert_load"], cfg.bias_update_rate))
 
     x = x.astype(self.dtype)
-    if cfg.dispatch == "grouped":  # casts the weights itself (their gradients stay in param_dtype)
+    if cfg.dispatch == "grouped":  # takes the weights in param_dtype (their gradients stay in it)
       dispatcher = dispatch_lib.GroupedDispatcher(routing)
       rows = grouped_expert_ffn(dispatcher.dispatch(x), dispatcher.group_sizes, wi, wo, cfg.activation)
       y = nn.with_logical_constraint(dispatcher.combine(rows), GSM)

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from gshard_mt.moe import gating
-from gshard_mt.moe.dispatch import EinsumDispatcher, GroupedDispatcher, IndexDispatcher, make_dispatcher
+from gshard_mt.moe.dispatch import EinsumDispatcher, GroupedDispatcher, IndexDispatcher, make_dispatcher, take_rows
 
 G, S, E, C, M = 3, 20, 5, 3, 6  # C = 3 < 2S/E: some assignments are dropped
+GATHER_BACKWARD = functools.partial(IndexDispatcher, gather_backward=True)  # moe.dispatch='index_gather'
 
 
 @functools.cache
@@ -41,7 +42,7 @@ def reference(routing, x, y):
   return dispatched, combined
 
 
-@pytest.mark.parametrize("dispatcher", [EinsumDispatcher, IndexDispatcher])
+@pytest.mark.parametrize("dispatcher", [EinsumDispatcher, IndexDispatcher, GATHER_BACKWARD])
 def test_tokens_go_to_their_slots_and_come_back_weighted(dispatcher):
   routing, x, y = routing_and_inputs()
   kept = np.asarray(routing.kept)
@@ -57,7 +58,7 @@ def test_dispatchers_agree_on_dispatched_buffers():
   np.testing.assert_allclose(IndexDispatcher(routing).combine(y), EinsumDispatcher(routing).combine(y), atol=1e-6)
 
 
-@pytest.mark.parametrize("dispatcher", [EinsumDispatcher, IndexDispatcher])
+@pytest.mark.parametrize("dispatcher", [EinsumDispatcher, IndexDispatcher, GATHER_BACKWARD])
 def test_gradients_go_back_to_their_tokens_and_slots(dispatcher):
   """The gradients of dispatch and combine by loops over the assignments: a kept assignment's slot sends its
   gradient to its token, and a token's gradient reaches its slots weighted; dropped assignments and empty slots
@@ -76,6 +77,21 @@ def test_gradients_go_back_to_their_tokens_and_slots(dispatcher):
     want_dy[g, e, c] += weight[g, s, k] * np.asarray(v)[g, s]
   np.testing.assert_allclose(dx, want_dx, atol=1e-5)
   np.testing.assert_allclose(dy, want_dy, atol=1e-5)
+
+
+def test_take_rows_gathers_its_gradient_from_the_readers_it_is_given():
+  x = jax.random.normal(jax.random.key(7), (4, 3))
+  index = jnp.array([[2, 0], [2, 3], [0, 0]], jnp.int32)  # positions 0..5 read rows 2, 0, 2, 3, 0, 0
+  every = jnp.array([[1, 4, 5], [6, 6, 6], [0, 2, 6], [3, 6, 6]], jnp.int32)  # 6 = no reader
+  dout = jax.random.normal(jax.random.key(8), (3, 2, 3))
+  np.testing.assert_array_equal(take_rows(x, index, every), x[index])
+  grad = lambda readers: jax.grad(lambda x: jnp.sum(take_rows(x, index, readers) * dout))(x)  # noqa: E731
+  np.testing.assert_allclose(grad(every), jax.grad(lambda x: jnp.sum(x[index] * dout))(x), atol=1e-6)
+  # A reader left out (position 5 of row 0, as a dropped assignment weighted 0 would be) sends nothing.
+  fewer = every.at[0, 2].set(6)
+  rows = np.asarray(dout).reshape(6, 3)
+  np.testing.assert_allclose(grad(fewer)[0], rows[1] + rows[4], atol=1e-6)
+  np.testing.assert_allclose(grad(fewer)[1:], grad(every)[1:], atol=1e-6)
 
 
 def test_grouped_rows_are_the_kept_assignments_sorted_by_expert():
@@ -116,6 +132,8 @@ def test_grouped_combine_weights_each_assignments_row():
 def test_make_dispatcher():
   routing, _, _ = routing_and_inputs()
   assert isinstance(make_dispatcher("index", routing), IndexDispatcher)
+  assert not make_dispatcher("index", routing).gather_backward
+  assert make_dispatcher("index_gather", routing).gather_backward
   assert isinstance(make_dispatcher("einsum", routing), EinsumDispatcher)
   assert isinstance(make_dispatcher("grouped", routing), GroupedDispatcher)
   with pytest.raises(ValueError, match="unknown dispatch 'scatter'"):

@@ -45,7 +45,8 @@ def loss_and_grads(dispatch, params, x, mask, **kw):
   return value, y, grads
 
 
-@pytest.mark.parametrize("dispatch,policy", [("index", "all"), ("index", "random"), ("shard_map", "random")])
+@pytest.mark.parametrize("dispatch,policy", [("index", "all"), ("index", "random"), ("index_gather", "random"),
+                                             ("shard_map", "random")])
 def test_dispatch_matches_einsum_outputs_and_gradients(dispatch, policy):
   # shard_map on one device runs its per-device program whole (8 fake devices: test_partitioning).
   x, mask, params = inputs()
@@ -134,7 +135,7 @@ def test_grouped_expert_ffn_reads_float32_weights_without_a_cast_on_tpu():
   assert cast_weights.search(program(jax.devices("cpu")[0]))
 
 
-@pytest.mark.parametrize("dispatch", ["einsum", "index", "shard_map", "grouped"])
+@pytest.mark.parametrize("dispatch", ["einsum", "index", "index_gather", "shard_map", "grouped"])
 def test_token_dropped_by_both_experts_gets_zero_output(dispatch):
   x, mask, params = inputs()
   layer = make_layer(dispatch=dispatch, eval_capacity_factor=0.125)

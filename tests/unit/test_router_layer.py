@@ -65,7 +65,7 @@ def loss_and_grads(apply):
   return jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)
 
 
-ALL = ("einsum", "index", "grouped", "shard_map")  # shard_map on one device: its per-device program, whole
+ALL = ("einsum", "index", "index_gather", "grouped", "shard_map")  # shard_map on one device: its program, whole
 CASES = {  # name: (config changes, the dispatch paths compared with the reference: all that the router takes)
     "switch": (dict(router="switch"), ALL),
     "topk3": (dict(router="topk", num_selected=3), ALL),
