@@ -76,9 +76,18 @@ class IndexDispatcher:
   routing: Routing
   gather_backward: bool = struct.field(pytree_node=False, default=False)
 
-  def _take(self, x: jax.Array, index: jax.Array, readers: jax.Array) -> jax.Array:
-    """x[index] for one group; `readers` (see `take_rows`) only where the backward pass gathers."""
-    return take_rows(x, index, readers) if self.gather_backward else x[index]
+  def _take(self, x: jax.Array, index: jax.Array, readers: jax.Array | None) -> jax.Array:
+    """x[index] for one group; `readers` (see `take_rows`) where the backward pass gathers, else None."""
+    return x[index] if readers is None else take_rows(x, index, readers)
+
+  def _slot_readers(self) -> jax.Array:
+    """int32 [G, E·C, 1]: the K-major position k*S + s of the kept assignment in each slot, K*S for an empty one."""
+    r = self.routing
+    G, S, K = r.slot.shape
+    EC = r.num_experts * r.capacity
+    kept = self._flat_slot(empty=EC).transpose(0, 2, 1).reshape(G, K * S)  # dropped ones write past the end
+    positions = jnp.arange(K * S, dtype=jnp.int32)
+    return jax.vmap(lambda f: jnp.full((EC,), K * S, jnp.int32).at[f].set(positions, mode="drop"))(kept)[..., None]
 
   def _flat_slot(self, empty: int) -> jax.Array:
     """int32 [G, S, K]: e * C + c of each kept assignment, `empty` for dropped ones."""
@@ -96,23 +105,19 @@ class IndexDispatcher:
         flat, jnp.broadcast_to(token, flat.shape))
     # The zero row, not the gather's fill mode: its mask would cost an extra all-to-all when E is split.
     x_padded = jnp.concatenate([x, jnp.zeros((G, 1, M), x.dtype)], axis=1)
-    # A token's gradient gathers its K slots' (the zero row has none: E*C, past the last slot).
-    slots_of_token = jnp.concatenate([flat.reshape(G, S, K), jnp.full((G, 1, K), E * C, jnp.int32)], axis=1)
+    # With gather_backward a token's gradient gathers its K slots' (the zero row has none: E*C, past the last slot).
+    readers = jnp.concatenate([flat.reshape(G, S, K), jnp.full((G, 1, K), E * C, jnp.int32)],
+                              axis=1) if self.gather_backward else None
     # Per group (G stays a batch dimension for the partitioner), placed at axis 1: EGCM with no transpose after.
-    return jax.vmap(self._take, out_axes=1)(x_padded, token_of_slot.reshape(G, E, C), slots_of_token)
+    return jax.vmap(self._take, out_axes=1)(x_padded, token_of_slot.reshape(G, E, C), readers)
 
   def combine(self, y: jax.Array) -> jax.Array:
     """[G, E, C, M] -> [G, S, M]; dropped assignments carry weight 0."""
     G, E, C, M = y.shape
-    S, K = self.routing.slot.shape[1:]
     flat = self._flat_slot(empty=0)  # any valid row: its weight is 0
-    # A slot's gradient gathers from the one kept assignment in it: k*S + s, K*S (none) for an empty slot.
-    reader_of_slot = jax.vmap(lambda f: jnp.full((E * C,), K * S, jnp.int32).at[f].set(
-        jnp.arange(K * S, dtype=jnp.int32), mode="drop"))(self._flat_slot(empty=E * C).transpose(0, 2, 1).reshape(
-            G, K * S))
+    readers = self._slot_readers() if self.gather_backward else None  # a slot's gradient: its one reader's
     # K-major [K, G, S, M]: the gathered rows are laid out as the sum over K reads them (K next to M: a relayout).
-    picked = jax.vmap(self._take, out_axes=1)(y.reshape(G, E * C, M), flat.transpose(0, 2, 1),
-                                              reader_of_slot[..., None])
+    picked = jax.vmap(self._take, out_axes=1)(y.reshape(G, E * C, M), flat.transpose(0, 2, 1), readers)
     return jnp.einsum("GSK,KGSM->GSM", self.routing.weight.astype(y.dtype), picked)
 
 
