@@ -80,14 +80,14 @@ class IndexDispatcher:
     """x[index] for one group; `readers` (see `take_rows`) where the backward pass gathers, else None."""
     return x[index] if readers is None else take_rows(x, index, readers)
 
-  def _slot_readers(self) -> jax.Array:
-    """int32 [G, E·C, 1]: the K-major position k*S + s of the kept assignment in each slot, K*S for an empty one."""
+  def _position_of_slot(self) -> jax.Array:
+    """int32 [G, E·C]: the assignment s*K + k kept in each slot e*C + c, S*K for an empty slot."""
     r = self.routing
     G, S, K = r.slot.shape
     EC = r.num_experts * r.capacity
-    kept = self._flat_slot(empty=EC).transpose(0, 2, 1).reshape(G, K * S)  # dropped ones write past the end
-    positions = jnp.arange(K * S, dtype=jnp.int32)
-    return jax.vmap(lambda f: jnp.full((EC,), K * S, jnp.int32).at[f].set(positions, mode="drop"))(kept)[..., None]
+    flat = self._flat_slot(empty=EC).reshape(G, S * K)  # dropped assignments write out of bounds: discarded
+    positions = jnp.arange(S * K, dtype=jnp.int32)
+    return jax.vmap(lambda f: jnp.full((EC,), S * K, jnp.int32).at[f].set(positions, mode="drop"))(flat)
 
   def _flat_slot(self, empty: int) -> jax.Array:
     """int32 [G, S, K]: e * C + c of each kept assignment, `empty` for dropped ones."""
@@ -98,15 +98,12 @@ class IndexDispatcher:
     """[G, S, M] -> [E, G, C, M]; empty slots are zeros."""
     G, S, M = x.shape
     E, C, K = self.routing.num_experts, self.routing.capacity, self.routing.slot.shape[-1]
-    flat = self._flat_slot(empty=E * C).reshape(G, -1)  # dropped assignments write out of bounds: discarded
-    token = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32)[:, None], (S, K)).reshape(1, -1)
     # token_of_slot[g, e*C + c] = s, or S (a row of zeros) when the slot is empty.
-    token_of_slot = jax.vmap(lambda f, t: jnp.full((E * C,), S, jnp.int32).at[f].set(t, mode="drop"))(
-        flat, jnp.broadcast_to(token, flat.shape))
+    token_of_slot = self._position_of_slot() // K
     # The zero row, not the gather's fill mode: its mask would cost an extra all-to-all when E is split.
     x_padded = jnp.concatenate([x, jnp.zeros((G, 1, M), x.dtype)], axis=1)
     # With gather_backward a token's gradient gathers its K slots' (the zero row has none: E*C, past the last slot).
-    readers = jnp.concatenate([flat.reshape(G, S, K), jnp.full((G, 1, K), E * C, jnp.int32)],
+    readers = jnp.concatenate([self._flat_slot(empty=E * C), jnp.full((G, 1, K), E * C, jnp.int32)],
                               axis=1) if self.gather_backward else None
     # Per group (G stays a batch dimension for the partitioner), placed at axis 1: EGCM with no transpose after.
     return jax.vmap(self._take, out_axes=1)(x_padded, token_of_slot.reshape(G, E, C), readers)
@@ -114,8 +111,12 @@ class IndexDispatcher:
   def combine(self, y: jax.Array) -> jax.Array:
     """[G, E, C, M] -> [G, S, M]; dropped assignments carry weight 0."""
     G, E, C, M = y.shape
+    S, K = self.routing.slot.shape[1:]
     flat = self._flat_slot(empty=0)  # any valid row: its weight is 0
-    readers = self._slot_readers() if self.gather_backward else None  # a slot's gradient: its one reader's
+    readers = None
+    if self.gather_backward:  # a slot's gradient is its one kept assignment's, at k*S + s in the K-major rows
+      p = self._position_of_slot()
+      readers = jnp.where(p < S * K, p % K * S + p // K, K * S)[..., None]
     # K-major [K, G, S, M]: the gathered rows are laid out as the sum over K reads them (K next to M: a relayout).
     picked = jax.vmap(self._take, out_axes=1)(y.reshape(G, E * C, M), flat.transpose(0, 2, 1), readers)
     return jnp.einsum("GSK,KGSM->GSM", self.routing.weight.astype(y.dtype), picked)
