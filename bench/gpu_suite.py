@@ -240,12 +240,10 @@ def markdown(result: dict) -> str:
            f"commit {env['commit']}, " + (f"XLA_FLAGS `{env['xla_flags']}`. " if env["xla_flags"] else "no XLA_FLAGS. ")
            + f"Command: `{result['command']}` ({result['seconds'] / 60:.1f} minutes); "
            f"JSON: `{result['json']}`.", ""]
-  moe = result.get("moe_layer", {})
-  if not moe:
-    pass  # not run (--sections), nor are the sections below that a run leaves out
-  elif "error" in moe:
+  moe = result.get("moe_layer")  # None: not run (--sections), as any section below may not be
+  if moe is not None and "error" in moe:
     lines += [f"MoE layer: failed ({moe['error']})", ""]
-  else:
+  elif moe is not None:
     s = moe["shape"]
     lines += [f"MoE layer, forward + backward: {s['tokens']:,} tokens, M={s['model_dim']}, H={s['hidden_dim']}, "
               f"E={s['experts']}, S={s['group_size']}, capacity factor {s['capacity_factor']}, {s['dtype']}, "
