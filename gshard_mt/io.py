@@ -123,11 +123,16 @@ def append_bytes(target: PathLike, data: bytes) -> None:
 
 
 def remove_tree(target: PathLike) -> None:
+  """Removes a file or a directory tree if there is one. Another process removing the same tree at the same time
+  (Orbax's clean-up of earlier saves' temporaries, in a thread of its own) is not an error: what it leaves is
+  removed on the next pass."""
   target = path(target)
-  if target.is_dir():
-    target.rmtree()
-  elif target.exists():
-    target.unlink()
+  while target.exists():
+    with contextlib.suppress(FileNotFoundError):
+      if target.is_dir():
+        target.rmtree()
+      else:
+        target.unlink()
 
 
 @contextlib.contextmanager

@@ -1,6 +1,8 @@
 """Atomic writes: the final name holds the old content or the whole new one, never a part, and no temporary is
 left behind."""
 
+import shutil
+
 import pytest
 
 from gshard_mt import io
@@ -36,6 +38,29 @@ def test_directory_atomically_leaves_the_old_one_on_an_error(tmp_path):
     raise RuntimeError("killed")
   assert (path / "model").read_text() == "old"
   assert [p.name for p in tmp_path.iterdir()] == ["tokenizer"]
+
+
+def test_remove_tree_beside_another_remover(tmp_path, monkeypatch):
+  """Orbax's clean-up thread may remove the same temporary directory at the same time: the first pass meets a
+  file gone from under it, and what is left goes on the next."""
+  tree = tmp_path / "4.orbax-checkpoint-tmp-1"
+  (tree / "state").mkdir(parents=True)
+  (tree / "state" / "a").write_text("x")
+  (tree / "b").write_text("y")
+  real, calls = shutil.rmtree, []
+
+  def raced(target, *args, **kwargs):
+    calls.append(target)
+    if len(calls) == 1:
+      (tree / "b").unlink()  # the other remover got there first
+      raise FileNotFoundError(2, "No such file or directory", str(tree / "b"))
+    real(target, *args, **kwargs)
+
+  monkeypatch.setattr(shutil, "rmtree", raced)
+  io.remove_tree(tree)
+  assert len(calls) == 2 and list(tmp_path.iterdir()) == []
+  io.remove_tree(tree)  # nothing there: nothing to do
+  assert len(calls) == 2
 
 
 def test_storage_faults_behind_wrappers_and_tensorstore():
