@@ -9,14 +9,16 @@ Writes <out>/<date>-<device>.json (default bench/results/) and appends a section
 bench/RESULTS.md; "" for none). Sections:
 
 - MoE layer: forward + backward of bench/moe_layer.py's reference shape (16,384 tokens, M=1024, H=4096, E=32,
-  S=1024, capacity factor 1.25, bf16) for every dispatch of `gshard_mt.moe.config.DISPATCHES`, each as a ratio
-  to the dense FFN of hidden 2H timed in the same process (bench/moe_layer.py's timing).
+  S=1024, capacity factor 1.25, bf16) for every dispatch of `gshard_mt.moe.config.DISPATCHES` and for the grouped
+  dispatch with the Mosaic GPU kernels (moe.grouped_kernel), each as a ratio to the dense FFN of hidden 2H timed
+  in the same process (bench/moe_layer.py's timing); then the grouped FFN alone by kernel, XLA's ragged_dot and
+  the Mosaic GPU kernels with each of MOSAIC_TILES, each checked against ragged_dot.
 - Training: the jitted train step of each config on its own packed batches of the Tatoeba-112 training split
   (compiled and warmed up first; batches staged on the device beforehand): step time, real tokens/s and MFU
   (`gshard_mt.training.metrics`: the step's model FLOPs as the dry run counts them, against the device's peak
   bf16 FLOP/s), for each of the step's variants in RUNS (VARIANTS: dropout 0, rbg dropout bits, fused attention,
   a bf16 residual stream, all of them, the layers scanned, and for base the index dispatch with gathers for its
-  backward passes), each against its config's defaults.
+  backward passes and the grouped dispatch with the Mosaic GPU kernels), each against its config's defaults.
 - Profile: a few training steps of each config traced by bench/profile_step.py in a process of its own (XLA's
   GPU command buffers off): device time per step by part of the model (the parts of bench/step_breakdown.py's
   TPU estimate), the matmuls' share, the idle gaps and the longest instructions.
@@ -63,6 +65,7 @@ from gshard_mt.data import packing, pipeline  # noqa: E402
 from gshard_mt.errors import UserError  # noqa: E402
 from gshard_mt.evaluation import decode, evaluate  # noqa: E402
 from gshard_mt.model.transformer import Transformer  # noqa: E402
+from gshard_mt.moe import grouped  # noqa: E402
 from gshard_mt.moe.config import DISPATCHES, MoeConfig  # noqa: E402
 from gshard_mt.moe.layer import MoeFeedForward  # noqa: E402
 from gshard_mt.parallel import distributed  # noqa: E402
@@ -90,19 +93,26 @@ VARIANTS = {
 VARIANTS["all"] = {k: v for overrides in list(VARIANTS.values())[2:] for k, v in overrides.items()}
 VARIANTS["scanned"] = {"model.scan_layers": "True"}  # the layers in a loop (the configs unroll them)
 VARIANTS["index gather"] = {"moe.dispatch": "index_gather"}  # the MoE layer's backward gathers, no scatter-add
-MOE_ONLY = ("index gather",)
+# Rows in blocks by expert, by the Mosaic GPU grouped matmuls (ragged_dot off a GPU).
+VARIANTS["grouped mosaic"] = {"moe.dispatch": "grouped", "moe.grouped_kernel": "mosaic_gpu"}
+MOE_ONLY = ("index gather", "grouped mosaic")
 # (config, variant) timed by the training section: every variant of the dense step (where the gap to MaxText is),
 # base's defaults, all, scanned and index gather; --small: the defaults and all of each.
 RUNS = {False: [("dense_base", v) for v in VARIANTS if v not in MOE_ONLY] + [
-            ("base", v) for v in ("defaults", "all", "scanned", "index gather")],
+            ("base", v) for v in ("defaults", "all", "scanned", "index gather", "grouped mosaic")],
         True: [(c, v) for c in CONFIGS for v in ("defaults", "all")]}
+# Tiles of the Mosaic GPU grouped matmuls that the MoE section tries (the first is the layer's own), from the
+# space that JAX's own tuning of these kernels searches.
+MOSAIC_TILES = (grouped.MosaicGpu(), grouped.MosaicGpu(grid_block_n=4), grouped.MosaicGpu(block_m=64),
+                grouped.MosaicGpu(max_concurrent_steps=6, grid_block_n=2))
 SECTIONS = ("moe_layer", "decoding", "training", "profile")  # in the order they run
 SIZES = {False: dict(moe_repeats=20, train_warmup=3, train_steps=30, profile_steps=5, sentences=0),
          True: dict(moe_repeats=3, train_warmup=1, train_steps=3, profile_steps=2, sentences=24)}
 
 
 def moe_layer_section(small: bool, repeats: int) -> dict:
-  """Forward + backward ms of the dense FFN of hidden 2H and of the MoE layer for every dispatch."""
+  """Forward + backward ms of the dense FFN of hidden 2H, of the MoE layer for every dispatch (and the grouped one
+  with the Mosaic GPU kernels), and of the grouped FFN alone by kernel and tiles."""
   sys.path.insert(0, str(ROOT / "bench"))
   import moe_layer  # bench/moe_layer.py, imported here so that a failure leaves the other sections
 
@@ -112,18 +122,55 @@ def moe_layer_section(small: bool, repeats: int) -> dict:
   useful_flops = N * 2 * 2 * (2 * M * H) * 3  # tokens x 2 experts x 2 matmuls x 2MH x (forward + backward)
   dense_ms = moe_layer.time_fwd_bwd(moe_layer.DenseFFN(2 * H, jnp.bfloat16), x, repeats)
   rows = [dict(variant="dense FFN, hidden 2H", ms=dense_ms)]
-  for dispatch in DISPATCHES:
+  on_gpu = jax.default_backend() == "gpu"  # the Mosaic GPU kernels run there only (elsewhere: ragged_dot again)
+  for dispatch, kernel in [(d, "ragged_dot") for d in DISPATCHES] + [("grouped", "mosaic_gpu")] * on_gpu:
     cfg = MoeConfig(num_experts=s["experts"], hidden_dim=H, group_size=s["group_size"], train_capacity_factor=1.25,
-                    second_expert_policy="all", dispatch=dispatch)
+                    second_expert_policy="all", dispatch=dispatch, grouped_kernel=kernel)
+    row = dict(variant=f"MoE {dispatch} dispatch", dispatch=dispatch)
     try:
-      rows.append(dict(variant=f"MoE {dispatch} dispatch", dispatch=dispatch,
-                       ms=moe_layer.time_fwd_bwd(MoeFeedForward(cfg, dtype=jnp.bfloat16), x, repeats)))
+      if dispatch == "grouped":  # the kernels it gets here (the Mosaic GPU ones on a GPU only)
+        row |= dict(kernels=repr(grouped.kernels_for(kernel, M, H, jnp.bfloat16)))
+        row["variant"] += f", {row['kernels']}"
+      rows.append(row | dict(ms=moe_layer.time_fwd_bwd(MoeFeedForward(cfg, dtype=jnp.bfloat16), x, repeats)))
     except Exception as e:  # noqa: BLE001 - one dispatch failing leaves the others' figures
-      rows.append(dict(variant=f"MoE {dispatch} dispatch", dispatch=dispatch, error=_error(e)))
+      rows.append(row | dict(error=_error(e)))
+  rows += grouped_kernel_rows(s, repeats, moe_layer.median_ms)
   for row in rows:
     if "ms" in row:
       row.update(useful_tflops=useful_flops / row["ms"] * 1e-9, ratio_to_dense=dense_ms / row["ms"])
   return dict(shape=s | dict(capacity_factor=1.25, dtype="bfloat16", repeats=repeats), rows=rows)
+
+
+def grouped_kernel_rows(s: dict, repeats: int, median_ms) -> list[dict]:
+  """The grouped FFN alone (its six grouped matmuls, forward + backward) on 2 x tokens bf16 rows in E equal
+  blocks, the useful FLOPs of the dense FFN of hidden 2H: XLA's ragged_dot, and on a GPU the Mosaic GPU kernels
+  with each of MOSAIC_TILES, each checked against ragged_dot (the largest difference of its outputs and gradients,
+  relative to the largest value of each)."""
+  R, M, H, E = 2 * s["tokens"], s["model_dim"], s["hidden_dim"], s["experts"]
+  keys = jax.random.split(jax.random.key(3), 3)
+  args = (jax.random.normal(keys[0], (R, M), jnp.bfloat16), jax.random.normal(keys[1], (E, M, H)) / M ** 0.5,
+          jax.random.normal(keys[2], (E, H, M)) / H ** 0.5)
+  sizes = jnp.full((E,), R // E, jnp.int32).at[-1].add(R % E)
+
+  def value_and_grads(kernels):
+    def loss(rows, wi, wo):
+      out = grouped.grouped_expert_ffn(rows, sizes, wi, wo, jax.nn.relu, kernels).astype(jnp.float32)
+      return jnp.sum(out ** 2) * 1e-6, out
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+
+  reference = jax.tree.leaves(value_and_grads(grouped.RaggedDot())(*args))
+  rows = []
+  for kernels in [grouped.RaggedDot()] + list(MOSAIC_TILES) * (jax.default_backend() == "gpu"):
+    row = dict(variant=f"grouped FFN alone, {kernels!r}", kernels=repr(kernels))
+    try:
+      fn = value_and_grads(kernels)
+      diff = max(float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))
+                       / jnp.maximum(jnp.max(jnp.abs(b.astype(jnp.float32))), 1e-30))
+                 for a, b in zip(jax.tree.leaves(fn(*args)), reference))
+      rows.append(row | dict(ms=median_ms(fn, args, repeats), max_rel_diff_to_ragged_dot=diff))
+    except Exception as e:  # noqa: BLE001 - tiles that do not fit (shared memory) leave the others' figures
+      rows.append(row | dict(error=_error(e)))
+  return rows
 
 
 @dataclasses.dataclass
@@ -247,11 +294,15 @@ def markdown(result: dict) -> str:
     s = moe["shape"]
     lines += [f"MoE layer, forward + backward: {s['tokens']:,} tokens, M={s['model_dim']}, H={s['hidden_dim']}, "
               f"E={s['experts']}, S={s['group_size']}, capacity factor {s['capacity_factor']}, {s['dtype']}, "
-              f"median of {s['repeats']}.", "", "| variant | ms | useful TFLOP/s | ratio to dense 2H |",
-              "|---|---|---|---|"]
+              f"median of {s['repeats']}. The grouped FFN alone: its six grouped matmuls on 2 x tokens rows in E "
+              "equal blocks, checked against ragged_dot (largest difference relative to the largest value).", "",
+              "| variant | ms | useful TFLOP/s | ratio to dense 2H | max rel. diff to ragged_dot |",
+              "|---|---|---|---|---|"]
     for r in moe["rows"]:
-      lines.append(f"| {r['variant']} | failed: {r['error']} | | |" if "error" in r else
-                   f"| {r['variant']} | {r['ms']:.2f} | {r['useful_tflops']:.1f} | {r['ratio_to_dense']:.2f} |")
+      diff = f"{r['max_rel_diff_to_ragged_dot']:.1e}" if "max_rel_diff_to_ragged_dot" in r else ""
+      lines.append(f"| {r['variant']} | failed: {r['error']} | | | |" if "error" in r else
+                   f"| {r['variant']} | {r['ms']:.2f} | {r['useful_tflops']:.1f} | {r['ratio_to_dense']:.2f} "
+                   f"| {diff} |")
     lines.append("")
   lines += ["Training step (packed Tatoeba-112 batches; tokens are real source + target tokens; the variants of "
             "`VARIANTS`, each step against its config's defaults):", "",

@@ -69,18 +69,22 @@ def loss_fn(module):
   return loss
 
 
-def time_fwd_bwd(module, x, repeats: int, warmup: int = 3) -> float:
-  """Median milliseconds of one jitted forward + backward (grads of params and inputs)."""
-  params = nn.unbox(module.init(jax.random.key(0), x))
-  step = jax.jit(jax.grad(loss_fn(module), argnums=(0, 1)))
+def median_ms(fn, args, repeats: int, warmup: int = 3) -> float:
+  """Median milliseconds of `fn(*args)` (jitted), after `warmup` calls."""
   for _ in range(warmup):
-    jax.block_until_ready(step(params, x))
+    jax.block_until_ready(fn(*args))
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
-    jax.block_until_ready(step(params, x))
+    jax.block_until_ready(fn(*args))
     times.append((time.perf_counter() - start) * 1e3)
   return statistics.median(times)
+
+
+def time_fwd_bwd(module, x, repeats: int, warmup: int = 3) -> float:
+  """Median milliseconds of one jitted forward + backward (grads of params and inputs)."""
+  params = nn.unbox(module.init(jax.random.key(0), x))
+  return median_ms(jax.jit(jax.grad(loss_fn(module), argnums=(0, 1))), (params, x), repeats, warmup)
 
 
 def estimate_fwd_bwd(module, x, mesh) -> dict:

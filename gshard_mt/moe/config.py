@@ -18,6 +18,7 @@ SECOND_EXPERT_POLICIES = ("all", "random")
 # All automatic (XLA places the all-to-alls) but shard_map.
 DISPATCHES = ("einsum", "index", "index_gather", "grouped", "shard_map")
 ACTIVATIONS = ("relu", "gelu")
+GROUPED_KERNELS = ("ragged_dot", "mosaic_gpu")  # the grouped dispatch's matmuls (moe.grouped)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +40,9 @@ class MoeConfig:
   # 'einsum' (the paper's), 'index' (gather by slot), 'grouped' (rows in blocks by expert, grouped matmuls over
   # the kept assignments only; one device: on a mesh XLA all-gathers its rows), 'shard_map' (manual all-to-alls)
   dispatch: str = "index"
+  # of 'grouped': 'ragged_dot' (XLA's jax.lax.ragged_dot; a Mosaic kernel on TPU) or 'mosaic_gpu' (JAX's Pallas
+  # Mosaic GPU kernels on a Hopper GPU, bf16; 'ragged_dot' elsewhere)
+  grouped_kernel: str = "ragged_dot"
   activation: str = "relu"
   jitter_noise: float = 0.0  # multiplicative router-input noise while training
   router_logit_cap: float = 0.0  # cap * tanh(logits / cap) when > 0
@@ -67,7 +71,7 @@ class MoeConfig:
     """Raises ConfigError naming the `moe.*` key; `used=False` (a dense model) checks only the choices."""
     for key, allowed in (("router", ROUTERS), ("decoder_router", ("",) + ROUTERS), ("balance", BALANCES),
                          ("second_expert_policy", SECOND_EXPERT_POLICIES), ("dispatch", DISPATCHES),
-                         ("activation", ACTIVATIONS)):
+                         ("activation", ACTIVATIONS), ("grouped_kernel", GROUPED_KERNELS)):
       if getattr(self, key) not in allowed:
         raise ConfigError(f"moe.{key}={getattr(self, key)!r}: expected one of {allowed}")
     for key in ("num_experts", "hidden_dim", "group_size", "min_capacity"):
@@ -97,6 +101,9 @@ class MoeConfig:
       if self.dispatch != "grouped":
         raise ConfigError(f"moe.router={name!r} has no capacity: it needs moe.dispatch='grouped' (capacity "
                           f"buffers would give every expert S slots), not {self.dispatch!r}")
+    if self.grouped_kernel != "ragged_dot" and self.dispatch != "grouped":
+      raise ConfigError(f"moe.grouped_kernel={self.grouped_kernel!r} is the grouped dispatch's: it needs "
+                        f"moe.dispatch='grouped', not {self.dispatch!r}")
     if self.balance == "bias" and self.aux_loss_weight > 0:
       raise ConfigError(f"moe.balance='bias' balances without the auxiliary loss (DeepSeek-V3): set "
                         f"moe.aux_loss_weight=0, not {self.aux_loss_weight}")

@@ -1,8 +1,8 @@
 """The GShard MoE feed-forward layer (Algorithm 2): router, gating, dispatch, expert FFNs, combine.
 
-The module only wires parameters to the pure functions of `routers` (GShard's top-2 and the others), `dispatch`
-and `expert_ffn`. Every parameter and the key activations carry logical axis names; `gshard_mt.partitioning` maps
-them onto mesh axes.
+The module only wires parameters to the pure functions of `routers` (GShard's top-2 and the others), `dispatch`,
+`expert_ffn` and `grouped` (the experts on rows in blocks by expert). Every parameter and the key activations
+carry logical axis names; `gshard_mt.partitioning` maps them onto mesh axes.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from gshard_mt.moe import balance, gating, manual, routers
+from gshard_mt.moe import balance, gating, grouped, manual, routers
 from gshard_mt.moe import dispatch as dispatch_lib
 from gshard_mt.moe.config import MoeConfig
 
@@ -46,62 +46,6 @@ def expert_ffn(expert_in: jax.Array, wi: jax.Array, wo: jax.Array, activation: s
   h = ACTIVATIONS[activation](jnp.einsum("EGCM,EMH->EGCH", expert_in, wi))
   h = nn.with_logical_constraint(h, EGCH if constrain else None)
   return nn.with_logical_constraint(jnp.einsum("EGCH,EHM->EGCM", h, wo), EGCM if constrain else None)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def grouped_expert_ffn(rows: jax.Array, group_sizes: jax.Array, wi: jax.Array, wo: jax.Array,
-                       activation: str = "relu") -> jax.Array:
-  """Each expert's FFN on its rows: rows [R, M] in blocks by expert, group_sizes [E] (summing to R), wi [E, M, H],
-  wo [E, H, M] -> [R, M], by grouped matmuls (`jax.lax.ragged_dot`: a Mosaic kernel on TPU).
-
-  On TPU the weights enter the grouped matmuls in their own dtype (float32 master weights) and the kernels round
-  them as they multiply (XLA's default precision), with no separate cast pass over the E expert matrices (0.72
-  -> 0.82 of the dense FFN on the TPU estimate, bench/RESULTS.md); elsewhere they are cast to the rows' dtype
-  first, as before (a GPU's mixed-dtype grouped matmul is unmeasured). The weight gradients leave the grouped
-  matmuls in the weights' dtype.
-  """
-  return _grouped_ffn_forward(rows, group_sizes, wi, wo, activation)[0]
-
-
-# lhs [R, X] by each group's rhs [E, X, Y]: [R, Y] (`jax.lax.ragged_dot`'s own).
-_RAGGED = jax.lax.RaggedDotDimensionNumbers((([1], [1]), ([], [])), lhs_ragged_dimensions=[0],
-                                            rhs_group_dimensions=[0])
-# lhs [R, X] and rhs [R, Y], contracted over the rows of each group: [E, X, Y] (the weight gradients).
-_RAGGED_ROWS = jax.lax.RaggedDotDimensionNumbers((([0], [0]), ([], [])), lhs_ragged_dimensions=[0],
-                                                 rhs_group_dimensions=[])
-# lhs [R, Y] by each group's rhs [E, X, Y] transposed: [R, X] (the input gradients).
-_RAGGED_TRANSPOSED = jax.lax.RaggedDotDimensionNumbers((([1], [2]), ([], [])), lhs_ragged_dimensions=[0],
-                                                       rhs_group_dimensions=[0])
-
-
-def _by_weights(x, w, group_sizes, dims):
-  """x [R, .] by the expert weights w [E, ., .] in `dims`, in x's dtype: the float32 weights as they are on TPU,
-  cast to x's dtype first elsewhere."""
-  as_they_are = lambda: jax.lax.ragged_dot_general(x, w, group_sizes, dims, preferred_element_type=x.dtype)  # noqa: E731
-  cast_first = lambda: jax.lax.ragged_dot_general(x, w.astype(x.dtype), group_sizes, dims)  # noqa: E731
-  return jax.lax.platform_dependent(tpu=as_they_are, default=cast_first)
-
-
-def _grouped_ffn_forward(rows, group_sizes, wi, wo, activation):
-  pre = _by_weights(rows, wi, group_sizes, _RAGGED)
-  h = ACTIVATIONS[activation](pre)
-  saved = None if activation == "relu" else pre  # relu's gradient needs only where h > 0: keep no [R, H] more
-  return _by_weights(h, wo, group_sizes, _RAGGED), (rows, group_sizes, saved, h, wi, wo)
-
-
-def _grouped_ffn_backward(activation, residuals, d_out):
-  rows, group_sizes, saved, h, wi, wo = residuals
-  d_wo = jax.lax.ragged_dot_general(h, d_out, group_sizes, _RAGGED_ROWS, preferred_element_type=wo.dtype)
-  d_h = _by_weights(d_out, wo, group_sizes, _RAGGED_TRANSPOSED)
-  if saved is None:
-    d_pre = jnp.where(h > 0, d_h, 0)
-  else:
-    d_pre = jax.vjp(ACTIVATIONS[activation], saved)[1](d_h)[0]
-  d_wi = jax.lax.ragged_dot_general(rows, d_pre, group_sizes, _RAGGED_ROWS, preferred_element_type=wi.dtype)
-  return _by_weights(d_pre, wi, group_sizes, _RAGGED_TRANSPOSED), None, d_wi, d_wo
-
-
-grouped_expert_ffn.defvjp(_grouped_ffn_forward, _grouped_ffn_backward)
 
 
 def groups_of(num_tokens: int, group_size: int, pad: bool = False) -> tuple[int, int]:
@@ -165,16 +109,16 @@ class MoeFeedForward(nn.Module):
     wi = self.param("wi", nn.with_logical_partitioning(expert_init, EMH), (E, M, H), self.param_dtype)
     wo = self.param("wo", nn.with_logical_partitioning(expert_init, EHM), (E, H, M), self.param_dtype)
 
-    def grouped(a):  # [B, L, M] -> [G, S, M], the last group padded
+    def in_groups(a):  # [B, L, M] -> [G, S, M], the last group padded
       return nn.with_logical_constraint(jnp.pad(a.reshape(B * L, M), ((0, pad), (0, 0))).reshape(G, S, M), GSM)
 
-    x = grouped(x)
+    x = in_groups(x)
     mask = None if padding_mask is None else padding_mask.reshape(B * L)
     if pad:
       mask = jnp.pad(jnp.ones((B * L,), bool) if mask is None else mask.astype(bool), (0, pad))
     mask = None if mask is None else mask.reshape(G, S)
     # Task-level routing reads the sentence's language, the same for all its tokens (Kudugunta et al., section 3).
-    router_in = (grouped(language) if router.reads_language else x).astype(jnp.float32)
+    router_in = (in_groups(language) if router.reads_language else x).astype(jnp.float32)
     if not deterministic and cfg.jitter_noise > 0:
       eps = cfg.jitter_noise
       router_in = router_in * jax.random.uniform(self.make_rng("gating"), router_in.shape, jnp.float32,
@@ -196,7 +140,9 @@ class MoeFeedForward(nn.Module):
     x = x.astype(self.dtype)
     if cfg.dispatch == "grouped":  # takes the weights in param_dtype (their gradients stay in it)
       dispatcher = dispatch_lib.GroupedDispatcher(routing)
-      rows = grouped_expert_ffn(dispatcher.dispatch(x), dispatcher.group_sizes, wi, wo, cfg.activation)
+      kernels = grouped.kernels_for(cfg.grouped_kernel, M, H, self.dtype)
+      rows = grouped.grouped_expert_ffn(dispatcher.dispatch(x), dispatcher.group_sizes, wi, wo,
+                                        ACTIVATIONS[cfg.activation], kernels)
       y = nn.with_logical_constraint(dispatcher.combine(rows), GSM)
     elif cfg.dispatch == "shard_map":
       y = manual.moe_shard_map(x, routing, wi.astype(self.dtype), wo.astype(self.dtype),

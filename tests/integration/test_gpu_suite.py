@@ -23,7 +23,10 @@ def test_small_suite_writes_every_section(tmp_path):
   assert result["small"] and result["environment"]["platform"] == "cpu"
 
   rows = result["moe_layer"]["rows"]
-  assert [r["dispatch"] for r in rows[1:]] == list(DISPATCHES)  # every dispatch, after the dense baseline
+  # every dispatch after the dense baseline, then the grouped FFN alone (ragged_dot only, off a GPU)
+  assert [r.get("dispatch") for r in rows[1:]] == list(DISPATCHES) + [None]
+  assert [r.get("kernels") for r in rows if "kernels" in r] == ["RaggedDot()"] * 2
+  assert rows[-1]["max_rel_diff_to_ragged_dot"] == 0.0
   assert all(r["ms"] > 0 and r["ratio_to_dense"] > 0 for r in rows)
   assert rows[0]["ratio_to_dense"] == 1.0
 

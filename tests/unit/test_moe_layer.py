@@ -1,7 +1,6 @@
 """The MoE layer: every dispatch path agrees, dropped tokens pass through, gradients reach the router, errors."""
 
 import functools
-import re
 
 import flax.linen as nn
 import jax
@@ -12,7 +11,6 @@ from jax.sharding import PartitionSpec as P
 
 from gshard_mt.errors import ConfigError
 from gshard_mt.moe import gating, manual
-from gshard_mt.moe import layer as layer_lib
 from gshard_mt.moe.config import MoeConfig
 from gshard_mt.moe.gating import expert_capacity
 from gshard_mt.moe.layer import MoeFeedForward
@@ -75,64 +73,6 @@ def test_grouped_matches_einsum_with_and_without_overflow(capacity_factor, overf
   np.testing.assert_allclose(got[1], ref[1], atol=1e-5)
   for g, r in zip(jax.tree.leaves(got[2]), jax.tree.leaves(ref[2])):
     np.testing.assert_allclose(g, r, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
-def test_grouped_expert_ffn_matches_a_loop_over_rows(activation):
-  """The grouped FFN's own gradient (float32 weights into the grouped matmuls, their gradients in the weights'
-  dtype) against autodiff of a plain loop: row i uses the weights of the expert whose block holds it."""
-  R, sizes = 12, jnp.array([3, 0, 5, 4], jnp.int32)
-  keys = jax.random.split(jax.random.key(7), 4)
-  rows = jax.random.normal(keys[0], (R, M))
-  wi, wo = jax.random.normal(keys[1], (E, M, H)) / 3, jax.random.normal(keys[2], (E, H, M)) / 4
-  d_out = jax.random.normal(keys[3], (R, M))
-  expert_of_row = np.repeat(np.arange(E), np.asarray(sizes))
-  act = layer_lib.ACTIVATIONS[activation]
-
-  def plain(rows, wi, wo):  # each row with its own expert's weights
-    h = act(jnp.einsum("RM,RMH->RH", rows, wi[expert_of_row]))
-    return jnp.einsum("RH,RHM->RM", h, wo[expert_of_row])
-
-  def grouped(rows, wi, wo):
-    return layer_lib.grouped_expert_ffn(rows, sizes, wi, wo, activation)
-
-  def value_and_vjp(f):
-    out, vjp = jax.vjp(f, rows, wi, wo)
-    return out, *vjp(d_out)
-
-  for g, r in zip(jax.jit(value_and_vjp, static_argnums=0)(grouped),
-                  jax.jit(value_and_vjp, static_argnums=0)(plain)):
-    np.testing.assert_allclose(g, r, atol=1e-5, rtol=1e-5)
-  # bf16 rows, float32 weights: outputs and row gradients in bf16, as the plain loop gives them with the weights
-  # cast first; the weight gradients in float32.
-  bf16 = jnp.bfloat16
-  rows16, d_out16 = rows.astype(bf16), d_out.astype(bf16)
-  out, *grads = jax.jit(lambda: (lambda o, vjp: (o, *vjp(d_out16)))(*jax.vjp(grouped, rows16, wi, wo)))()
-  want, *want_grads = jax.jit(lambda: (lambda o, vjp: (o, *vjp(d_out16)))(*jax.vjp(
-      lambda r, wi, wo: plain(r, wi.astype(bf16), wo.astype(bf16)), rows16, wi, wo)))()
-  assert [out.dtype, *(g.dtype for g in grads)] == [bf16, bf16, jnp.float32, jnp.float32]
-  for g, r in zip([out, *grads], [want, *want_grads]):
-    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r, np.float32), atol=0.05, rtol=0.05)
-
-
-def test_grouped_expert_ffn_reads_float32_weights_without_a_cast_on_tpu():
-  """Compiled for a TPU (libtpu's compile-only devices), the grouped matmuls read the float32 weights: no bf16
-  copy of an [E, M, H] weight is made. On the CPU the weights are cast first."""
-  from gshard_mt.compiler import tpu
-
-  E_, M_, H_, R = 4, 128, 256, 512
-  grad = jax.grad(lambda r, wi, wo, sizes: jnp.sum(layer_lib.grouped_expert_ffn(r, sizes, wi, wo).astype(
-      jnp.float32) ** 2), argnums=(0, 1, 2))
-
-  def program(device):
-    sharding = jax.sharding.SingleDeviceSharding(device)
-    shapes = [((R, M_), jnp.bfloat16), ((E_, M_, H_), jnp.float32), ((E_, H_, M_), jnp.float32), ((E_,), jnp.int32)]
-    args = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
-    return jax.jit(grad).lower(*args).compile().as_text()
-
-  cast_weights = re.compile(rf"bf16\[({E_},{M_},{H_}|{E_},{H_},{M_})\]")
-  assert not cast_weights.search(program(tpu.topology_devices("v5p:1x1x1")[0]))
-  assert cast_weights.search(program(jax.devices("cpu")[0]))
 
 
 @pytest.mark.parametrize("dispatch", ["einsum", "index", "index_gather", "shard_map", "grouped"])

@@ -1,0 +1,133 @@
+"""The experts' FFNs on rows in blocks by expert (moe.dispatch='grouped'), by grouped matmuls.
+
+rows [R, M] hold expert 0's rows, then expert 1's, ... (group_sizes [E], summing to R); wi [E, M, H], wo [E, H, M].
+Forward and backward take six grouped matmuls: x W (twice), x W^T and the weight gradients x^T y over each
+expert's rows (twice each). `moe.grouped_kernel` picks who computes them:
+
+- 'ragged_dot': XLA's `jax.lax.ragged_dot`. On TPU a Mosaic kernel, handed the float32 master weights as they
+  are (it rounds them as it multiplies: no cast pass over the E expert matrices; 0.72 -> 0.82 of the dense FFN on
+  the TPU estimate, bench/RESULTS.md). Elsewhere the weights are cast to the rows' dtype first; on GPUs XLA
+  multiplies every row by every expert's weights (0.03 of the dense FFN on an H100).
+- 'mosaic_gpu': on a Hopper GPU, JAX's Pallas Mosaic GPU kernels (`jax.experimental.pallas.ops.gpu`:
+  `ragged_dot_mgpu` for x W and x W^T, `transposed_ragged_dot_mgpu` for the weight gradients), each block of
+  rows multiplied by its own expert's weights only. They take both operands in one dtype (the weights are cast to
+  the rows' bf16 first) and write the weight gradients in it: each is rounded to bf16 once before it joins the
+  float32 weights (with 'ragged_dot' it leaves the kernel in float32). Elsewhere: 'ragged_dot'.
+
+`grouped_expert_ffn` has its own backward (a custom VJP) that calls the kernels above for the five matmuls of the
+gradient, so that no kernel's own transpose rule is needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu, transposed_ragged_dot_mgpu
+
+from gshard_mt.errors import ConfigError
+
+# lhs [R, X] by each group's rhs [E, X, Y]: [R, Y] (`jax.lax.ragged_dot`'s own).
+_RAGGED = jax.lax.RaggedDotDimensionNumbers((([1], [1]), ([], [])), lhs_ragged_dimensions=[0],
+                                            rhs_group_dimensions=[0])
+# lhs [R, Y] by each group's rhs [E, X, Y] transposed: [R, X] (the input gradients).
+_RAGGED_TRANSPOSED = jax.lax.RaggedDotDimensionNumbers((([1], [2]), ([], [])), lhs_ragged_dimensions=[0],
+                                                       rhs_group_dimensions=[0])
+# lhs [R, X] and rhs [R, Y], contracted over the rows of each group: [E, X, Y] (the weight gradients).
+_RAGGED_ROWS = jax.lax.RaggedDotDimensionNumbers((([0], [0]), ([], [])), lhs_ragged_dimensions=[0],
+                                                 rhs_group_dimensions=[])
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedDot:
+  """XLA's grouped matmuls (`jax.lax.ragged_dot_general`)."""
+
+  def by_weights(self, x: jax.Array, w: jax.Array, group_sizes: jax.Array, transpose: bool = False) -> jax.Array:
+    """x [R, X] by each block's expert weights w [E, X, Y] -> [R, Y] (w [E, Y, X] transposed with `transpose`),
+    in x's dtype: the weights as they are on TPU, cast to x's dtype first elsewhere."""
+    dims = _RAGGED_TRANSPOSED if transpose else _RAGGED
+    as_they_are = lambda: jax.lax.ragged_dot_general(x, w, group_sizes, dims, preferred_element_type=x.dtype)  # noqa: E731
+    cast_first = lambda: jax.lax.ragged_dot_general(x, w.astype(x.dtype), group_sizes, dims)  # noqa: E731
+    return jax.lax.platform_dependent(tpu=as_they_are, default=cast_first)
+
+  def by_rows(self, x: jax.Array, y: jax.Array, group_sizes: jax.Array, dtype) -> jax.Array:
+    """x [R, X] and y [R, Y] contracted over each expert's rows -> [E, X, Y] in `dtype`."""
+    return jax.lax.ragged_dot_general(x, y, group_sizes, _RAGGED_ROWS, preferred_element_type=dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicGpu:
+  """JAX's Mosaic GPU grouped matmuls (Hopper), with their tile sizes; bench/gpu_suite.py times other tiles."""
+
+  block_m: int = 128
+  block_n: int = 128
+  block_k: int = 64
+  max_concurrent_steps: int = 4
+  grid_block_n: int = 1
+
+  @property
+  def tiles(self) -> dict:
+    return dataclasses.asdict(self)
+
+  def by_weights(self, x: jax.Array, w: jax.Array, group_sizes: jax.Array, transpose: bool = False) -> jax.Array:
+    return ragged_dot_mgpu.ragged_dot(x, w.astype(x.dtype), group_sizes=group_sizes, transpose_rhs=transpose,
+                                      **self.tiles)
+
+  def by_rows(self, x: jax.Array, y: jax.Array, group_sizes: jax.Array, dtype) -> jax.Array:
+    return transposed_ragged_dot_mgpu.transposed_ragged_dot(x, y, group_sizes=group_sizes, **self.tiles).astype(dtype)
+
+  def check(self, model_dim: int, hidden_dim: int, dtype) -> None:
+    """ConfigError unless the kernels can take these shapes: the rows in bf16 or f16, M and H multiples of the
+    tiles (each kernel tiles both dimensions of every weight)."""
+    if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
+      raise ConfigError(f"moe.grouped_kernel='mosaic_gpu' multiplies bf16 or f16 rows, not {jnp.dtype(dtype).name} "
+                        "(model.dtype)")
+    step = math.lcm(self.block_m, self.block_n * self.grid_block_n, self.block_k)
+    for key, dim in (("model.emb_dim", model_dim), ("moe.hidden_dim", hidden_dim)):
+      if dim % step:
+        raise ConfigError(f"{key}={dim}: moe.grouped_kernel='mosaic_gpu' needs a multiple of {step} (its tiles)")
+
+
+def kernels_for(name: str, model_dim: int, hidden_dim: int, dtype) -> RaggedDot | MosaicGpu:
+  """The grouped matmuls of moe.grouped_kernel=`name` on this process's backend: Mosaic GPU's only on a GPU
+  (the weight-gradient kernel asks the device for its number of SMs when it is traced, so it cannot be traced
+  for a GPU elsewhere)."""
+  if name == "mosaic_gpu" and jax.default_backend() == "gpu":
+    kernels = MosaicGpu()
+    kernels.check(model_dim, hidden_dim, dtype)
+    return kernels
+  return RaggedDot()
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def grouped_expert_ffn(rows: jax.Array, group_sizes: jax.Array, wi: jax.Array, wo: jax.Array,
+                       activation: Callable = jax.nn.relu, kernels: RaggedDot | MosaicGpu = RaggedDot()) -> jax.Array:
+  """Each expert's FFN on its rows: rows [R, M] in blocks by expert, group_sizes [E] (summing to R), wi [E, M, H],
+  wo [E, H, M] -> [R, M] in the rows' dtype; the weight gradients in the weights' dtype."""
+  return _forward(rows, group_sizes, wi, wo, activation, kernels)[0]
+
+
+def _forward(rows, group_sizes, wi, wo, activation, kernels):
+  pre = kernels.by_weights(rows, wi, group_sizes)  # [R, H]
+  h = activation(pre)
+  saved = None if activation is jax.nn.relu else pre  # relu's gradient needs only where h > 0: keep no [R, H] more
+  return kernels.by_weights(h, wo, group_sizes), (rows, group_sizes, saved, h, wi, wo)
+
+
+def _backward(activation, kernels, residuals, d_out):
+  rows, group_sizes, saved, h, wi, wo = residuals
+  d_wo = kernels.by_rows(h, d_out, group_sizes, wo.dtype)  # [E, H, M]
+  d_h = kernels.by_weights(d_out, wo, group_sizes, transpose=True)  # [R, H]
+  if saved is None:
+    d_pre = jnp.where(h > 0, d_h, 0)
+  else:
+    d_pre = jax.vjp(activation, saved)[1](d_h)[0]
+  d_wi = kernels.by_rows(rows, d_pre, group_sizes, wi.dtype)  # [E, M, H]
+  return kernels.by_weights(d_pre, wi, group_sizes, transpose=True), None, d_wi, d_wo
+
+
+grouped_expert_ffn.defvjp(_forward, _backward)

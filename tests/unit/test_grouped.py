@@ -1,0 +1,170 @@
+"""The grouped FFN (moe.dispatch='grouped'): its own backward against autodiff of a plain loop over rows, with
+XLA's ragged_dot and with the Mosaic GPU kernels' calls (their contracts checked, their products computed by a
+reference here), which kernels each backend gets, and the Mosaic kernels lowered for a GPU."""
+
+import re
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gshard_mt.errors import ConfigError
+from gshard_mt.moe import grouped
+from gshard_mt.moe.layer import ACTIVATIONS
+
+M, H, E = 8, 16, 4
+SIZES = jnp.array([3, 0, 5, 4], jnp.int32)  # an expert with no rows too
+BF16 = jnp.bfloat16
+
+
+def problem(key=7):
+  """rows [R, M], wi, wo (float32) and an output gradient, R = sum(SIZES)."""
+  keys = jax.random.split(jax.random.key(key), 4)
+  R = int(SIZES.sum())
+  return (jax.random.normal(keys[0], (R, M)), jax.random.normal(keys[1], (E, M, H)) / 3,
+          jax.random.normal(keys[2], (E, H, M)) / 4, jax.random.normal(keys[3], (R, M)))
+
+
+def plain(activation, weights_dtype=None):
+  """Each row by its own expert's weights, by indexing (no grouped matmul); weights cast to `weights_dtype`."""
+  expert_of_row = np.repeat(np.arange(E), np.asarray(SIZES))
+
+  def ffn(rows, wi, wo):
+    if weights_dtype is not None:
+      wi, wo = wi.astype(weights_dtype), wo.astype(weights_dtype)
+    h = activation(jnp.einsum("RM,RMH->RH", rows, wi[expert_of_row]))
+    return jnp.einsum("RH,RHM->RM", h, wo[expert_of_row])
+  return ffn
+
+
+def value_and_grads(f, rows, wi, wo, d_out):
+  out, vjp = jax.vjp(f, rows, wi, wo)
+  return out, *vjp(d_out)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_grouped_expert_ffn_matches_a_loop_over_rows(activation):
+  """The grouped FFN's own gradient (float32 weights into the grouped matmuls, their gradients in the weights'
+  dtype) against autodiff of a plain loop: row i uses the weights of the expert whose block holds it."""
+  act = ACTIVATIONS[activation]
+  rows, wi, wo, d_out = problem()
+
+  def ffn(rows, wi, wo):
+    return grouped.grouped_expert_ffn(rows, SIZES, wi, wo, act)
+
+  for g, r in zip(jax.jit(value_and_grads, static_argnums=0)(ffn, rows, wi, wo, d_out),
+                  jax.jit(value_and_grads, static_argnums=0)(plain(act), rows, wi, wo, d_out)):
+    np.testing.assert_allclose(g, r, atol=1e-5, rtol=1e-5)
+  # bf16 rows, float32 weights: outputs and row gradients in bf16, as the plain loop gives them with the weights
+  # cast first; the weight gradients in float32.
+  got = jax.jit(value_and_grads, static_argnums=0)(ffn, rows.astype(BF16), wi, wo, d_out.astype(BF16))
+  want = jax.jit(value_and_grads, static_argnums=0)(plain(act, BF16), rows.astype(BF16), wi, wo, d_out.astype(BF16))
+  assert [g.dtype for g in got] == [BF16, BF16, jnp.float32, jnp.float32]
+  for g, r in zip(got, want):
+    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r, np.float32), atol=0.05, rtol=0.05)
+
+
+def test_grouped_expert_ffn_reads_float32_weights_without_a_cast_on_tpu():
+  """Compiled for a TPU (libtpu's compile-only devices), the grouped matmuls read the float32 weights: no bf16
+  copy of an [E, M, H] weight is made. On the CPU the weights are cast first."""
+  from gshard_mt.compiler import tpu
+
+  E_, M_, H_, R = 4, 128, 256, 512
+  grad = jax.grad(lambda r, wi, wo, sizes: jnp.sum(grouped.grouped_expert_ffn(r, sizes, wi, wo).astype(
+      jnp.float32) ** 2), argnums=(0, 1, 2))
+
+  def program(device):
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    shapes = [((R, M_), BF16), ((E_, M_, H_), jnp.float32), ((E_, H_, M_), jnp.float32), ((E_,), jnp.int32)]
+    args = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
+    return jax.jit(grad).lower(*args).compile().as_text()
+
+  cast_weights = re.compile(rf"bf16\[({E_},{M_},{H_}|{E_},{H_},{M_})\]")
+  assert not cast_weights.search(program(tpu.topology_devices("v5p:1x1x1")[0]))
+  assert cast_weights.search(program(jax.devices("cpu")[0]))
+
+
+def mosaic_references(monkeypatch) -> list:
+  """Replaces the two Mosaic GPU kernels (which run on a Hopper GPU only) by references that check what the real
+  ones check (one dtype for both operands, the tiles dividing the dimensions they tile) and compute their products
+  with XLA's ragged_dot, in the operands' dtype as the kernels write it. Returns the list of calls made."""
+  calls = []
+
+  def tiles_of(kw):
+    assert set(kw) == {"block_m", "block_n", "block_k", "max_concurrent_steps", "grid_block_n"}
+    return kw["block_m"], kw["block_n"], kw["block_k"]
+
+  def ragged_dot(lhs, rhs, *, group_sizes, transpose_rhs=False, **tiles):  # lhs [R, K] rhs [G, K, N] (or [G, N, K])
+    _, block_n, block_k = tiles_of(tiles)
+    assert lhs.dtype == rhs.dtype
+    rhs = rhs.transpose(0, 2, 1) if transpose_rhs else rhs
+    assert lhs.shape[1] % block_k == 0 and rhs.shape[2] % block_n == 0, (lhs.shape, rhs.shape, tiles)
+    calls.append(("ragged_dot", transpose_rhs))
+    return jax.lax.ragged_dot(lhs, rhs, group_sizes)
+
+  def transposed_ragged_dot(lhs, rhs, *, group_sizes, **tiles):  # lhs [R, X] rhs [R, Y] -> [G, X, Y]
+    block_m, block_n, _ = tiles_of(tiles)
+    assert lhs.dtype == rhs.dtype and lhs.shape[1] % block_m == 0 and rhs.shape[1] % block_n == 0
+    calls.append(("transposed_ragged_dot", None))
+    out = grouped.transposed_ragged_dot_mgpu.ref_transposed_ragged_dot(lhs, rhs, group_sizes)
+    return out.astype(lhs.dtype)
+
+  monkeypatch.setattr(grouped.ragged_dot_mgpu, "ragged_dot", ragged_dot)
+  monkeypatch.setattr(grouped.transposed_ragged_dot_mgpu, "transposed_ragged_dot", transposed_ragged_dot)
+  return calls
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_the_mosaic_gpu_path_matches_a_loop_over_rows(monkeypatch, activation):
+  """With the Mosaic GPU kernels' calls (references in their place): bf16 outputs and row gradients as the plain
+  loop with the weights cast first, float32 weight gradients (rounded to bf16 once, as the kernel writes them);
+  the forward calls x W twice, the backward x W^T twice and the weight-gradient kernel twice."""
+  calls = mosaic_references(monkeypatch)
+  act = ACTIVATIONS[activation]
+  rows, wi, wo, d_out = problem(8)
+  kernels = grouped.MosaicGpu(block_m=8, block_n=8, block_k=8)
+
+  def ffn(rows, wi, wo):
+    return grouped.grouped_expert_ffn(rows, SIZES, wi, wo, act, kernels)
+
+  got = jax.jit(value_and_grads, static_argnums=0)(ffn, rows.astype(BF16), wi, wo, d_out.astype(BF16))
+  want = jax.jit(value_and_grads, static_argnums=0)(plain(act, BF16), rows.astype(BF16), wi, wo, d_out.astype(BF16))
+  assert sorted(calls) == sorted([("ragged_dot", False)] * 2 + [("ragged_dot", True)] * 2
+                                 + [("transposed_ragged_dot", None)] * 2)
+  assert [g.dtype for g in got] == [BF16, BF16, jnp.float32, jnp.float32]
+  for g, r in zip(got, want):
+    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r, np.float32), atol=0.05, rtol=0.05)
+
+
+def test_which_kernels_each_backend_gets(monkeypatch):
+  assert isinstance(grouped.kernels_for("mosaic_gpu", 128, 256, BF16), grouped.RaggedDot)  # this CPU
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert grouped.kernels_for("mosaic_gpu", 128, 256, BF16) == grouped.MosaicGpu()
+  assert isinstance(grouped.kernels_for("ragged_dot", 128, 256, BF16), grouped.RaggedDot)
+  with pytest.raises(ConfigError, match=r"multiplies bf16 or f16 rows, not float32 \(model.dtype\)"):
+    grouped.kernels_for("mosaic_gpu", 128, 256, jnp.float32)
+  with pytest.raises(ConfigError, match=r"model.emb_dim=96: moe.grouped_kernel='mosaic_gpu' needs a multiple of 128"):
+    grouped.kernels_for("mosaic_gpu", 96, 256, BF16)
+  with pytest.raises(ConfigError, match=r"moe.hidden_dim=200: .* multiple of 128"):
+    grouped.kernels_for("mosaic_gpu", 128, 200, BF16)
+
+
+def test_the_mosaic_gpu_path_lowers_for_a_gpu(monkeypatch):
+  """The real kernels, forward and backward, lowered for CUDA on this CPU host (Mosaic GPU compiles each kernel
+  as it lowers): six Mosaic GPU calls and no XLA ragged_dot. The weight-gradient kernel asks the first device
+  for its SMs, which a CPU device does not have: it is told an H100's 132."""
+  gpu = types.SimpleNamespace(core_count=132)
+  fake_jax = types.SimpleNamespace(**{**vars(jax), "devices": lambda *a: [gpu]})
+  monkeypatch.setattr(grouped.transposed_ragged_dot_mgpu, "jax", fake_jax)
+  E_, M_, H_, R = 4, 128, 256, 512
+  grad = jax.grad(lambda r, wi, wo, sizes: jnp.sum(grouped.grouped_expert_ffn(
+      r, sizes, wi, wo, jax.nn.relu, grouped.MosaicGpu()).astype(jnp.float32) ** 2), argnums=(0, 1, 2))
+  args = [jax.ShapeDtypeStruct(s, d) for s, d in [((R, M_), BF16), ((E_, M_, H_), jnp.float32),
+                                                  ((E_, H_, M_), jnp.float32), ((E_,), jnp.int32)]]
+  text = jax.jit(grad).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  assert len(re.findall(r"custom_call @mosaic_gpu", text)) == 6
+  assert "chlo.ragged_dot" not in text
+  forward = jax.jit(lambda r, wi, wo, sizes: grouped.grouped_expert_ffn(r, sizes, wi, wo)).trace(*args)
+  assert "chlo.ragged_dot" in forward.lower(lowering_platforms=("cuda",)).as_text()  # what XLA's path gives
