@@ -16,9 +16,9 @@ bench/RESULTS.md; "" for none). Sections:
 - Training: the jitted train step of each config on its own packed batches of the Tatoeba-112 training split
   (compiled and warmed up first; batches staged on the device beforehand): step time, real tokens/s and MFU
   (`gshard_mt.training.metrics`: the step's model FLOPs as the dry run counts them, against the device's peak
-  bf16 FLOP/s), for each of the step's variants in RUNS (VARIANTS: dropout 0, rbg dropout bits, fused attention,
-  a bf16 residual stream, all of them, the layers scanned, and for base the index dispatch with gathers for its
-  backward passes and the grouped dispatch with the Mosaic GPU kernels), each against its config's defaults.
+  bf16 FLOP/s), for the (config, variant) pairs of RUNS, each against its config's defaults (VARIANTS: dropout 0,
+  rbg dropout bits, fused attention, a bf16 residual stream, all of them, the layers scanned, the index dispatch
+  with gathers for its backward passes, the grouped dispatch with the Mosaic GPU kernels; --runs picks others).
 - Profile: a few training steps of each config traced by bench/profile_step.py in a process of its own (XLA's
   GPU command buffers off): device time per step by part of the model (the parts of bench/step_breakdown.py's
   TPU estimate), the matmuls' share, the idle gaps and the longest instructions.
@@ -95,11 +95,12 @@ VARIANTS["scanned"] = {"model.scan_layers": "True"}  # the layers in a loop (the
 VARIANTS["index gather"] = {"moe.dispatch": "index_gather"}  # the MoE layer's backward gathers, no scatter-add
 # Rows in blocks by expert, by the Mosaic GPU grouped matmuls (ragged_dot off a GPU).
 VARIANTS["grouped mosaic"] = {"moe.dispatch": "grouped", "moe.grouped_kernel": "mosaic_gpu"}
-MOE_ONLY = ("index gather", "grouped mosaic")
-# (config, variant) timed by the training section: every variant of the dense step (where the gap to MaxText is),
-# base's defaults, all, scanned and index gather; --small: the defaults and all of each.
-RUNS = {False: [("dense_base", v) for v in VARIANTS if v not in MOE_ONLY] + [
-            ("base", v) for v in ("defaults", "all", "scanned", "index gather", "grouped mosaic")],
+# (config, variant) timed by the training section, about 30 s of compiling each with the layers unrolled, so that
+# the whole suite fits a 10-minute command: each config's defaults and all, the dense step with dropout 0 and
+# scanned, base with the index dispatch's gathers and with the Mosaic GPU grouped matmuls (each single option is
+# one --runs away); --small: the defaults and all of each.
+RUNS = {False: [("dense_base", v) for v in ("defaults", "dropout 0", "all", "scanned")] + [
+            ("base", v) for v in ("defaults", "all", "index gather", "grouped mosaic")],
         True: [(c, v) for c in CONFIGS for v in ("defaults", "all")]}
 # Tiles of the Mosaic GPU grouped matmuls that the MoE section tries (the first is the layer's own), from the
 # space that JAX's own tuning of these kernels searches.
