@@ -97,10 +97,21 @@ def kernels_for(name: str, model_dim: int, hidden_dim: int, dtype) -> RaggedDot 
   (the weight-gradient kernel asks the device for its number of SMs when it is traced, so it cannot be traced
   for a GPU elsewhere)."""
   if name == "mosaic_gpu" and jax.default_backend() == "gpu":
+    _check_hopper()
     kernels = MosaicGpu()
     kernels.check(model_dim, hidden_dim, dtype)
     return kernels
   return RaggedDot()
+
+
+def _check_hopper() -> None:
+  """ConfigError unless the first device is a Hopper GPU: the kernels' warpgroup matmuls (wgmma) are Hopper's
+  only (Blackwell has other instructions, and JAX other kernels for it)."""
+  device = jax.devices()[0]
+  capability = str(getattr(device, "compute_capability", ""))
+  if not capability.startswith("9."):
+    raise ConfigError(f"moe.grouped_kernel='mosaic_gpu' needs a Hopper GPU (compute capability 9.x); "
+                      f"{device.device_kind} has {capability or 'none'}: use moe.grouped_kernel='ragged_dot'")
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))

@@ -141,6 +141,13 @@ def test_the_mosaic_gpu_path_matches_a_loop_over_rows(monkeypatch, activation):
 def test_which_kernels_each_backend_gets(monkeypatch):
   assert isinstance(grouped.kernels_for("mosaic_gpu", 128, 256, BF16), grouped.RaggedDot)  # this CPU
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  a100 = types.SimpleNamespace(device_kind="NVIDIA A100-SXM4-80GB", compute_capability="8.0")
+  monkeypatch.setattr(jax, "devices", lambda *a: [a100])
+  with pytest.raises(ConfigError, match=r"needs a Hopper GPU \(compute capability 9.x\); NVIDIA A100-SXM4-80GB "
+                                        r"has 8.0: use moe.grouped_kernel='ragged_dot'"):
+    grouped.kernels_for("mosaic_gpu", 128, 256, BF16)
+  h100 = types.SimpleNamespace(device_kind="NVIDIA H100 80GB HBM3", compute_capability="9.0")
+  monkeypatch.setattr(jax, "devices", lambda *a: [h100])
   assert grouped.kernels_for("mosaic_gpu", 128, 256, BF16) == grouped.MosaicGpu()
   assert isinstance(grouped.kernels_for("ragged_dot", 128, 256, BF16), grouped.RaggedDot)
   with pytest.raises(ConfigError, match=r"multiplies bf16 or f16 rows, not float32 \(model.dtype\)"):
