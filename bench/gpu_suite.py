@@ -135,43 +135,12 @@ def moe_layer_section(small: bool, repeats: int) -> dict:
       rows.append(row | dict(ms=moe_layer.time_fwd_bwd(MoeFeedForward(cfg, dtype=jnp.bfloat16), x, repeats)))
     except Exception as e:  # noqa: BLE001 - one dispatch failing leaves the others' figures
       rows.append(row | dict(error=_error(e)))
-  rows += grouped_kernel_rows(s, repeats, moe_layer.median_ms)
+  kernels = [grouped.RaggedDot()] + list(MOSAIC_TILES) * (jax.default_backend() == "gpu")
+  rows += moe_layer.grouped_kernel_rows(2 * N, M, H, s["experts"], kernels, repeats)
   for row in rows:
     if "ms" in row:
       row.update(useful_tflops=useful_flops / row["ms"] * 1e-9, ratio_to_dense=dense_ms / row["ms"])
   return dict(shape=s | dict(capacity_factor=1.25, dtype="bfloat16", repeats=repeats), rows=rows)
-
-
-def grouped_kernel_rows(s: dict, repeats: int, median_ms) -> list[dict]:
-  """The grouped FFN alone (its six grouped matmuls, forward + backward) on 2 x tokens bf16 rows in E equal
-  blocks, the useful FLOPs of the dense FFN of hidden 2H: XLA's ragged_dot, and on a GPU the Mosaic GPU kernels
-  with each of MOSAIC_TILES, each checked against ragged_dot (the largest difference of its outputs and gradients,
-  relative to the largest value of each)."""
-  R, M, H, E = 2 * s["tokens"], s["model_dim"], s["hidden_dim"], s["experts"]
-  keys = jax.random.split(jax.random.key(3), 3)
-  args = (jax.random.normal(keys[0], (R, M), jnp.bfloat16), jax.random.normal(keys[1], (E, M, H)) / M ** 0.5,
-          jax.random.normal(keys[2], (E, H, M)) / H ** 0.5)
-  sizes = jnp.full((E,), R // E, jnp.int32).at[-1].add(R % E)
-
-  def value_and_grads(kernels):
-    def loss(rows, wi, wo):
-      out = grouped.grouped_expert_ffn(rows, sizes, wi, wo, jax.nn.relu, kernels).astype(jnp.float32)
-      return jnp.sum(out ** 2) * 1e-6, out
-    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
-
-  reference = jax.tree.leaves(value_and_grads(grouped.RaggedDot())(*args))
-  rows = []
-  for kernels in [grouped.RaggedDot()] + list(MOSAIC_TILES) * (jax.default_backend() == "gpu"):
-    row = dict(variant=f"grouped FFN alone, {kernels!r}", kernels=repr(kernels))
-    try:
-      fn = value_and_grads(kernels)
-      diff = max(float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))
-                       / jnp.maximum(jnp.max(jnp.abs(b.astype(jnp.float32))), 1e-30))
-                 for a, b in zip(jax.tree.leaves(fn(*args)), reference))
-      rows.append(row | dict(ms=median_ms(fn, args, repeats), max_rel_diff_to_ragged_dot=diff))
-    except Exception as e:  # noqa: BLE001 - tiles that do not fit (shared memory) leave the others' figures
-      rows.append(row | dict(error=_error(e)))
-  return rows
 
 
 @dataclasses.dataclass

@@ -37,10 +37,15 @@ import numpy as np
 
 from gshard_mt import cli
 from gshard_mt.compiler import roofline, tpu
+from gshard_mt.moe import grouped
 from gshard_mt.moe.config import MoeConfig
 from gshard_mt.moe.layer import MoeFeedForward
 from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.parallel import rules as rules_lib
+
+# bf16 rows: the grouped FFN's kernels agree with ragged_dot to about 1e-2 of the largest value (the Mosaic GPU
+# kernels also round the weight gradients to bf16 once).
+GROUPED_TOLERANCE = 2e-2
 
 
 class DenseFFN(nn.Module):
@@ -85,6 +90,46 @@ def time_fwd_bwd(module, x, repeats: int, warmup: int = 3) -> float:
   """Median milliseconds of one jitted forward + backward (grads of params and inputs)."""
   params = nn.unbox(module.init(jax.random.key(0), x))
   return median_ms(jax.jit(jax.grad(loss_fn(module), argnums=(0, 1))), (params, x), repeats, warmup)
+
+
+def grouped_kernel_rows(rows: int, M: int, H: int, E: int, kernels: list, repeats: int) -> list[dict]:
+  """The grouped FFN alone (`gshard_mt.moe.grouped`: its six grouped matmuls, forward + backward) on about `rows`
+  bf16 rows in E uneven blocks, one of them empty, the rows a multiple of no tile: ms for each of `kernels`, each
+  checked against XLA's ragged_dot (the largest difference of its output and gradients relative to the largest
+  value of each; over GROUPED_TOLERANCE the row is marked failed)."""
+  R = rows - 37
+  weights = np.random.default_rng(0).uniform(0.5, 1.5, E)
+  weights[E // 2] = 0
+  sizes = np.floor(R * weights / weights.sum()).astype(np.int32)
+  sizes[-1] += R - sizes.sum()
+  keys = jax.random.split(jax.random.key(3), 3)
+  args = (jax.random.normal(keys[0], (R, M), jnp.bfloat16), jax.random.normal(keys[1], (E, M, H)) / M ** 0.5,
+          jax.random.normal(keys[2], (E, H, M)) / H ** 0.5)
+
+  def value_and_grads(kernel):
+    def loss(rows, wi, wo):
+      out = grouped.grouped_expert_ffn(rows, jnp.asarray(sizes), wi, wo, jax.nn.relu, kernel).astype(jnp.float32)
+      return jnp.sum(out ** 2) * 1e-6, out
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+
+  def relative(a, b):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+  reference = jax.tree.leaves(value_and_grads(grouped.RaggedDot())(*args))
+  out = []
+  for kernel in kernels:
+    row = dict(variant=f"grouped FFN alone, {kernel!r}", kernels=repr(kernel), rows=R)
+    try:
+      fn = value_and_grads(kernel)
+      diff = max(relative(a, b) for a, b in zip(jax.tree.leaves(fn(*args)), reference))
+      row |= dict(max_rel_diff_to_ragged_dot=diff)
+      if diff > GROUPED_TOLERANCE:
+        row |= dict(error=f"differs from ragged_dot by {diff:.1e} (over {GROUPED_TOLERANCE})")
+      out.append(row | dict(ms=median_ms(fn, args, repeats)))
+    except Exception as e:  # noqa: BLE001 - tiles that do not fit (shared memory) leave the others' figures
+      out.append(row | dict(error=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"))
+  return out
 
 
 def estimate_fwd_bwd(module, x, mesh) -> dict:

@@ -21,13 +21,17 @@ from gshard_mt import cli  # noqa: E402
 CONFIG, CHIPS = "configs/dense_base.py", 4  # its batch over v5p:2x2x1's chips (data=4)
 
 
+def dense_base():
+  from gshard_mt import config as config_lib
+  return config_lib.load(ROOT / CONFIG)
+
+
 def pieces(jnp, jax):
   """{name: (function, argument shapes and dtypes)} of the step's pieces, each differentiated where it trains, at
   CONFIG's shapes on one of CHIPS chips."""
-  from gshard_mt import config as config_lib
   from gshard_mt.model.pallas_attention import pallas_attention
 
-  c = config_lib.load(ROOT / CONFIG)
+  c = dense_base()
   B, L, T, M, F = c.batch_size // CHIPS, c.data.max_length, c.data.max_target_length, c.model.emb_dim, c.model.mlp_dim
   A, D, V = c.model.num_heads, c.model.head_dim, c.data.vocab_size
 
@@ -67,6 +71,19 @@ def pieces(jnp, jax):
   }
 
 
+def matmul_chains(jnp, rows: int, widths, length: int = 8):
+  """{(K, N): (function, shapes, FLOPs)}: `length` matmuls of [rows, K] by [K, N] weights in a chain (N -> K by the
+  transpose when K != N), each weight offset by its index so that no two are the same: the compiler's charge per
+  matmul at the step's widths, away from any other work."""
+  bf16 = jnp.bfloat16
+  def chain(x, w):
+    for i in range(length):
+      x = x @ ((w + i) if i % 2 == 0 or w.shape[0] == w.shape[1] else (w + i).T)
+    return x
+
+  return {(K, N): (chain, [((rows, K), bf16), ((K, N), bf16)], 2 * rows * K * N * length) for K, N in widths}
+
+
 def forward_backward(jax, jnp, fn, shapes):
   """The gradient of sum(fn(...)^2) with respect to fn's floating-point arguments: one piece's training work."""
   floating = tuple(i for i, (_, dtype) in enumerate(shapes) if jnp.issubdtype(dtype, jnp.floating))
@@ -90,6 +107,16 @@ def main(argv):
     compiled = jax.jit(forward_backward(jax, jnp, fn, shapes)).lower(*args_).compile()
     total, attributed = roofline.estimate_and_attributed(compiled, device)
     print(f"| {name} | {total * 1e6:.0f} us | {attributed * 1e6:.0f} us | {(total - attributed) * 1e6:.0f} us |",
+          flush=True)
+  peak = roofline.compiler_roofline(device)[0]
+  c = dense_base()
+  rows, M, F, V = c.batch_size // CHIPS * c.data.max_length, c.model.emb_dim, c.model.mlp_dim, c.data.vocab_size
+  print(f"\n| a chain of 8 matmuls of {rows} rows, K x N | compiler's charge per matmul | its FLOP/s | of the peak |")
+  print("|---|---|---|---|")
+  for (K, N), (fn, shapes, flops) in matmul_chains(jnp, rows, [(M, M), (M, F), (M, V)]).items():
+    args_ = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
+    total = tpu.compiler_cost(jax.jit(fn).lower(*args_).compile())["optimal_seconds"]
+    print(f"| {K} x {N} | {total / 8 * 1e6:.1f} us | {flops / total / 1e12:.0f} T | {flops / total / peak:.0%} |",
           flush=True)
 
 

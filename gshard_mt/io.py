@@ -122,17 +122,22 @@ def append_bytes(target: PathLike, data: bytes) -> None:
     write_atomically(target, (target.read_bytes() if target.exists() else b"") + data)
 
 
-def remove_tree(target: PathLike) -> None:
+def remove_tree(target: PathLike, passes: int = 3) -> None:
   """Removes a file or a directory tree if there is one. Another process removing the same tree at the same time
   (Orbax's clean-up of earlier saves' temporaries, in a thread of its own) is not an error: what it leaves is
-  removed on the next pass."""
+  removed on the next pass, up to `passes`; a tree still there after them raises the last pass's error."""
   target = path(target)
-  while target.exists():
-    with contextlib.suppress(FileNotFoundError):
+  for attempt in range(passes):
+    if not target.exists():
+      return
+    try:
       if target.is_dir():
         target.rmtree()
       else:
         target.unlink()
+    except FileNotFoundError:
+      if attempt == passes - 1:
+        raise
 
 
 @contextlib.contextmanager

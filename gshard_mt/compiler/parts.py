@@ -23,15 +23,20 @@ PARTS = (
     ("XLA's own: loop buffers, copies", lambda f, op, code: not op and not f.strip(":")),
     ("optimizer, gradient norm, finite check", lambda f, op, code: "Transformer" not in op
      or f.split(":")[0] in ("numerics.py", "_clipping.py", "_tree_math.py", "factorized.py")),
-    ("MoE expert matmuls", lambda f, op, code: "/moe/" in op and ("EGCM,EMH" in op or "EGCH,EHM" in op)),
+    # The capacity paths' einsums, and the grouped dispatch's matmuls (their frames in moe/grouped.py: XLA's
+    # ragged_dot in its lambdas, the Mosaic GPU kernels, named only 'body', in by_weights and by_rows).
+    ("MoE expert matmuls", lambda f, op, code: "/moe/" in op and ("EGCM,EMH" in op or "EGCH,EHM" in op or f in (
+        "grouped.py:<lambda>", "grouped.py:by_weights", "grouped.py:by_rows"))),
     ("MoE router, gating, dispatch, combine", lambda f, op, code: "/moe/" in op),
     ("dropout", lambda f, op, code: "Dropout" in op or "/dropout/" in op),
     ("attention", lambda f, op, code: "attention" in op),
     ("dense FFN", lambda f, op, code: "/ffn/" in op),
     ("layer norms, residuals, embeddings, rest", lambda f, op, code: True),
 )
-# Library matmuls that a custom call names: cuBLAS / cuBLASLt, CUTLASS, grouped matmuls (ragged_dot, megablox).
-_MATMUL_CALL = re.compile(r'custom_call_target="[^"]*(?:gemm|matmul|cublas|cutlass|ragged|gmm)', re.IGNORECASE)
+# Library matmuls that a custom call names: cuBLAS / cuBLASLt, CUTLASS, grouped matmuls (ragged_dot, megablox,
+# and the Mosaic GPU kernels, the only Mosaic GPU calls of a step).
+_MATMUL_CALL = re.compile(r'custom_call_target="[^"]*(?:gemm|matmul|cublas|cutlass|ragged|gmm|mosaic_gpu)',
+                          re.IGNORECASE)
 _CALLS = re.compile(r"calls=%?([\w.\-]+)")
 
 

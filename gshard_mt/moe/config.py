@@ -18,7 +18,7 @@ SECOND_EXPERT_POLICIES = ("all", "random")
 # All automatic (XLA places the all-to-alls) but shard_map.
 DISPATCHES = ("einsum", "index", "index_gather", "grouped", "shard_map")
 ACTIVATIONS = ("relu", "gelu")
-GROUPED_KERNELS = ("ragged_dot", "mosaic_gpu")  # the grouped dispatch's matmuls (moe.grouped)
+GROUPED_KERNELS = ("ragged_dot", "mosaic_gpu")  # the grouped dispatch's matmuls (moe/grouped.py)
 
 
 @dataclasses.dataclass(frozen=True)

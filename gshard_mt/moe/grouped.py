@@ -11,10 +11,10 @@ expert's rows (twice each). `moe.grouped_kernel` picks who computes them:
 - 'mosaic_gpu': on a Hopper GPU, JAX's Pallas Mosaic GPU kernels (`jax.experimental.pallas.ops.gpu`:
   `ragged_dot_mgpu` for x W and x W^T, `transposed_ragged_dot_mgpu` for the weight gradients), each block of
   rows multiplied by its own expert's weights only. They take both operands in one dtype (the weights are cast to
-  the rows' bf16 first) and write the weight gradients in it: each is rounded to bf16 once before it joins the
-  float32 weights (with 'ragged_dot' it leaves the kernel in float32). Elsewhere: 'ragged_dot'.
+  the rows' dtype first) and write the weight gradients in it: each is rounded to that dtype (bf16) once before
+  it joins the float32 weights (with 'ragged_dot' it leaves the kernel in float32). Elsewhere: 'ragged_dot'.
 
-`grouped_expert_ffn` has its own backward (a custom VJP) that calls the kernels above for the five matmuls of the
+`grouped_expert_ffn` has its own backward (a custom VJP) that calls the kernels above for the four matmuls of the
 gradient, so that no kernel's own transpose rule is needed.
 """
 
@@ -74,19 +74,22 @@ class MosaicGpu:
     return dataclasses.asdict(self)
 
   def by_weights(self, x: jax.Array, w: jax.Array, group_sizes: jax.Array, transpose: bool = False) -> jax.Array:
+    """As RaggedDot.by_weights; the weights cast to x's dtype first (the kernel takes one dtype)."""
     return ragged_dot_mgpu.ragged_dot(x, w.astype(x.dtype), group_sizes=group_sizes, transpose_rhs=transpose,
                                       **self.tiles)
 
   def by_rows(self, x: jax.Array, y: jax.Array, group_sizes: jax.Array, dtype) -> jax.Array:
+    """As RaggedDot.by_rows; the kernel writes x's dtype, cast to `dtype` after."""
     return transposed_ragged_dot_mgpu.transposed_ragged_dot(x, y, group_sizes=group_sizes, **self.tiles).astype(dtype)
 
   def check(self, model_dim: int, hidden_dim: int, dtype) -> None:
     """ConfigError unless the kernels can take these shapes: the rows in bf16 or f16, M and H multiples of the
-    tiles (each kernel tiles both dimensions of every weight)."""
+    tiles (each of M and H is a contracted dimension (block_k), an output one (block_n) and the weight-gradient
+    kernel's row one (block_m) in some call; the rows R may be any number)."""
     if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
       raise ConfigError(f"moe.grouped_kernel='mosaic_gpu' multiplies bf16 or f16 rows, not {jnp.dtype(dtype).name} "
                         "(model.dtype)")
-    step = math.lcm(self.block_m, self.block_n * self.grid_block_n, self.block_k)
+    step = math.lcm(self.block_m, self.block_n, self.block_k)
     for key, dim in (("model.emb_dim", model_dim), ("moe.hidden_dim", hidden_dim)):
       if dim % step:
         raise ConfigError(f"{key}={dim}: moe.grouped_kernel='mosaic_gpu' needs a multiple of {step} (its tiles)")
@@ -117,8 +120,9 @@ def _check_hopper() -> None:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
 def grouped_expert_ffn(rows: jax.Array, group_sizes: jax.Array, wi: jax.Array, wo: jax.Array,
                        activation: Callable = jax.nn.relu, kernels: RaggedDot | MosaicGpu = RaggedDot()) -> jax.Array:
-  """Each expert's FFN on its rows: rows [R, M] in blocks by expert, group_sizes [E] (summing to R), wi [E, M, H],
-  wo [E, H, M] -> [R, M] in the rows' dtype; the weight gradients in the weights' dtype."""
+  """Each expert's FFN on its rows: rows [R, M] in blocks by expert, group_sizes [E] (summing to R: the Mosaic GPU
+  kernel leaves rows past the groups unwritten), wi [E, M, H], wo [E, H, M] -> [R, M] in the rows' dtype; the
+  weight gradients in the weights' dtype."""
   return _forward(rows, group_sizes, wi, wo, activation, kernels)[0]
 
 

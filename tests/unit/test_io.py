@@ -61,6 +61,16 @@ def test_remove_tree_beside_another_remover(tmp_path, monkeypatch):
   assert len(calls) == 2 and list(tmp_path.iterdir()) == []
   io.remove_tree(tree)  # nothing there: nothing to do
   assert len(calls) == 2
+  tree.mkdir()
+
+  def never(target, *args, **kwargs):  # a backend that fails without removing anything: no endless loop
+    calls.append(target)
+    raise FileNotFoundError(2, "No such file or directory", str(target))
+
+  monkeypatch.setattr(shutil, "rmtree", never)
+  with pytest.raises(FileNotFoundError):
+    io.remove_tree(tree)
+  assert len(calls) == 5
 
 
 def test_storage_faults_behind_wrappers_and_tensorstore():

@@ -27,6 +27,15 @@ def test_part_of(op_name, part):
   assert parts.part_of(("/x/gshard_mt/model/layers.py", "f"), op_name, "fusion") == part
 
 
+@pytest.mark.parametrize("frame", [("/x/gshard_mt/moe/grouped.py", "<lambda>"), ("/x/gshard_mt/moe/grouped.py",
+                                                                                "by_rows")])
+def test_the_grouped_matmuls_are_expert_matmuls(frame):
+  # XLA's ragged_dot and the Mosaic GPU kernels (whose operation is named 'body') by their frame in moe/grouped.py
+  assert parts.part_of(frame, f"{STEP}/layer_1/moe/body/mpmd_map", "custom-call") == "MoE expert matmuls"
+  assert parts.part_of(("/x/gshard_mt/moe/grouped.py", "_forward"), f"{STEP}/layer_1/moe/max",
+                       "fusion") == "MoE router, gating, dispatch, combine"  # the activation between them
+
+
 def test_collectives_by_opcode():
   assert parts.part_of(("", ""), f"{STEP}/layer_1/moe/x", "all-to-all") == "collectives"
 

@@ -20,3 +20,12 @@ def test_every_piece_traces_forward_and_backward():
     grads = jax.eval_shape(step_pieces.forward_backward(jax, jnp, fn, shapes), *args)
     floating = [shape for shape, dtype in shapes if dtype != jnp.int32]
     assert [g.shape for g in grads] == floating, name
+
+
+def test_matmul_chains_count_their_flops():
+  chains = step_pieces.matmul_chains(jnp, 64, [(32, 32), (32, 96)], length=4)
+  for (K, N), (fn, shapes, flops) in chains.items():
+    args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in shapes]
+    assert jax.eval_shape(fn, *args).shape == (64, K if K != N else N)
+    cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+    assert flops == 2 * 64 * K * N * 4 <= cost["flops"] < 1.05 * flops  # XLA's count adds the weights' offsets
