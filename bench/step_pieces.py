@@ -5,6 +5,10 @@ configs/dense_base.py's layers on its per-chip batch (128 rows of 64 source / 40
 compiler charges beyond FLOPs and bytes, the "unattributed" of bench/step_breakdown.py.
 
   python bench/step_pieces.py [--topology v5p:2x2x1]
+
+Then two tables of the compiler's charge away from any other work: a chain of matmuls at the step's widths (its
+FLOP/s against the compiler's own peak), and row sums over M at the step's row counts, read in float32 or bf16
+(against their bytes at the compiler's bandwidth).
 """
 
 from __future__ import annotations
@@ -84,6 +88,16 @@ def matmul_chains(jnp, rows: int, widths, length: int = 8):
   return {(K, N): (chain, [((rows, K), bf16), ((K, N), bf16)], 2 * rows * K * N * length) for K, N in widths}
 
 
+def row_sums(jnp, M: int, rows_list) -> dict:
+  """{(rows, dtype name): (function, shapes, bytes read)}: the sum over M of each row of [rows, M], read in the
+  given dtype and summed in float32, as a layer norm's statistics or the loss's reductions are."""
+  def row_sum(x):
+    return jnp.sum(x.astype(jnp.float32), axis=-1)
+
+  return {(rows, jnp.dtype(dtype).name): (row_sum, [((rows, M), dtype)], rows * M * jnp.dtype(dtype).itemsize)
+          for rows in rows_list for dtype in (jnp.float32, jnp.bfloat16)}
+
+
 def forward_backward(jax, jnp, fn, shapes):
   """The gradient of sum(fn(...)^2) with respect to fn's floating-point arguments: one piece's training work."""
   floating = tuple(i for i, (_, dtype) in enumerate(shapes) if jnp.issubdtype(dtype, jnp.floating))
@@ -118,6 +132,13 @@ def main(argv):
     total = tpu.compiler_cost(jax.jit(fn).lower(*args_).compile())["optimal_seconds"]
     print(f"| {K} x {N} | {total / 8 * 1e6:.1f} us | {flops / total / 1e12:.0f} T | {flops / total / peak:.0%} |",
           flush=True)
+  bandwidth = roofline.compiler_roofline(device)[1]
+  print(f"\n| row sums over M={M}: rows, dtype read | compiler's charge | its bytes at the bandwidth |\n|---|---|---|")
+  for (n, dtype), (fn, shapes, nbytes) in row_sums(jnp, M, [c.batch_size // CHIPS * c.data.max_target_length,
+                                                           rows, 4 * rows]).items():
+    args_ = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
+    total = tpu.compiler_cost(jax.jit(fn).lower(*args_).compile())["optimal_seconds"]
+    print(f"| {n}, {dtype} | {total * 1e6:.1f} us | {nbytes / bandwidth * 1e6:.1f} us |", flush=True)
 
 
 if __name__ == "__main__":

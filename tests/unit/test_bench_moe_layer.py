@@ -4,9 +4,6 @@ failed, not timed as if it were right."""
 import dataclasses
 import sys
 
-import jax
-import jax.numpy as jnp
-
 from gshard_mt.moe import grouped
 from tests.helpers import ROOT
 

@@ -29,3 +29,12 @@ def test_matmul_chains_count_their_flops():
     assert jax.eval_shape(fn, *args).shape == (64, K if K != N else N)
     cost = jax.jit(fn).lower(*args).compile().cost_analysis()
     assert flops == 2 * 64 * K * N * 4 <= cost["flops"] < 1.05 * flops  # XLA's count adds the weights' offsets
+
+
+def test_row_sums_read_their_bytes():
+  sums = step_pieces.row_sums(jnp, 8, [4, 16])
+  assert sorted(sums) == [(4, "bfloat16"), (4, "float32"), (16, "bfloat16"), (16, "float32")]
+  fn, [(shape, dtype)], nbytes = sums[(16, "bfloat16")]
+  assert shape == (16, 8) and nbytes == 16 * 8 * 2
+  x = jnp.arange(128, dtype=dtype).reshape(shape)
+  assert fn(x).dtype == jnp.float32 and float(fn(x)[1]) == sum(range(8, 16))
