@@ -4,9 +4,11 @@ configs/base.py and configs/dense_base.py, and beam-4 decoding of the test split
   make bench-gpu                       # = python bench/gpu_suite.py, on a GPU machine (minutes: see README)
   python bench/gpu_suite.py --sections training --runs dense_base:defaults,dense_base:scanned   # some steps only
   python bench/gpu_suite.py --small --out /tmp/suite --results_md ""   # the same code at CPU sizes (a minute)
+  python bench/gpu_suite.py --from_json bench/results/<date>-<device>.json   # the section of a run a limit stopped
 
-Writes <out>/<date>-<device>.json (default bench/results/) and appends a section to --results_md (default
-bench/RESULTS.md; "" for none). Sections:
+Writes <out>/<date>-<device>.json (default bench/results/; again after each section and each training step, with
+"finished": false until the end) and appends a section to --results_md (default bench/RESULTS.md; "" for none).
+Sections:
 
 - MoE layer: forward + backward of bench/moe_layer.py's reference shape (16,384 tokens, M=1024, H=4096, E=32,
   S=1024, capacity factor 1.25, bf16) for every dispatch of `gshard_mt.moe.config.DISPATCHES` and for the grouped
@@ -59,7 +61,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from gshard_mt import cli, gpu_flags  # noqa: E402
+from gshard_mt import cli, gpu_flags, io  # noqa: E402
 from gshard_mt import config as config_lib  # noqa: E402
 from gshard_mt.data import packing, pipeline  # noqa: E402
 from gshard_mt.errors import UserError  # noqa: E402
@@ -255,7 +257,8 @@ def markdown(result: dict) -> str:
   lines = [f"## Accelerator suite: {env['device']} ({env['date']})", "",
            f"{env['device_count']} x {env['device']} ({env['platform']}), JAX {env['jax']}, flax {env['flax']}, "
            f"commit {env['commit']}, " + (f"XLA_FLAGS `{env['xla_flags']}`. " if env["xla_flags"] else "no XLA_FLAGS. ")
-           + f"Command: `{result['command']}` ({result['seconds'] / 60:.1f} minutes); "
+           + f"Command: `{result['command']}` ({result['seconds'] / 60:.1f} minutes"
+           + ("" if result.get("finished", True) else ", stopped before the end: the sections below ran") + "); "
            f"JSON: `{result['json']}`.", ""]
   moe = result.get("moe_layer")  # None: not run (--sections), as any section below may not be
   if moe is not None and "error" in moe:
@@ -326,7 +329,16 @@ def main(argv) -> int:
   parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated, of " + ",".join(SECTIONS))
   parser.add_argument("--runs", default="", help="the training section's config:variant pairs, comma-separated "
                       "(default: RUNS), e.g. dense_base:defaults,dense_base:scanned")
+  parser.add_argument("--from_json", default="", help="write the markdown of a JSON this suite wrote (one a time "
+                      "limit stopped, say) to --results_md, and run nothing")
   args = parser.parse_args(argv)
+  if args.from_json:
+    section = markdown(json.loads(pathlib.Path(args.from_json).read_text()))
+    if args.results_md:
+      with open(args.results_md, "a") as f:
+        f.write("\n" + section)
+    print(section)
+    return 0
   sections = args.sections.split(",")
   runs = [tuple(run.split(":", 1)) for run in args.runs.split(",") if run] or RUNS[args.small]
   for section in sections:
@@ -345,26 +357,37 @@ def main(argv) -> int:
   start = time.perf_counter()
   sizes = SIZES[args.small]
   result = dict(environment=environment(), small=args.small,
-                command=shlex.join(["python", "bench/gpu_suite.py", *argv]))
-  with tempfile.TemporaryDirectory() as workdir:  # the tokenizer, trained once for both configs
-    prepared = functools.cache(functools.partial(prepare, small=args.small, workdir=pathlib.Path(workdir)))
-    if "moe_layer" in sections:
-      result["moe_layer"] = run_section(moe_layer_section, args.small, sizes["moe_repeats"])
-    if "decoding" in sections:
-      result["decoding"] = run_section(decoding_section, prepared, sizes["sentences"])
-    if "training" in sections:
-      result["training"] = [{"config": f"configs/{name}.py", "variant": variant} | run_section(
-          training_section, prepared, name, variant, sizes["train_warmup"], sizes["train_steps"])
-          for name, variant in runs]
-    if "profile" in sections:
-      result["profile"] = [{"config": f"configs/{name}.py"} | run_section(
-          profile_section, args.small, name, sizes["train_warmup"], sizes["profile_steps"]) for name in CONFIGS]
-  result["seconds"] = time.perf_counter() - start
+                command=shlex.join(["python", "bench/gpu_suite.py", *argv]), finished=False)
   env = result["environment"]
   path = pathlib.Path(args.out) / f"{env['date']}-{slug(env['device'])}{'-small' if args.small else ''}.json"
   result["json"] = os.path.relpath(path, ROOT) if path.resolve().is_relative_to(ROOT) else str(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+
+  def save(**done):
+    """The JSON with what has run so far (finished=False until the end), written again after each section and
+    each training step: a run stopped by a time limit keeps its figures."""
+    result.update(done, seconds=time.perf_counter() - start)
+    io.write_atomically(path, json.dumps(result, indent=2, default=str) + "\n")
+
+  with tempfile.TemporaryDirectory() as workdir:  # the tokenizer, trained once for both configs
+    prepared = functools.cache(functools.partial(prepare, small=args.small, workdir=pathlib.Path(workdir)))
+    if "moe_layer" in sections:
+      save(moe_layer=run_section(moe_layer_section, args.small, sizes["moe_repeats"]))
+    if "decoding" in sections:
+      save(decoding=run_section(decoding_section, prepared, sizes["sentences"]))
+    if "training" in sections:
+      result["training"] = []
+      for name, variant in runs:
+        result["training"].append({"config": f"configs/{name}.py", "variant": variant} | run_section(
+            training_section, prepared, name, variant, sizes["train_warmup"], sizes["train_steps"]))
+        save()
+    if "profile" in sections:
+      result["profile"] = []
+      for name in CONFIGS:
+        result["profile"].append({"config": f"configs/{name}.py"} | run_section(
+            profile_section, args.small, name, sizes["train_warmup"], sizes["profile_steps"]))
+        save()
+  save(finished=True)
   section = markdown(result)
   if args.results_md:
     with open(args.results_md, "a") as f:

@@ -20,7 +20,7 @@ def test_small_suite_writes_every_section(tmp_path):
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   [path] = (tmp_path / "results").glob("*-cpu-small.json")
   result = json.loads(path.read_text())
-  assert result["small"] and result["environment"]["platform"] == "cpu"
+  assert result["small"] and result["environment"]["platform"] == "cpu" and result["finished"]
 
   rows = result["moe_layer"]["rows"]
   # every dispatch after the dense baseline, then the grouped FFN alone (ragged_dot only, off a GPU)
