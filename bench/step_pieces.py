@@ -125,12 +125,14 @@ def main(argv):
   peak = roofline.compiler_roofline(device)[0]
   c = dense_base()
   rows, M, F, V = c.batch_size // CHIPS * c.data.max_length, c.model.emb_dim, c.model.mlp_dim, c.data.vocab_size
-  print(f"\n| a chain of 8 matmuls of {rows} rows, K x N | compiler's charge per matmul | its FLOP/s | of the peak |")
+  print(f"\n| a chain of 8 matmuls of {rows} rows, K x N | compiler's charge per matmul | its FLOP/s | of its peak |")
   print("|---|---|---|---|")
-  for (K, N), (fn, shapes, flops) in matmul_chains(jnp, rows, [(M, M), (M, F), (M, V)]).items():
+  chains = [(f"{K} x {N}", 8, chain) for (K, N), chain in matmul_chains(jnp, rows, [(M, M), (M, F), (M, V)]).items()]
+  chains.append((f"{M} x {M}, one matmul alone", 1, matmul_chains(jnp, rows, [(M, M)], length=1)[(M, M)]))
+  for label, length, (fn, shapes, flops) in chains:
     args_ = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
     total = tpu.compiler_cost(jax.jit(fn).lower(*args_).compile())["optimal_seconds"]
-    print(f"| {K} x {N} | {total / 8 * 1e6:.1f} us | {flops / total / 1e12:.0f} T | {flops / total / peak:.0%} |",
+    print(f"| {label} | {total / length * 1e6:.1f} us | {flops / total / 1e12:.0f} T | {flops / total / peak:.0%} |",
           flush=True)
   bandwidth = roofline.compiler_roofline(device)[1]
   print(f"\n| row sums over M={M}: rows, dtype read | compiler's charge | its bytes at the bandwidth |\n|---|---|---|")
