@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu, transposed_ragged_dot_mgpu
 
 from gshard_mt.errors import ConfigError
+from gshard_mt.moe.config import GROUPED_KERNELS
 
 # lhs [R, X] by each group's rhs [E, X, Y]: [R, Y] (`jax.lax.ragged_dot`'s own).
 _RAGGED = jax.lax.RaggedDotDimensionNumbers((([1], [1]), ([], [])), lhs_ragged_dimensions=[0],
@@ -99,6 +100,8 @@ def kernels_for(name: str, model_dim: int, hidden_dim: int, dtype) -> RaggedDot 
   """The grouped matmuls of moe.grouped_kernel=`name` on this process's backend: Mosaic GPU's only on a GPU
   (the weight-gradient kernel asks the device for its number of SMs when it is traced, so it cannot be traced
   for a GPU elsewhere)."""
+  if name not in GROUPED_KERNELS:
+    raise ConfigError(f"moe.grouped_kernel={name!r}: expected one of {GROUPED_KERNELS}")
   if name == "mosaic_gpu" and jax.default_backend() == "gpu":
     _check_hopper()
     kernels = MosaicGpu()

@@ -140,6 +140,8 @@ def test_the_mosaic_gpu_path_matches_a_loop_over_rows(monkeypatch, activation):
 
 def test_which_kernels_each_backend_gets(monkeypatch):
   assert isinstance(grouped.kernels_for("mosaic_gpu", 128, 256, BF16), grouped.RaggedDot)  # this CPU
+  with pytest.raises(ConfigError, match=r"moe.grouped_kernel='triton': expected one of \('ragged_dot', 'mosaic"):
+    grouped.kernels_for("triton", 128, 256, BF16)
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   a100 = types.SimpleNamespace(device_kind="NVIDIA A100-SXM4-80GB", compute_capability="8.0")
   monkeypatch.setattr(jax, "devices", lambda *a: [a100])
