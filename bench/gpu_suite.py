@@ -74,6 +74,9 @@ from gshard_mt.parallel import distributed  # noqa: E402
 from gshard_mt.training import metrics  # noqa: E402
 from gshard_mt.training.setup import Setup, build  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from suite_report import markdown  # noqa: E402
+
 CONFIGS = {"base": ROOT / "configs" / "base.py", "dense_base": ROOT / "configs" / "dense_base.py"}
 # --small: the configs shrunk to compile and run in seconds on a CPU (5 languages, 2+2 layers, 4 experts).
 SMALL = {"batch_size": "8", "data.languages": "fra,deu,spa,ell,kab", "data.vocab_size": "600",
@@ -116,7 +119,6 @@ SIZES = {False: dict(moe_repeats=20, train_warmup=3, train_steps=30, profile_ste
 def moe_layer_section(small: bool, repeats: int) -> dict:
   """Forward + backward ms of the dense FFN of hidden 2H, of the MoE layer for every dispatch (and the grouped one
   with the Mosaic GPU kernels), and of the grouped FFN alone by kernel and tiles."""
-  sys.path.insert(0, str(ROOT / "bench"))
   import moe_layer  # bench/moe_layer.py, imported here so that a failure leaves the other sections
 
   s = MOE_SHAPES[small]
@@ -249,65 +251,6 @@ def small_backend():
   """--small's backend, set before JAX starts it: the CPU, where compiling fast matters, not the code's speed."""
   jax.config.update("jax_platforms", "cpu")
   gpu_flags.add((("xla_backend_optimization_level", "0"),))
-
-
-def markdown(result: dict) -> str:
-  """The RESULTS.md section of a suite run."""
-  env = result["environment"]
-  lines = [f"## Accelerator suite: {env['device']} ({env['date']})", "",
-           f"{env['device_count']} x {env['device']} ({env['platform']}), JAX {env['jax']}, flax {env['flax']}, "
-           f"commit {env['commit']}, " + (f"XLA_FLAGS `{env['xla_flags']}`. " if env["xla_flags"] else "no XLA_FLAGS. ")
-           + f"Command: `{result['command']}` ({result['seconds'] / 60:.1f} minutes"
-           + ("" if result.get("finished", True) else ", stopped before the end: the sections below ran") + "); "
-           f"JSON: `{result['json']}`.", ""]
-  moe = result.get("moe_layer")  # None: not run (--sections), as any section below may not be
-  if moe is not None and "error" in moe:
-    lines += [f"MoE layer: failed ({moe['error']})", ""]
-  elif moe is not None:
-    s = moe["shape"]
-    lines += [f"MoE layer, forward + backward: {s['tokens']:,} tokens, M={s['model_dim']}, H={s['hidden_dim']}, "
-              f"E={s['experts']}, S={s['group_size']}, capacity factor {s['capacity_factor']}, {s['dtype']}, "
-              f"median of {s['repeats']}. The grouped FFN alone: its six grouped matmuls on 2 x tokens rows in E "
-              "equal blocks, checked against ragged_dot (largest difference relative to the largest value).", "",
-              "| variant | ms | useful TFLOP/s | ratio to dense 2H | max rel. diff to ragged_dot |",
-              "|---|---|---|---|---|"]
-    for r in moe["rows"]:
-      diff = f"{r['max_rel_diff_to_ragged_dot']:.1e}" if "max_rel_diff_to_ragged_dot" in r else ""
-      lines.append(f"| {r['variant']} | failed: {r['error']} | | | |" if "error" in r else
-                   f"| {r['variant']} | {r['ms']:.2f} | {r['useful_tflops']:.1f} | {r['ratio_to_dense']:.2f} "
-                   f"| {diff} |")
-    lines.append("")
-  lines += ["Training step (packed Tatoeba-112 batches; tokens are real source + target tokens; the variants of "
-            "`VARIANTS`, each step against its config's defaults):", "",
-            "| config | variant | rows x source / target tokens | step ms | vs defaults | tokens/s | MFU |",
-            "|---|---|---|---|---|---|---|"] if "training" in result else []
-  defaults = {r["config"]: r.get("step_ms") for r in result.get("training", []) if r["variant"] == "defaults"}
-  for r in result.get("training", []):
-    if "error" in r:
-      lines.append(f"| {r['config']} | {r['variant']} | failed: {r['error']} | | | | |")
-    else:
-      mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
-      versus = f"{r['step_ms'] / defaults[r['config']]:.2f}x" if defaults.get(r["config"]) else "n/a"
-      lines.append(f"| {r['config']} | {r['variant']} | {r['batch_size']} x {' / '.join(map(str, r['row_lengths']))} "
-                   f"| {r['step_ms']:.1f} | {versus} | {r['tokens_per_s']:,.0f} | {mfu} |")
-  profiles = {r["config"]: r for r in result.get("profile", []) if "error" not in r}
-  if "profile" in result:
-    lines += ["", "Profile of the training step, traced (device time per step by part of the model):", ""]
-  if profiles:
-    sys.path.insert(0, str(ROOT / "bench"))
-    import profile_step  # bench/profile_step.py
-
-    lines += [profile_step.describe(label, p) + "." for label, p in profiles.items()]
-    lines += ["", profile_step.table(profiles).rstrip()]
-    for label, p in profiles.items():
-      lines += ["", f"The longest instructions of {label}:", "", profile_step.top_table(p).rstrip()]
-  lines += [f"{r['config']}: failed ({r['error']})." for r in result.get("profile", []) if "error" in r]
-  d = result.get("decoding")
-  lines += [] if d is None else ["", "Decoding, test split (" + (f"failed: {d['error']})" if "error" in d else
-            f"{d['config']}, {d['params']}, beam {d['beam']}, {d['batch_size']} sentences per batch, "
-            f"max length {d['max_length']}): {d['sentences']:,} sentences in {d['seconds']:.1f} s, "
-            f"{d['sentences_per_s']:,.1f} sentences/s, {d['tokens_per_s']:,.0f} tokens/s."), ""]
-  return "\n".join(lines) + "\n"
 
 
 def run_section(fn, *args) -> dict:
