@@ -6,9 +6,10 @@ compiler charges beyond FLOPs and bytes, the "unattributed" of bench/step_breakd
 
   python bench/step_pieces.py [--topology v5p:2x2x1]
 
-Then two tables of the compiler's charge away from any other work: a chain of matmuls at the step's widths (its
-FLOP/s against the compiler's own peak), and row sums over M at the step's row counts, read in float32 or bf16
-(against their bytes at the compiler's bandwidth).
+Then three tables of the compiler's charge away from any other work: a chain of matmuls at the step's widths (its
+FLOP/s against the compiler's own peak), row sums over M at the step's row counts, read in float32 or bf16
+(against their bytes at the compiler's bandwidth), and one of the model's encoder layers in a chain (the goal's
+options: dropout 0, bf16 residual, Pallas attention), also with its FFN all but removed and with one head.
 """
 
 from __future__ import annotations
@@ -98,6 +99,42 @@ def row_sums(jnp, M: int, rows_list) -> dict:
           for rows in rows_list for dtype in (jnp.float32, jnp.bfloat16)}
 
 
+# (label, config overrides) of the encoder layers chained by `layer_chain`: the options the goal's estimate uses, then
+# the same with the FFN all but removed and with attention narrowed to one head of 64 (A·D 512 -> 64).
+LAYER_VARIANTS = (("dense_base's encoder layer", {}), ("FFN hidden 3072 -> 128", {"model.mlp_dim": "128"}),
+                  ("attention 8 heads -> 1", {"model.num_heads": "1"}))
+LAYER_OPTIONS = {"model.dropout_rate": "0.0", "model.residual_dtype": "bfloat16", "model.attention": "pallas"}
+
+
+def layer_chain(jax, jnp, overrides: dict, n: int):
+  """(function, argument shapes) of the gradient through n of the model's own encoder layers (`Layer`) in a chain,
+  on dense_base's per-chip source rows with LAYER_OPTIONS and `overrides`: a layer's charge in steady state is the
+  difference between two chain lengths."""
+  import flax.linen as nn
+
+  from gshard_mt import config as config_lib
+  from gshard_mt.model.transformer import Layer, LayerInputs, TransformerConfig, packing_mask
+
+  c = config_lib.load(ROOT / CONFIG, {**LAYER_OPTIONS, **overrides})
+  cfg = TransformerConfig.from_config(c, c.data.vocab_size)
+  B, L = c.batch_size // CHIPS, c.data.max_length
+
+  class Chain(nn.Module):
+    @nn.compact
+    def __call__(self, x, segments):
+      inputs = LayerInputs(packing_mask(segments, segments, False, cfg.attention), segments > 0)
+      for i in range(n):
+        x, _ = Layer(cfg, is_decoder=False, use_moe=False, name=f"layer_{i}")(x, inputs, deterministic=True)
+      return x
+
+  x, segments = jnp.zeros((B, L, cfg.emb_dim), cfg.residual_dtype), jnp.ones((B, L), jnp.int32)
+  params = jax.eval_shape(lambda: nn.unbox(Chain().init(jax.random.key(0), x, segments)))
+  shapes = [jax.tree.map(lambda a: (a.shape, a.dtype), params), ((B, L, cfg.emb_dim), cfg.residual_dtype),
+            ((B, L), jnp.int32)]
+  grad = jax.grad(lambda p, x, s: jnp.sum(Chain().apply(p, x, s).astype(jnp.float32) ** 2), argnums=(0, 1))
+  return grad, shapes
+
+
 def forward_backward(jax, jnp, fn, shapes):
   """The gradient of sum(fn(...)^2) with respect to fn's floating-point arguments: one piece's training work."""
   floating = tuple(i for i, (_, dtype) in enumerate(shapes) if jnp.issubdtype(dtype, jnp.floating))
@@ -141,6 +178,19 @@ def main(argv):
     args_ = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
     total = tpu.compiler_cost(jax.jit(fn).lower(*args_).compile())["optimal_seconds"]
     print(f"| {n}, {dtype} | {total * 1e6:.1f} us | {nbytes / bandwidth * 1e6:.1f} us |", flush=True)
+  print("\n| one layer of a chain, forward + backward (4 layers less 2, over 2) | compiler's charge | per-instruction "
+        "roofline | unattributed |\n|---|---|---|---|")
+  for label, overrides in LAYER_VARIANTS:
+    costs = []
+    for n in (2, 4):
+      fn, (params, *shapes) = layer_chain(jax, jnp, overrides, n)
+      args_ = [jax.tree.map(lambda s: jax.ShapeDtypeStruct(*s, sharding=sharding), params,
+                            is_leaf=lambda s: isinstance(s, tuple))]
+      args_ += [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
+      costs.append(roofline.estimate_and_attributed(jax.jit(fn).lower(*args_).compile(), device))
+    total, attributed = ((four - two) / 2 for two, four in zip(*costs))
+    print(f"| {label} | {total * 1e3:.3f} ms | {attributed * 1e3:.3f} ms | {(total - attributed) * 1e3:.3f} ms |",
+          flush=True)
 
 
 if __name__ == "__main__":
