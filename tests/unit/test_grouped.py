@@ -2,6 +2,7 @@
 XLA's ragged_dot and with the Mosaic GPU kernels' calls (their contracts checked, their products computed by a
 reference here), which kernels each backend gets, and the Mosaic kernels lowered for a GPU."""
 
+import functools
 import re
 import types
 
@@ -136,6 +137,34 @@ def test_the_mosaic_gpu_path_matches_a_loop_over_rows(monkeypatch, activation):
   assert [g.dtype for g in got] == [BF16, BF16, jnp.float32, jnp.float32]
   for g, r in zip(got, want):
     np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r, np.float32), atol=0.05, rtol=0.05)
+
+
+def test_the_mosaic_gpu_kernels_themselves_in_interpret_mode(monkeypatch):
+  """The real Mosaic GPU kernels, run by Mosaic GPU's interpreter on this CPU (every kernel call given
+  `interpret=InterpretGPUParams()`; the weight-gradient kernel told of 4 SMs): outputs and all three gradients
+  equal ragged_dot's within bf16 rounding, with uneven blocks, an empty one, and rows a multiple of no tile."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  monkeypatch.setattr(plgpu, "kernel", functools.partial(plgpu.kernel, interpret=plgpu.InterpretGPUParams()))
+  gpu = types.SimpleNamespace(core_count=4)
+  monkeypatch.setattr(grouped.transposed_ragged_dot_mgpu, "jax",
+                      types.SimpleNamespace(**{**vars(jax), "devices": lambda *a: [gpu]}))
+  E_, M_, H_ = 4, 128, 256
+  sizes = jnp.array([100, 0, 150, 50], jnp.int32)
+  keys = jax.random.split(jax.random.key(9), 4)
+  rows, d_out = (jax.random.normal(k, (300, M_), BF16) for k in keys[:2])
+  wi, wo = jax.random.normal(keys[2], (E_, M_, H_)) / M_ ** 0.5, jax.random.normal(keys[3], (E_, H_, M_)) / H_ ** 0.5
+
+  def value_and_grads(kernels):
+    out, vjp = jax.vjp(lambda r, a, b: grouped.grouped_expert_ffn(r, sizes, a, b, jax.nn.relu, kernels), rows, wi, wo)
+    return out, *vjp(d_out)
+
+  got, want = value_and_grads(grouped.MosaicGpu()), value_and_grads(grouped.RaggedDot())
+  assert [g.dtype for g in got] == [w.dtype for w in want] == [BF16, BF16, jnp.float32, jnp.float32]
+  for g, w in zip(got, want):
+    g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+    assert np.max(np.abs(g - w)) <= 0.01 * np.max(np.abs(w))
+  assert np.all(np.asarray(got[2][1]) == 0) and np.all(np.asarray(got[3][1]) == 0)  # the empty expert's gradients
 
 
 def test_which_kernels_each_backend_gets(monkeypatch):
