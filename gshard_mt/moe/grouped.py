@@ -27,7 +27,6 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu, transposed_ragged_dot_mgpu
 
 from gshard_mt.errors import ConfigError
 from gshard_mt.moe.config import GROUPED_KERNELS
@@ -76,11 +75,16 @@ class MosaicGpu:
 
   def by_weights(self, x: jax.Array, w: jax.Array, group_sizes: jax.Array, transpose: bool = False) -> jax.Array:
     """As RaggedDot.by_weights; the weights cast to x's dtype first (the kernel takes one dtype)."""
+    # Imported where used: JAX's kernel examples may move between versions without breaking the other paths.
+    from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
+
     return ragged_dot_mgpu.ragged_dot(x, w.astype(x.dtype), group_sizes=group_sizes, transpose_rhs=transpose,
                                       **self.tiles)
 
   def by_rows(self, x: jax.Array, y: jax.Array, group_sizes: jax.Array, dtype) -> jax.Array:
     """As RaggedDot.by_rows; the kernel writes x's dtype, cast to `dtype` after."""
+    from jax.experimental.pallas.ops.gpu import transposed_ragged_dot_mgpu
+
     return transposed_ragged_dot_mgpu.transposed_ragged_dot(x, y, group_sizes=group_sizes, **self.tiles).astype(dtype)
 
   def check(self, model_dim: int, hidden_dim: int, dtype) -> None:

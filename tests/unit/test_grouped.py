@@ -1,6 +1,7 @@
 """The grouped FFN (moe.dispatch='grouped'): its own backward against autodiff of a plain loop over rows, with
 XLA's ragged_dot and with the Mosaic GPU kernels' calls (their contracts checked, their products computed by a
-reference here), which kernels each backend gets, and the Mosaic kernels lowered for a GPU."""
+reference here); the Mosaic kernels themselves run by Mosaic GPU's interpreter and lowered for a GPU; which
+kernels each backend gets."""
 
 import functools
 import re
@@ -10,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu, transposed_ragged_dot_mgpu
 
 from gshard_mt.errors import ConfigError
 from gshard_mt.moe import grouped
@@ -109,11 +111,11 @@ def mosaic_references(monkeypatch) -> list:
     block_m, block_n, _ = tiles_of(tiles)
     assert lhs.dtype == rhs.dtype and lhs.shape[1] % block_m == 0 and rhs.shape[1] % block_n == 0
     calls.append(("transposed_ragged_dot", None))
-    out = grouped.transposed_ragged_dot_mgpu.ref_transposed_ragged_dot(lhs, rhs, group_sizes)
+    out = transposed_ragged_dot_mgpu.ref_transposed_ragged_dot(lhs, rhs, group_sizes)
     return out.astype(lhs.dtype)
 
-  monkeypatch.setattr(grouped.ragged_dot_mgpu, "ragged_dot", ragged_dot)
-  monkeypatch.setattr(grouped.transposed_ragged_dot_mgpu, "transposed_ragged_dot", transposed_ragged_dot)
+  monkeypatch.setattr(ragged_dot_mgpu, "ragged_dot", ragged_dot)
+  monkeypatch.setattr(transposed_ragged_dot_mgpu, "transposed_ragged_dot", transposed_ragged_dot)
   return calls
 
 
@@ -147,7 +149,7 @@ def test_the_mosaic_gpu_kernels_themselves_in_interpret_mode(monkeypatch):
 
   monkeypatch.setattr(plgpu, "kernel", functools.partial(plgpu.kernel, interpret=plgpu.InterpretGPUParams()))
   gpu = types.SimpleNamespace(core_count=4)
-  monkeypatch.setattr(grouped.transposed_ragged_dot_mgpu, "jax",
+  monkeypatch.setattr(transposed_ragged_dot_mgpu, "jax",
                       types.SimpleNamespace(**{**vars(jax), "devices": lambda *a: [gpu]}))
   E_, M_, H_ = 4, 128, 256
   sizes = jnp.array([100, 0, 150, 50], jnp.int32)
@@ -195,7 +197,7 @@ def test_the_mosaic_gpu_path_lowers_for_a_gpu(monkeypatch):
   for its SMs, which a CPU device does not have: it is told an H100's 132."""
   gpu = types.SimpleNamespace(core_count=132)
   fake_jax = types.SimpleNamespace(**{**vars(jax), "devices": lambda *a: [gpu]})
-  monkeypatch.setattr(grouped.transposed_ragged_dot_mgpu, "jax", fake_jax)
+  monkeypatch.setattr(transposed_ragged_dot_mgpu, "jax", fake_jax)
   E_, M_, H_, R = 4, 128, 256, 512
   grad = jax.grad(lambda r, wi, wo, sizes: jnp.sum(grouped.grouped_expert_ffn(
       r, sizes, wi, wo, jax.nn.relu, grouped.MosaicGpu()).astype(jnp.float32) ** 2), argnums=(0, 1, 2))
