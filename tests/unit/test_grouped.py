@@ -141,16 +141,32 @@ def test_the_mosaic_gpu_path_matches_a_loop_over_rows(monkeypatch, activation):
     np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r, np.float32), atol=0.05, rtol=0.05)
 
 
-def test_the_mosaic_gpu_kernels_themselves_in_interpret_mode(monkeypatch):
-  """The real Mosaic GPU kernels, run by Mosaic GPU's interpreter on this CPU (every kernel call given
-  `interpret=InterpretGPUParams()`; the weight-gradient kernel told of 4 SMs): outputs and all three gradients
-  equal ragged_dot's within bf16 rounding, with uneven blocks, an empty one, and rows a multiple of no tile."""
+grouped_ffn = grouped.grouped_expert_ffn  # the function itself, for a test that wraps the module's name
+
+
+def interpret_mosaic_gpu(monkeypatch):
+  """Every Mosaic GPU kernel call from here on runs in Mosaic GPU's interpret mode on the CPU; the weight-gradient
+  kernel, which asks the first device for its SMs, is told of 4."""
   from jax.experimental.pallas import mosaic_gpu as plgpu
 
   monkeypatch.setattr(plgpu, "kernel", functools.partial(plgpu.kernel, interpret=plgpu.InterpretGPUParams()))
   gpu = types.SimpleNamespace(core_count=4)
   monkeypatch.setattr(transposed_ragged_dot_mgpu, "jax",
                       types.SimpleNamespace(**{**vars(jax), "devices": lambda *a: [gpu]}))
+
+
+def assert_close(got, want, fraction: float = 0.01):
+  """Each leaf within `fraction` of the largest value of its reference (bf16 rounding)."""
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+    assert g.shape == w.shape and np.max(np.abs(g - w)) <= fraction * np.max(np.abs(w))
+
+
+def test_the_mosaic_gpu_kernels_themselves_in_interpret_mode(monkeypatch):
+  """The real Mosaic GPU kernels, run by Mosaic GPU's interpreter: the grouped FFN's output and all three
+  gradients equal ragged_dot's within bf16 rounding, with uneven blocks, an empty one, and rows a multiple of no
+  tile."""
+  interpret_mosaic_gpu(monkeypatch)
   E_, M_, H_ = 4, 128, 256
   sizes = jnp.array([100, 0, 150, 50], jnp.int32)
   keys = jax.random.split(jax.random.key(9), 4)
@@ -163,10 +179,40 @@ def test_the_mosaic_gpu_kernels_themselves_in_interpret_mode(monkeypatch):
 
   got, want = value_and_grads(grouped.MosaicGpu()), value_and_grads(grouped.RaggedDot())
   assert [g.dtype for g in got] == [w.dtype for w in want] == [BF16, BF16, jnp.float32, jnp.float32]
-  for g, w in zip(got, want):
-    g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
-    assert np.max(np.abs(g - w)) <= 0.01 * np.max(np.abs(w))
+  assert_close(got, want)
   assert np.all(np.asarray(got[2][1]) == 0) and np.all(np.asarray(got[3][1]) == 0)  # the empty expert's gradients
+
+
+def test_the_moe_layer_on_a_hopper_gpu_gets_the_mosaic_kernels(monkeypatch):
+  """The MoE layer with moe.grouped_kernel='mosaic_gpu' where the backend is a GPU (mocked, its Hopper check
+  passed; the kernels interpreted): the layer picks the Mosaic kernels, and its loss and gradients (router,
+  experts, input) equal those of moe.grouped_kernel='ragged_dot' within bf16 rounding."""
+  import flax.linen as nn
+
+  from gshard_mt.moe.config import MoeConfig
+  from gshard_mt.moe.layer import MoeFeedForward
+
+  def layer(kernel):
+    return MoeFeedForward(MoeConfig(num_experts=4, hidden_dim=256, group_size=128, dispatch="grouped",
+                                    grouped_kernel=kernel, second_expert_policy="all"), dtype=BF16)
+
+  x = jax.random.normal(jax.random.key(0), (2, 128, 128), BF16)
+  params = nn.unbox(layer("ragged_dot").init(jax.random.key(1), x))
+
+  def loss_and_grads(kernel):
+    def loss(p, x):
+      y, _ = layer(kernel).apply(p, x, deterministic=False, rngs={"gating": jax.random.key(2)})
+      return jnp.sum(y.astype(jnp.float32) ** 2)
+    return jax.value_and_grad(loss, argnums=(0, 1))(params, x)
+
+  want = loss_and_grads("ragged_dot")
+  interpret_mosaic_gpu(monkeypatch)
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  monkeypatch.setattr(grouped, "_check_hopper", lambda: None)
+  chosen = []
+  monkeypatch.setattr(grouped, "grouped_expert_ffn", lambda *a: chosen.append(a[-1]) or grouped_ffn(*a))
+  assert_close(loss_and_grads("mosaic_gpu"), want)
+  assert chosen == [grouped.MosaicGpu()]
 
 
 def test_which_kernels_each_backend_gets(monkeypatch):
