@@ -37,6 +37,7 @@ import numpy as np
 
 from gshard_mt import cli
 from gshard_mt.compiler import roofline, tpu
+from gshard_mt.errors import one_line
 from gshard_mt.moe import grouped
 from gshard_mt.moe.config import MoeConfig
 from gshard_mt.moe.layer import MoeFeedForward
@@ -128,7 +129,7 @@ def grouped_kernel_rows(rows: int, M: int, H: int, E: int, kernels: list, repeat
         row |= dict(error=f"differs from ragged_dot by {diff:.1e} (over {GROUPED_TOLERANCE})")
       out.append(row | dict(ms=median_ms(fn, args, repeats)))
     except Exception as e:  # noqa: BLE001 - tiles that do not fit (shared memory) leave the others' figures
-      out.append(row | dict(error=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"))
+      out.append(row | dict(error=one_line(e)))
   return out
 
 

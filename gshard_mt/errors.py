@@ -16,3 +16,9 @@ class DataError(UserError):
 
 class WorkdirError(UserError):
   """A work directory, checkpoint, language or baseline that cannot be used; the message says why."""
+
+
+def one_line(error: BaseException, limit: int = 200) -> str:
+  """'ExceptionType: the first line of its message' (at most `limit` characters of it), for a report that goes on
+  after the error."""
+  return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:limit]}"

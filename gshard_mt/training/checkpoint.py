@@ -17,7 +17,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from gshard_mt import io
-from gshard_mt.errors import WorkdirError
+from gshard_mt.errors import WorkdirError, one_line
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +26,6 @@ UNREADABLE = ".unreadable"
 
 class RestoreError(WorkdirError):
   """Checkpoints exist but none of them restores onto the target (e.g. shapes that do not match the config)."""
-
-
-def _reason(error: Exception) -> str:
-  return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
 
 
 class Checkpoints:
@@ -73,7 +69,7 @@ class Checkpoints:
       except Exception as e:  # noqa: BLE001 - any unreadable step falls back to an older one
         if step is not None:
           raise
-        failed.append((s, _reason(e)))
+        failed.append((s, one_line(e)))
         log.warning("checkpoint %s/%d cannot be restored (%s); trying the previous one", self.directory, s,
                     failed[-1][1])
         continue
