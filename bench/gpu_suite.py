@@ -139,7 +139,7 @@ def moe_layer_section(small: bool, repeats: int) -> dict:
       rows.append(row | dict(ms=moe_layer.time_fwd_bwd(MoeFeedForward(cfg, dtype=jnp.bfloat16), x, repeats)))
     except Exception as e:  # noqa: BLE001 - one dispatch failing leaves the others' figures
       rows.append(row | dict(error=_error(e)))
-  kernels = [grouped.RaggedDot()] + list(MOSAIC_TILES) * (jax.default_backend() == "gpu")
+  kernels = [grouped.RaggedDot()] + list(MOSAIC_TILES) * on_gpu
   rows += moe_layer.grouped_kernel_rows(2 * N, M, H, s["experts"], kernels, repeats)
   for row in rows:
     if "ms" in row:
@@ -253,6 +253,15 @@ def small_backend():
   gpu_flags.add((("xla_backend_optimization_level", "0"),))
 
 
+def append_section(result: dict, results_md: str) -> str:
+  """The RESULTS.md section of `result`, appended to `results_md` unless that is ""."""
+  section = markdown(result)
+  if results_md:
+    with open(results_md, "a") as f:
+      f.write("\n" + section)
+  return section
+
+
 def run_section(fn, *args) -> dict:
   start = time.perf_counter()
   try:
@@ -276,11 +285,7 @@ def main(argv) -> int:
                       "limit stopped, say) to --results_md, and run nothing")
   args = parser.parse_args(argv)
   if args.from_json:
-    section = markdown(json.loads(pathlib.Path(args.from_json).read_text()))
-    if args.results_md:
-      with open(args.results_md, "a") as f:
-        f.write("\n" + section)
-    print(section)
+    print(append_section(json.loads(pathlib.Path(args.from_json).read_text()), args.results_md))
     return 0
   sections = args.sections.split(",")
   runs = [tuple(run.split(":", 1)) for run in args.runs.split(",") if run] or RUNS[args.small]
@@ -331,10 +336,7 @@ def main(argv) -> int:
             profile_section, args.small, name, sizes["train_warmup"], sizes["profile_steps"]))
         save()
   save(finished=True)
-  section = markdown(result)
-  if args.results_md:
-    with open(args.results_md, "a") as f:
-      f.write("\n" + section)
+  section = append_section(result, args.results_md)
   print(f"\n{section}\nwrote {path}" + (f" and a section of {args.results_md}" if args.results_md else ""))
   moe = result.get("moe_layer", {})
   failed = "error" in moe or any("error" in r for r in moe.get("rows", []) + result.get("training", []) + result.get(
