@@ -141,6 +141,12 @@ def forward_backward(jax, jnp, fn, shapes):
   return jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32) ** 2), argnums=floating)
 
 
+def abstract(jax, shapes, sharding) -> list:
+  """ShapeDtypeStructs on `sharding` for (shape, dtype) pairs, or trees of them."""
+  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(*s, sharding=sharding), shapes,
+                      is_leaf=lambda s: isinstance(s, tuple) and len(s) == 2 and isinstance(s[0], tuple))
+
+
 def main(argv):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--topology", default="v5p:2x2x1")
@@ -154,12 +160,11 @@ def main(argv):
   print("| piece, forward + backward | compiler's optimal_seconds | per-instruction roofline | unattributed |")
   print("|---|---|---|---|")
   for name, (fn, shapes) in pieces(jnp, jax).items():
-    args_ = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
-    compiled = jax.jit(forward_backward(jax, jnp, fn, shapes)).lower(*args_).compile()
+    compiled = jax.jit(forward_backward(jax, jnp, fn, shapes)).lower(*abstract(jax, shapes, sharding)).compile()
     total, attributed = roofline.estimate_and_attributed(compiled, device)
     print(f"| {name} | {total * 1e6:.0f} us | {attributed * 1e6:.0f} us | {(total - attributed) * 1e6:.0f} us |",
           flush=True)
-  peak = roofline.compiler_roofline(device)[0]
+  peak, bandwidth = roofline.compiler_roofline(device)
   c = dense_base()
   rows, M, F, V = c.batch_size // CHIPS * c.data.max_length, c.model.emb_dim, c.model.mlp_dim, c.data.vocab_size
   print(f"\n| a chain of 8 matmuls of {rows} rows, K x N | compiler's charge per matmul | its FLOP/s | of its peak |")
@@ -167,27 +172,22 @@ def main(argv):
   chains = [(f"{K} x {N}", 8, chain) for (K, N), chain in matmul_chains(jnp, rows, [(M, M), (M, F), (M, V)]).items()]
   chains.append((f"{M} x {M}, one matmul alone", 1, matmul_chains(jnp, rows, [(M, M)], length=1)[(M, M)]))
   for label, length, (fn, shapes, flops) in chains:
-    args_ = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
-    total = tpu.compiler_cost(jax.jit(fn).lower(*args_).compile())["optimal_seconds"]
+    total = tpu.compiler_cost(jax.jit(fn).lower(*abstract(jax, shapes, sharding)).compile())["optimal_seconds"]
     print(f"| {label} | {total / length * 1e6:.1f} us | {flops / total / 1e12:.0f} T | {flops / total / peak:.0%} |",
           flush=True)
-  bandwidth = roofline.compiler_roofline(device)[1]
   print(f"\n| row sums over M={M}: rows, dtype read | compiler's charge | its bytes at the bandwidth |\n|---|---|---|")
   for (n, dtype), (fn, shapes, nbytes) in row_sums(jnp, M, [c.batch_size // CHIPS * c.data.max_target_length,
                                                            rows, 4 * rows]).items():
-    args_ = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
-    total = tpu.compiler_cost(jax.jit(fn).lower(*args_).compile())["optimal_seconds"]
+    total = tpu.compiler_cost(jax.jit(fn).lower(*abstract(jax, shapes, sharding)).compile())["optimal_seconds"]
     print(f"| {n}, {dtype} | {total * 1e6:.1f} us | {nbytes / bandwidth * 1e6:.1f} us |", flush=True)
   print("\n| one layer of a chain, forward + backward (4 layers less 2, over 2) | compiler's charge | per-instruction "
         "roofline | unattributed |\n|---|---|---|---|")
   for label, overrides in LAYER_VARIANTS:
     costs = []
     for n in (2, 4):
-      fn, (params, *shapes) = layer_chain(jax, jnp, overrides, n)
-      args_ = [jax.tree.map(lambda s: jax.ShapeDtypeStruct(*s, sharding=sharding), params,
-                            is_leaf=lambda s: isinstance(s, tuple))]
-      args_ += [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
-      costs.append(roofline.estimate_and_attributed(jax.jit(fn).lower(*args_).compile(), device))
+      fn, shapes = layer_chain(jax, jnp, overrides, n)
+      costs.append(roofline.estimate_and_attributed(jax.jit(fn).lower(*abstract(jax, shapes, sharding)).compile(),
+                                                    device))
     total, attributed = ((four - two) / 2 for two, four in zip(*costs))
     print(f"| {label} | {total * 1e3:.3f} ms | {attributed * 1e3:.3f} ms | {(total - attributed) * 1e3:.3f} ms |",
           flush=True)

@@ -42,8 +42,7 @@ def test_row_sums_read_their_bytes():
 
 def test_layer_chains_trace_for_every_variant():
   for _, overrides in step_pieces.LAYER_VARIANTS:
-    fn, (params, x, segments) = step_pieces.layer_chain(jax, jnp, overrides, 2)
-    args = [jax.tree.map(lambda s: jax.ShapeDtypeStruct(*s), params, is_leaf=lambda s: isinstance(s, tuple)),
-            jax.ShapeDtypeStruct(*x), jax.ShapeDtypeStruct(*segments)]
-    d_params, d_x = jax.eval_shape(fn, *args)
+    fn, shapes = step_pieces.layer_chain(jax, jnp, overrides, 2)
+    _, x, _ = shapes
+    d_params, d_x = jax.eval_shape(fn, *step_pieces.abstract(jax, shapes, None))
     assert sorted(d_params["params"]) == ["layer_0", "layer_1"] and d_x.shape == x[0] == (128, 64, 512)
