@@ -1,11 +1,14 @@
-"""One attention core on the TPU compiler's estimate (an estimate, not a measurement): model.attention='pallas'
-(`gshard_mt.model.pallas_attention`: Pallas kernels with a declared cost) against the einsums of 'xla'.
+"""The attention block on the TPU compiler's estimate (an estimate, not a measurement): model.attention='pallas'
+(`gshard_mt.model.pallas_attention`: the whole block in Pallas kernels with a declared cost) against the einsums
+of 'xla'.
 
   python bench/pallas_attention.py [--topology v5p:2x2x1]
 
-dense_base's per-chip encoder self-attention (128 rows x 64 tokens, 8 heads of 64, bf16, three pairs per row),
-forward and forward + backward (the loss: the sum of squared outputs), compiled for one device of --topology.
-The kernels' equality with the einsums is tested in tests/unit/test_pallas_attention.py (interpret mode).
+dense_base's per-chip rows (128 rows of 64 source / 40 target positions, M=512, 8 heads of 64, bf16 activations,
+float32 weights, three pairs per row): the model's own `Attention` module as the encoder's self-attention, the
+decoder's causal self-attention and its cross-attention, forward and forward + backward (the loss: the sum of
+squared outputs; gradients of the inputs and the weights), compiled for one device of --topology. The kernels'
+equality with the einsums is tested in tests/unit/test_pallas_attention.py (interpret mode).
 """
 
 from __future__ import annotations
@@ -14,38 +17,59 @@ import argparse
 
 from gshard_mt import cli
 
+BLOCKS = (("encoder self-attention", 64, 64, False, False), ("decoder causal self-attention", 40, 40, True, False),
+          ("decoder cross-attention", 40, 64, False, True))  # (name, Q, K, causal, cross)
+
+
+def block_costs(shape, Q: int, K: int, causal: bool, cross: bool, attention: str) -> list[dict]:
+  """The compiler's cost of one `Attention` block over dense_base's per-chip rows, forward and forward + backward;
+  `shape(shape, dtype)` gives an abstract array on the chip."""
+  import jax
+  import jax.numpy as jnp
+
+  from gshard_mt.compiler import tpu
+  from gshard_mt.model import layers
+
+  B, M, A, D = 128, 512, 8, 64
+  x, kv = shape((B, Q, M), jnp.bfloat16), shape((B, K, M), jnp.bfloat16)
+  ids = shape((B, Q), jnp.int32), shape((B, K), jnp.int32)
+  module = layers.Attention(num_heads=A, head_dim=D, dtype=jnp.bfloat16, is_cross=cross, attention=attention,
+                            causal=causal)
+
+  def forward(params, x, kv, qs, ks):
+    return module.apply(params, x, kv if cross else x, layers.packing_mask(qs, ks, causal, attention),
+                        deterministic=True)
+
+  def init(x, kv, qs, ks):
+    return module.init(jax.random.key(0), x, kv if cross else x, layers.packing_mask(qs, ks, causal, attention),
+                       deterministic=True)
+
+  params = jax.eval_shape(init, x, kv, *ids)
+  params = jax.tree.map(lambda a: shape(a.shape, a.dtype), params)
+  loss = lambda *a: jnp.sum(forward(*a).astype(jnp.float32) ** 2)  # noqa: E731
+  grad = jax.grad(loss, (0, 1, 2) if cross else (0, 1))
+  return [tpu.compiler_cost(jax.jit(f).lower(params, x, kv, *ids).compile()) for f in (forward, grad)]
+
 
 def main(argv):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--topology", default="v5p:2x2x1")
   args = p.parse_args(argv)
   import jax
-  import jax.numpy as jnp
 
   from gshard_mt.compiler import tpu
-  from gshard_mt.model import layers
-  from gshard_mt.model.pallas_attention import pallas_attention
-
-  def einsum_core(q, k, v, segments):  # the model's 'xla' attention
-    probs = layers.attention_probs(q, k, layers.attention_bias(segments, segments, causal=False))
-    return jnp.einsum("BAQK,BKAD->BQAD", probs.astype(v.dtype), v)
-
-  def pallas_core(q, k, v, segments):
-    B, L, A, D = q.shape  # from the einsums' layout, as the model gave them before its projections were lane-dense
-    lanes = lambda x: x.reshape(B, L, A * D)  # noqa: E731
-    return pallas_attention(lanes(q), lanes(k), lanes(v), segments, segments, heads=A, causal=False).reshape(q.shape)
 
   _, sharding = tpu.one_chip(args.topology)
-  qkv = jax.ShapeDtypeStruct((128, 64, 8, 64), jnp.bfloat16, sharding=sharding)
-  ids = jax.ShapeDtypeStruct((128, 64), jnp.int32, sharding=sharding)
-  print("| one attention core, 128 rows x 64, bf16 | forward | forward + backward | bytes it counts (f + b) |")
-  print("|---|---|---|---|")
-  for name, core in (("einsums (model.attention='xla')", einsum_core), ("Pallas kernels ('pallas')", pallas_core)):
-    forward = tpu.compiler_cost(jax.jit(core).lower(qkv, qkv, qkv, ids).compile())
-    grad = jax.grad(lambda q, k, v, s, c=core: jnp.sum(c(q, k, v, s).astype(jnp.float32) ** 2), (0, 1, 2))
-    both = tpu.compiler_cost(jax.jit(grad).lower(qkv, qkv, qkv, ids).compile())
-    print(f"| {name} | {forward['optimal_seconds'] * 1e6:.0f} us | {both['optimal_seconds'] * 1e6:.0f} us | "
-          f"{both['bytes accessed'] / 2**20:.0f} MiB |", flush=True)
+  shape = lambda s, dtype: jax.ShapeDtypeStruct(s, dtype, sharding=sharding)  # noqa: E731
+  us = lambda c: f"{c['optimal_seconds'] * 1e6:.0f} us"  # noqa: E731
+  print("| attention block, forward + backward | einsums ('xla') | Pallas ('pallas') | bytes xla / pallas | "
+        "forward only, xla / pallas |")
+  print("|---|---|---|---|---|")
+  for name, Q, K, causal, cross in BLOCKS:
+    (xf, xb), (pf, pb) = (block_costs(shape, Q, K, causal, cross, a) for a in ("xla", "pallas"))
+    print(f"| {name} ({Q} x {K}) | {us(xb)} | {us(pb)} ({pb['optimal_seconds'] / xb['optimal_seconds']:.2f}x) | "
+          f"{xb['bytes accessed'] / 2**20:.0f} / {pb['bytes accessed'] / 2**20:.0f} MiB | {us(xf)} / {us(pf)} |",
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def get_config():
   c.model.dropout_rng = "threefry"
   c.model.attention_dropout_rate = 0.0
   # 'xla': einsums with an additive mask (the reference; attention dropout); 'fused': jax.nn.dot_product_attention
-  # with a boolean mask, cuDNN's flash attention on GPUs; 'pallas': our Pallas kernels for TPUs
+  # with a boolean mask, cuDNN's flash attention on GPUs; 'pallas': the whole block in our Pallas kernels for TPUs
   # (model.pallas_attention; interpret mode elsewhere, for tests) (model.layers.ATTENTIONS; no attention dropout)
   c.model.attention = "xla"
   c.model.dtype = "bfloat16"  # computation; parameters are float32

@@ -6,8 +6,9 @@ onto the mesh (`gshard_mt.parallel.rules`): with the 'expert_model' rules, heads
 
 Training and evaluation attend in one of three ways (model.attention): 'xla', our einsums with an additive bias
 (the reference, with attention dropout), 'fused', `jax.nn.dot_product_attention` with a boolean mask (cuDNN's flash
-attention on a GPU), or 'pallas', our Pallas kernels for TPUs reading the segment ids (`pallas_attention`); the
-last two have no attention dropout. Decoding always uses the cached einsum path.
+attention on a GPU), or 'pallas', the whole block (projections included) in our Pallas kernels for TPUs, reading
+the segment ids (`pallas_attention`); the last two have no attention dropout. Decoding always uses the cached
+einsum path.
 """
 
 from __future__ import annotations
@@ -160,13 +161,11 @@ class Attention(nn.Module):
     wq, wk, wv = (param(self, n, (M, A, D), ("embed", "heads", "kv"), init) for n in ("query", "key", "value"))
     wo = param(self, "out", (A, D, M), ("heads", "kv", "embed"),
                nn.initializers.variance_scaling(1.0, "fan_in", "normal", in_axis=(0, 1), out_axis=2))
-    if self.attention == "pallas" and not self.decode:  # lane-dense: [M, A·D] projections, [B, L, A·D] activations
+    if self.attention == "pallas" and not self.decode:  # the whole block in Pallas kernels
       from gshard_mt.model.pallas_attention import pallas_attention  # it imports from here
 
-      project = lambda y, w: jnp.einsum("BLM,MF->BLF", y.astype(dt), w.astype(dt).reshape(M, A * D))  # noqa: E731
-      out = pallas_attention(project(x, wq) * D ** -0.5, project(kv, wk), project(kv, wv), *bias, heads=A,
-                             causal=self.causal)
-      return jnp.einsum("BQF,FM->BQM", out, wo.astype(dt).reshape(A * D, M))
+      return pallas_attention(x.astype(dt), kv.astype(dt) if self.is_cross else None, wq, wk, wv, wo, *bias,
+                              causal=self.causal)
     q = jnp.einsum("BQM,MAD->BQAD", x.astype(dt), wq.astype(dt)) * D ** -0.5
     project = lambda w: jnp.einsum("BKM,MAD->BKAD", kv.astype(dt), w.astype(dt))  # noqa: E731
     if self.decode and self.is_cross:

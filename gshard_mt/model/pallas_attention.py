@@ -1,14 +1,19 @@
-"""model.attention='pallas': the attention core of packed rows as Pallas kernels for TPUs (forward, and a backward
-that recomputes the scores), the packing mask built inside from the segment ids.
+"""model.attention='pallas': the whole attention block of packed rows (the q, k, v projections, the attention core
+and the output projection) as Pallas kernels for TPUs, forward and a backward that recomputes it; the packing
+mask built inside from the segment ids.
 
-Our rows are short (64 source, 40 target positions), so each row's scores [Q, K] fit in VMEM whole: no online
-softmax. A kernel takes a block of rows and reads q, k, v lane-dense, [B, L, A·D] as the projections write them,
-taking each head's D columns inside; read per head ([.., L, D] with D = 64) they would cost relayout copies into
-half-empty 128-lane tiles (bench/RESULTS.md, "A Pallas attention kernel"). Each kernel declares its cost
-(`pl.CostEstimate`): its matmuls' FLOPs and its operands' and outputs' bytes, which the TPU compiler's estimate
-charges (a kernel that declares none is charged nothing). On a mesh the kernels run per device under `shard_map`
-over the batch's mesh axes; off a TPU they run in Pallas's interpret mode (for tests: slow, not for training).
-Letters as in `layers`: B rows, Q, K positions, A heads, D head dim; no attention dropout.
+One kernel per direction, so that no [B, L, A·D] tensor (q, k, v, the core's output, or their cotangents) goes
+through HBM: a block of rows is projected, attended and projected back in VMEM, the weights staying there over
+the grid (bench/RESULTS.md, "The whole attention block in one Pallas kernel"). Our rows are short (64 source,
+40 target positions), so each row's scores [Q, K] fit whole: no online softmax. Activations are read as 2-D
+[B·L, M] blocks; each head's D columns are taken inside. The backward accumulates the weights' gradients over
+its grid in float32, one partial per TensorCore (the grid's first, parallel dimension).
+
+Each kernel declares its cost (`pl.CostEstimate`): its matmuls' FLOPs and its operands' and outputs' bytes,
+which the TPU compiler's estimate charges (a kernel that declares none is charged nothing). On a mesh the kernels
+run per device under `shard_map` over the batch's mesh axes, the weights whole on every device and their
+gradients summed over those axes; off a TPU they run in Pallas's interpret mode (for tests: slow, not for
+training). Letters as in `layers`: B rows, Q, K positions, M model dim, A heads, D head dim; no attention dropout.
 """
 
 from __future__ import annotations
@@ -19,104 +24,202 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 from gshard_mt.model.layers import NEG_INF, attention_mask
 
-ROWS = 8  # rows per kernel block (the segment ids' block is [ROWS, L]: a multiple of 8 rows, or the whole batch)
+ROWS = 8  # rows per kernel block: a multiple of 8, or the whole batch
+VMEM_BYTES = 48 * 2**20  # the kernels' VMEM limit: dense_base's backward needs ~20 MiB, over the default 16 MiB
+_NN = (((1,), (0,)), ((), ()))  # x y
 _NT = (((1,), (1,)), ((), ()))  # x y^T
 _TN = (((0,), (0,)), ((), ()))  # x^T y
+# Matmuls of an [rows, M] x [M, A·D] projection, per query row and per key row, and of a row's [Q, K] x D head
+# matmuls, per kernel. Forward: q, output | k, v | scores, probs x v. Backward, all recomputed: q, do, dwo, dwq, dq
+# | k, v, dwk, dwv, dk, dv | scores, probs x v (for dwo), dv, dp, dq, dk.
+FORWARD_MATMULS = (2, 2, 2)
+BACKWARD_MATMULS = (5, 6, 6)
 
 
-def _probs(q, k, mask):
-  """q [Q, D] (scaled), k [K, D] -> float32 softmax [Q, K] over the allowed keys."""
-  s = jax.lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32)
-  return jax.nn.softmax(jnp.where(mask, s, NEG_INF), -1)
+def _dot(x, y, dims=_NN):
+  return jax.lax.dot_general(x, y, dims, preferred_element_type=jnp.float32)
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, o_ref, *, heads: int, causal: bool):
-  """q [R, Q, A·D], k, v [R, K, A·D], segment ids [R, Q], [R, K] -> o [R, Q, A·D]."""
-  D = q_ref.shape[-1] // heads
-  for r in range(q_ref.shape[0]):
-    mask = attention_mask(qs_ref[r][None], ks_ref[r][None], causal)[0, 0]  # [Q, K]
-    out = []
+def _attend(q, k, v, qs_ref, ks_ref, heads: int, causal: bool, each):
+  """q [R·Q, A·D] (scaled), k, v [R·K, A·D] -> calls each(rows of Q, rows of K, columns of a head, probs
+  [Q, K] float32) for every row and head."""
+  R, Q = qs_ref.shape
+  K = ks_ref.shape[1]
+  D = q.shape[1] // heads
+  for r in range(R):
+    mask = attention_mask(qs_ref[r:r + 1], ks_ref[r:r + 1], causal)[0, 0]  # [Q, K]
+    qr, kr = slice(r * Q, (r + 1) * Q), slice(r * K, (r + 1) * K)
     for a in range(heads):
       cols = slice(a * D, (a + 1) * D)
-      probs = _probs(q_ref[r, :, cols], k_ref[r, :, cols], mask)
-      out.append(jnp.dot(probs.astype(v_ref.dtype), v_ref[r, :, cols], preferred_element_type=jnp.float32))
-    o_ref[r] = jnp.concatenate(out, -1).astype(o_ref.dtype)
+      scores = _dot(q[qr, cols], k[kr, cols], _NT)
+      each(qr, kr, cols, jax.nn.softmax(jnp.where(mask, scores, NEG_INF), -1))
 
 
-def _backward_kernel(q_ref, k_ref, v_ref, do_ref, qs_ref, ks_ref, dq_ref, dk_ref, dv_ref, *, heads: int,
-                     causal: bool):
-  """The forward's inputs and the output's cotangent do [R, Q, A·D] -> dq, dk, dv (the scores recomputed)."""
-  D = q_ref.shape[-1] // heads
-  for r in range(q_ref.shape[0]):
-    mask = attention_mask(qs_ref[r][None], ks_ref[r][None], causal)[0, 0]  # [Q, K]
-    dq, dk, dv = [], [], []
-    for a in range(heads):
-      cols = slice(a * D, (a + 1) * D)
-      q, k, v, do = (ref[r, :, cols] for ref in (q_ref, k_ref, v_ref, do_ref))
-      probs = _probs(q, k, mask)
-      dv.append(jax.lax.dot_general(probs.astype(do.dtype), do, _TN, preferred_element_type=jnp.float32))
-      dp = jax.lax.dot_general(do, v, _NT, preferred_element_type=jnp.float32)
-      ds = (probs * (dp - jnp.sum(dp * probs, -1, keepdims=True))).astype(q.dtype)  # softmax's backward
-      dq.append(jnp.dot(ds, k, preferred_element_type=jnp.float32))
-      dk.append(jax.lax.dot_general(ds, q, _TN, preferred_element_type=jnp.float32))
-    for ref, parts in ((dq_ref, dq), (dk_ref, dk), (dv_ref, dv)):
-      ref[r] = jnp.concatenate(parts, -1).astype(ref.dtype)
+def _project(xq, xk, weights, heads: int):
+  """xq [R·Q, M], xk [R·K, M], weight refs -> q (scaled by D^-1/2), k, v in x's dtype, and the four weights."""
+  dt = xq.dtype
+  wq, wk, wv, wo = (w[...].astype(dt) for w in weights)
+  scale = (wq.shape[1] // heads) ** -0.5
+  q, k, v = (_dot(xq, wq) * scale).astype(dt), _dot(xk, wk).astype(dt), _dot(xk, wv).astype(dt)
+  return q, k, v, (wq, wk, wv, wo), scale
 
 
-def _call(kernel, arrays, q_segments, k_segments, outputs, matmuls: int, heads: int, causal: bool):
-  """Runs `kernel` over blocks of rows; its cost: `matmuls` [Q, K] x D matmuls per row and head, and its bytes.
-  `outputs` names which of `arrays` each output is shaped like. Compiled for a TPU, the Mosaic kernel; for any
-  other platform, Pallas's interpret mode (chosen where the program is lowered, not by the host's default
-  backend: a TPU program compiled ahead of time on a CPU host gets the kernel)."""
-  B, Q, AD = arrays[0].shape
-  K = arrays[1].shape[1]
-  rows = ROWS if B % ROWS == 0 else B
-  block = lambda x: pl.BlockSpec((rows, *x.shape[1:]), lambda b: (b, 0, 0))  # noqa: E731
-  ids = lambda x: pl.BlockSpec((rows, x.shape[1]), lambda b: (b, 0))  # noqa: E731
-  out_arrays = [arrays[i] for i in outputs]
-  nbytes = sum(x.size * x.dtype.itemsize for x in (*arrays, *out_arrays, q_segments, k_segments))
-  cost = pl.CostEstimate(flops=2 * matmuls * B * Q * K * AD, transcendentals=B * heads * Q * K,
-                         bytes_accessed=nbytes)
+def _forward_kernel(*refs, heads: int, causal: bool, shared: bool):
+  """x [R·Q, M] (self-attention) or xq [R·Q, M], xk [R·K, M]; wq, wk, wv [M, A·D], wo [A·D, M]; segment ids
+  [R, Q], [R, K] -> y [R·Q, M]; scratch o [R·Q, A·D] float32."""
+  xq_ref, xk_ref, refs = (refs[0], refs[0], refs[1:]) if shared else (refs[0], refs[1], refs[2:])
+  *weights, qs_ref, ks_ref, y_ref, o_scr = refs
+  q, k, v, (_, _, _, wo), _ = _project(xq_ref[...], xk_ref[...], weights, heads)
+
+  def each(qr, kr, cols, probs):
+    o_scr[qr, cols] = _dot(probs.astype(v.dtype), v[kr, cols])
+
+  _attend(q, k, v, qs_ref, ks_ref, heads, causal, each)
+  y_ref[...] = _dot(o_scr[...].astype(wo.dtype), wo).astype(y_ref.dtype)
+
+
+def _backward_kernel(*refs, heads: int, causal: bool, shared: bool):
+  """The forward's inputs and y's cotangent dy [R·Q, M] -> dx (or dxq, dxk) and the weights' gradients, added
+  into this core's float32 partials [1, M, A·D] ([1, A·D, M] for wo); scratch o, dq [R·Q, A·D], dk, dv [R·K, A·D]
+  float32."""
+  xq_ref, xk_ref, refs = (refs[0], refs[0], refs[1:]) if shared else (refs[0], refs[1], refs[2:])
+  wq_ref, wk_ref, wv_ref, wo_ref, dy_ref, qs_ref, ks_ref, *refs = refs
+  dx_refs, (dwq_ref, dwk_ref, dwv_ref, dwo_ref, o_scr, dq_scr, dk_scr, dv_scr) = refs[:-8], refs[-8:]
+  xq, xk, dy = xq_ref[...], xk_ref[...], dy_ref[...]
+  q, k, v, (wq, wk, wv, wo), scale = _project(xq, xk, (wq_ref, wk_ref, wv_ref, wo_ref), heads)
+  do = _dot(dy, wo, _NT).astype(dy.dtype)  # [R·Q, A·D]
+
+  def each(qr, kr, cols, probs):
+    p = probs.astype(v.dtype)
+    o_scr[qr, cols] = _dot(p, v[kr, cols])
+    dv_scr[kr, cols] = _dot(p, do[qr, cols], _TN)
+    dp = _dot(do[qr, cols], v[kr, cols], _NT)
+    ds = (probs * (dp - jnp.sum(dp * probs, -1, keepdims=True))).astype(q.dtype)  # softmax's backward
+    dq_scr[qr, cols] = _dot(ds, k[kr, cols]) * scale
+    dk_scr[kr, cols] = _dot(ds, q[qr, cols], _TN)
+
+  _attend(q, k, v, qs_ref, ks_ref, heads, causal, each)
+
+  @pl.when(pl.program_id(1) == 0)
+  def _():
+    for ref in (dwq_ref, dwk_ref, dwv_ref, dwo_ref):
+      ref[...] = jnp.zeros_like(ref)
+
+  dq, dk, dv = (s[...].astype(xq.dtype) for s in (dq_scr, dk_scr, dv_scr))
+  dwo_ref[0] += _dot(o_scr[...].astype(dy.dtype), dy, _TN)
+  dwq_ref[0] += _dot(xq, dq, _TN)
+  dwk_ref[0] += _dot(xk, dk, _TN)
+  dwv_ref[0] += _dot(xk, dv, _TN)
+  dxq, dxk = _dot(dq, wq, _NT), _dot(dk, wk, _NT) + _dot(dv, wv, _NT)
+  for ref, dx in zip(dx_refs, (dxq + dxk,) if shared else (dxq, dxk)):
+    ref[...] = dx.astype(ref.dtype)
+
+
+def _cost(xs, weights, q_segments, k_segments, heads: int, matmuls, other_bytes: int) -> pl.CostEstimate:
+  """A kernel's declared cost: `matmuls` (per query row, per key row, per row and head: FORWARD_MATMULS) of its
+  projections and head matmuls, and the bytes of its inputs and `other_bytes` (its outputs)."""
+  (B, Q), K = q_segments.shape, k_segments.shape[1]
+  M, AD = weights[0].shape
+  per_q, per_k, per_head = matmuls
+  flops = 2 * M * AD * B * (per_q * Q + per_k * K) + 2 * per_head * B * Q * K * AD
+  nbytes = sum(x.size * x.dtype.itemsize for x in (*xs, *weights, q_segments, k_segments)) + other_bytes
+  return pl.CostEstimate(flops=flops, transcendentals=B * heads * Q * K, bytes_accessed=nbytes)
+
+
+def _rows(B: int) -> int:
+  return ROWS if B % ROWS == 0 else B
+
+
+def _forward(xs, weights, q_segments, k_segments, heads: int, causal: bool):
+  """xs: (x [B·Q, M],) or (xq [B·Q, M], xk [B·K, M]); weights (wq, wk, wv, wo) -> y [B·Q, M]."""
+  (B, Q), K = q_segments.shape, k_segments.shape[1]
+  rows, xq = _rows(B), xs[0]
+  rows_of = lambda L: pl.BlockSpec((rows * L, xq.shape[1]), lambda b: (b, 0))  # noqa: E731
+  whole = lambda a: pl.BlockSpec(a.shape, lambda b: (0, 0))  # noqa: E731
+  ids = lambda L: pl.BlockSpec((rows, L), lambda b: (b, 0))  # noqa: E731
   run = lambda interpret: pl.pallas_call(  # noqa: E731
-      functools.partial(kernel, heads=heads, causal=causal), grid=(B // rows,),
-      in_specs=[block(x) for x in arrays] + [ids(q_segments), ids(k_segments)],
-      out_specs=[block(x) for x in out_arrays], out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in out_arrays],
-      cost_estimate=cost, interpret=interpret)
-  return jax.lax.platform_dependent(*arrays, q_segments, k_segments, tpu=run(False), default=run(True))
+      functools.partial(_forward_kernel, heads=heads, causal=causal, shared=len(xs) == 1), grid=(B // rows,),
+      in_specs=[rows_of(Q), rows_of(K)][:len(xs)] + [whole(w) for w in weights] + [ids(Q), ids(K)],
+      out_specs=rows_of(Q), out_shape=jax.ShapeDtypeStruct(xq.shape, xq.dtype),
+      scratch_shapes=[pltpu.VMEM((rows * Q, weights[0].shape[1]), jnp.float32)],
+      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",), vmem_limit_bytes=VMEM_BYTES),
+      cost_estimate=_cost(xs, weights, q_segments, k_segments, heads, FORWARD_MATMULS, xq.nbytes),
+      interpret=interpret)
+  return _on_tpu(run, *xs, *weights, q_segments, k_segments)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _core(q, k, v, q_segments, k_segments, heads, causal):
-  """q [B, Q, A·D], k, v [B, K, A·D] -> [B, Q, A·D]."""
-  return _call(_forward_kernel, (q, k, v), q_segments, k_segments, (0,), 2, heads, causal)[0]
+def _backward(xs, weights, dy, q_segments, k_segments, heads: int, causal: bool):
+  """The forward's inputs and dy [B·Q, M] -> (the xs' cotangents, the weights' float32 gradients)."""
+  (B, Q), K = q_segments.shape, k_segments.shape[1]
+  rows, M, AD = _rows(B), *weights[0].shape
+  cores = 2 if (B // rows) % 2 == 0 else 1  # a v5p chip's two TensorCores split the blocks
+  per_core = B // rows // cores
+  rows_of = lambda L: pl.BlockSpec((rows * L, M), lambda c, i: (c * per_core + i, 0))  # noqa: E731
+  ids = lambda L: pl.BlockSpec((rows, L), lambda c, i: (c * per_core + i, 0))  # noqa: E731
+  whole = lambda a: pl.BlockSpec(a.shape, lambda c, i: (0, 0))  # noqa: E731
+  partial = lambda a: pl.BlockSpec((1, *a.shape), lambda c, i: (c, 0, 0))  # noqa: E731
+  partials = [jax.ShapeDtypeStruct((cores, *w.shape), jnp.float32) for w in weights]
+  out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in xs] + partials
+  run = lambda interpret: pl.pallas_call(  # noqa: E731
+      functools.partial(_backward_kernel, heads=heads, causal=causal, shared=len(xs) == 1), grid=(cores, per_core),
+      in_specs=[rows_of(Q), rows_of(K)][:len(xs)] + [whole(w) for w in weights] + [rows_of(Q), ids(Q), ids(K)],
+      out_specs=[rows_of(Q), rows_of(K)][:len(xs)] + [partial(w) for w in weights], out_shape=out_shape,
+      scratch_shapes=[pltpu.VMEM((rows * L, AD), jnp.float32) for L in (Q, Q, K, K)],
+      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"),
+                                           vmem_limit_bytes=VMEM_BYTES),
+      cost_estimate=_cost((*xs, dy), weights, q_segments, k_segments, heads, BACKWARD_MATMULS,
+                          sum(x.nbytes for x in xs) + 4 * cores * M * AD * len(weights)),
+      interpret=interpret)
+  grads = _on_tpu(run, *xs, *weights, dy, q_segments, k_segments)
+  return tuple(grads[:len(xs)]), tuple(g.sum(0) for g in grads[len(xs):])
 
 
-def _core_forward(q, k, v, q_segments, k_segments, heads, causal):
-  return _core(q, k, v, q_segments, k_segments, heads, causal), (q, k, v, q_segments, k_segments)
+def _on_tpu(run, *args):
+  """`run(interpret=False)` compiled for a TPU, Pallas's interpret mode for any other platform: chosen where the
+  program is lowered, not by the host's default backend (a TPU program compiled ahead of time on a CPU host gets
+  the kernels)."""
+  return jax.lax.platform_dependent(*args, tpu=run(False), default=run(True))
 
 
-def _core_backward(heads, causal, residuals, do):
-  q, k, v, q_segments, k_segments = residuals
-  grads = _call(_backward_kernel, (q, k, v, do), q_segments, k_segments, (0, 1, 2), 5, heads, causal)
-  return (*grads, None, None)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _block(xs, weights, q_segments, k_segments, heads, causal):
+  return _forward(xs, weights, q_segments, k_segments, heads, causal)
 
 
-_core.defvjp(_core_forward, _core_backward)
+def _block_forward(xs, weights, q_segments, k_segments, heads, causal):
+  return _block(xs, weights, q_segments, k_segments, heads, causal), (xs, weights, q_segments, k_segments)
 
 
-def pallas_attention(q, k, v, q_segments, k_segments, heads: int, causal: bool):
-  """q [B, Q, A·D] (already scaled), k, v [B, K, A·D] with A = `heads`, segment ids [B, Q], [B, K] (0 = padding)
-  -> [B, Q, A·D]: the packing's attention as `layers.attention_probs` and the einsum compute it, by the Pallas
-  kernels. Lane-dense in and out: each head's D columns are taken inside the kernels, so no [B, L, A, D] layout
-  (D = 64 fills half of a TPU tile's lanes) is ever written."""
-  core = functools.partial(_core, heads=heads, causal=causal)
+def _block_backward(heads, causal, residuals, dy):
+  xs, weights, q_segments, k_segments = residuals
+  dxs, dws = _backward(xs, weights, dy, q_segments, k_segments, heads, causal)
+  return dxs, tuple(d.astype(w.dtype) for d, w in zip(dws, weights)), None, None
+
+
+_block.defvjp(_block_forward, _block_backward)
+
+
+def pallas_attention(x, kv, wq, wk, wv, wo, q_segments, k_segments, causal: bool):
+  """x [B, Q, M] attends to kv [B, K, M] (None: to itself) with weights wq, wk, wv [M, A, D], wo [A, D, M]
+  (float32; cast to x's dtype inside) and segment ids [B, Q], [B, K] (0 = padding) -> [B, Q, M]: what the
+  'xla' path of `layers.Attention` computes, as Pallas kernels."""
+  (B, Q, M), (_, A, D) = x.shape, wq.shape
+  flat = lambda y: y.reshape(-1, M)  # noqa: E731
+  xs = (flat(x),) if kv is None else (flat(x), flat(kv))
+  weights = (*(w.reshape(M, A * D) for w in (wq, wk, wv)), wo.reshape(A * D, M))
+
+  def block(xs, weights, q_segments, k_segments):
+    return _block(xs, weights, q_segments, k_segments, A, causal)
+
   mesh = jax.sharding.get_abstract_mesh()
   batch = nn.logical_to_mesh_axes(("batch",))[0] if not mesh.empty else None
-  if batch is not None:  # each device's rows through the kernels
-    spec = jax.sharding.PartitionSpec(batch)
-    # check_vma=False: the kernels' outputs vary over the batch's axes as their inputs do, which Pallas cannot infer.
-    core = jax.shard_map(core, mesh=mesh, in_specs=(spec,) * 5, out_specs=spec, check_vma=False)
-  return core(q, k, v, q_segments, k_segments)
+  if batch is not None:  # each device's rows through the kernels; the weights whole, their gradients summed
+    rows, whole = jax.sharding.PartitionSpec(batch), jax.sharding.PartitionSpec()
+    # check_vma=False: the kernels' outputs vary over the batch's axes as their inputs do, which Pallas cannot
+    # infer; shard_map's transpose then sums the weights' per-device gradients over those axes.
+    block = jax.shard_map(block, mesh=mesh, in_specs=(rows, whole, rows, rows), out_specs=rows, check_vma=False)
+  return block(xs, weights, q_segments, k_segments).reshape(B, Q, M)

@@ -37,6 +37,15 @@ def test_pallas_equals_xla_on_packed_rows(cross, causal, rows):
   assert relative_error(grads, want_grads) < 1e-5
 
 
+def test_pallas_equals_xla_in_bfloat16():
+  """bf16 activations: the kernels round q, k, v, the probabilities and the cotangents where the einsums do, so
+  both agree to bf16's precision."""
+  out, grads = attention_outputs_and_gradients("pallas", jnp.bfloat16, False, True, B=16)
+  want_out, want_grads = attention_outputs_and_gradients("xla", jnp.bfloat16, False, True, B=16)
+  np.testing.assert_allclose(out, want_out, rtol=3e-2, atol=3e-2)
+  assert relative_error(grads, want_grads) < 3e-2
+
+
 def test_transformer_loss_and_gradients_equal_xla():
   """A training step's loss (MoE layers, residual dropout on) and its gradients, from the same parameters."""
   config = small_config(**{"model.dtype": "float32", "model.dropout_rate": "0.1"})
@@ -75,16 +84,13 @@ def test_kernels_run_per_device_under_shard_map():
   assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout[-2000:] + proc.stderr[-3000:]
 
 
-def declared_cost(kernel, arrays, outputs, matmuls):
-  B, Q = arrays[0].shape[:2]
-  K = arrays[1].shape[1]
-  ids = (jax.ShapeDtypeStruct((B, Q), jnp.int32), jax.ShapeDtypeStruct((B, K), jnp.int32))
-  jaxpr = jax.make_jaxpr(lambda *a: pallas_attention._call(kernel, a[:-2], *a[-2:], outputs, matmuls, 4, False))(
-      *arrays, *ids)
-  # platform_dependent holds a branch per platform, the TPU kernel and the interpreted one, each with the cost
+def declared_costs(fn, *args):
+  """The cost each kernel in `fn`'s jaxpr declares, in order (each kernel is there twice, as platform_dependent's
+  TPU and interpreted branches, with the same cost)."""
+  jaxpr = jax.make_jaxpr(fn)(*args)
   costs = [e.params["cost_estimate"] for e in _pallas_calls(jaxpr.jaxpr)]
-  assert len(costs) == 2 and costs[0] == costs[1]
-  return costs[0]
+  assert costs[::2] == costs[1::2]
+  return costs[::2]
 
 
 def _pallas_calls(jaxpr):
@@ -99,17 +105,39 @@ def _pallas_calls(jaxpr):
           yield from _pallas_calls(getattr(sub, "jaxpr", sub))
 
 
-def test_declared_cost_counts_the_matmuls_and_bytes():
-  B, Q, K, AD = 8, 16, 24, 32
-  x = lambda L: jax.ShapeDtypeStruct((B, L, AD), jnp.bfloat16)  # noqa: E731
-  forward = declared_cost(pallas_attention._forward_kernel, (x(Q), x(K), x(K)), (0,), 2)
+@pytest.mark.parametrize("cross", [False, True], ids=["self", "cross"])
+def test_declared_cost_counts_the_matmuls_and_bytes(cross):
+  """Each kernel declares its matmuls' FLOPs (counted here from what the block computes) and the bytes of its
+  operands and outputs."""
+  B, Q, K, M, A, D = 16, 8, 24 if cross else 8, 32, 4, 8
+  AD = A * D
+  x, kv = jax.ShapeDtypeStruct((B, Q, M), jnp.bfloat16), jax.ShapeDtypeStruct((B, K, M), jnp.bfloat16)
+  w = jax.ShapeDtypeStruct((M, A, D), jnp.float32)
+  wo = jax.ShapeDtypeStruct((A, D, M), jnp.float32)
+  ids = jax.ShapeDtypeStruct((B, Q), jnp.int32), jax.ShapeDtypeStruct((B, K), jnp.int32)
+  block = lambda x, kv, *a: pallas_attention.pallas_attention(x, kv if cross else None, *a, causal=False)  # noqa: E731
+  [forward] = declared_costs(block, x, kv, w, w, w, wo, *ids)
+  project = lambda rows: 2 * rows * M * AD  # noqa: E731  one [rows, M] x [M, A·D] matmul (or its transpose)
+  head = 2 * B * Q * K * AD  # one [Q, K] x D matmul for every row and head
   assert isinstance(forward, pl.CostEstimate)
-  assert forward.flops == 2 * 2 * B * Q * K * AD  # QK^T and PV over every head's D columns
-  assert forward.bytes_accessed == 2 * (B * Q * AD + 2 * B * K * AD + B * Q * AD) + 4 * B * (Q + K)
-  backward = declared_cost(pallas_attention._backward_kernel, (x(Q), x(K), x(K), x(Q)), (0, 1, 2), 5)
-  assert backward.flops == 5 * 2 * B * Q * K * AD  # the scores again, dv, dp, dq, dk
-  # q, k, v, do in; dq, dk, dv out (bf16); the segment ids (int32)
-  assert backward.bytes_accessed == 2 * B * AD * ((2 * Q + 2 * K) + (Q + 2 * K)) + 4 * B * (Q + K)
+  assert forward.flops == 2 * project(B * Q) + 2 * project(B * K) + 2 * head  # q, output | k, v | scores, pv
+  inputs = (2 * B * Q * M + (2 * B * K * M if cross else 0)) + 4 * 4 * M * AD + 4 * B * (Q + K)
+  assert forward.bytes_accessed == inputs + 2 * B * Q * M
+  loss = lambda x, kv, *a: jnp.sum(block(x, kv, *a).astype(jnp.float32))  # noqa: E731
+  _, backward = declared_costs(jax.grad(loss, (0, 1, 2, 3, 4, 5)), x, kv, w, w, w, wo, *ids)
+  # recomputed q | k, v, o; do, dwo, dwq, dxq | dwk, dwv, dxk, dxv; scores, pv, dv, dp, dq, dk
+  assert backward.flops == 5 * project(B * Q) + 6 * project(B * K) + 6 * head
+  cores = 2  # 16 rows: two blocks of 8, one per TensorCore, each with its float32 partial of the 4 weights
+  assert backward.bytes_accessed == (inputs + 2 * B * Q * M) + (inputs - 4 * 4 * M * AD - 4 * B * (Q + K)) + (
+      cores * 4 * 4 * M * AD)
+
+
+def test_the_weights_gradients_are_summed_over_blocks_and_cores():
+  """Four blocks of 8 rows, two on each core: every block's weight gradients are added into its core's partial."""
+  out, grads = attention_outputs_and_gradients("pallas", jnp.float32, False, True, B=32)
+  want_out, want_grads = attention_outputs_and_gradients("xla", jnp.float32, False, True, B=32)
+  np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
+  assert relative_error(grads, want_grads) < 1e-5
 
 
 def test_pallas_attention_refuses_attention_dropout():
@@ -128,3 +156,20 @@ def test_build_warns_that_it_is_interpreted_off_a_tpu(caplog):
   with caplog.at_level(logging.WARNING, logger="gshard_mt.training.setup"):
     build(small_config(), 600)
   assert "interpret mode" not in caplog.text
+
+
+@pytest.mark.parametrize("cross, causal", [(False, True), (True, False)], ids=["causal", "cross"])
+def test_the_kernels_compile_for_a_tpu(cross, causal):
+  """The Mosaic kernels lower and fit VMEM for a TPU (libtpu's compile-only devices): forward and backward of a
+  decoder's rows (40 target positions, 64 source: rows that are not whole bf16 tiles), on two cores' blocks."""
+  from gshard_mt.compiler import tpu
+
+  B, Q, K, M, A, D = 32, 40, 64 if cross else 40, 128, 2, 64
+  block = lambda x, kv, *a: pallas_attention.pallas_attention(x, kv if cross else None, *a, causal=causal)  # noqa: E731
+  loss = lambda *a: jnp.sum(block(*a).astype(jnp.float32) ** 2)  # noqa: E731
+  sharding = jax.sharding.SingleDeviceSharding(tpu.topology_devices("v5p:1x1x1")[0])
+  shapes = [((B, Q, M), jnp.bfloat16), ((B, K, M), jnp.bfloat16), *[((M, A, D), jnp.float32)] * 3,
+            ((A, D, M), jnp.float32), ((B, Q), jnp.int32), ((B, K), jnp.int32)]
+  args = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
+  text = jax.jit(jax.grad(loss, (0, 1, 2, 3, 4, 5))).lower(*args).compile().as_text()
+  assert text.count('custom_call_target="tpu_custom_call"') == 2  # the forward and the backward kernel
