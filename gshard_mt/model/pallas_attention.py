@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from gshard_mt.model import kernels
 from gshard_mt.model.layers import NEG_INF, attention_mask
 
 ROWS = 8  # rows per kernel block: a multiple of 8, or the whole batch
@@ -149,7 +149,7 @@ def _forward(xs, weights, q_segments, k_segments, heads: int, causal: bool):
       compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",), vmem_limit_bytes=VMEM_BYTES),
       cost_estimate=_cost(xs, weights, q_segments, k_segments, heads, FORWARD_MATMULS, xq.nbytes),
       interpret=interpret)
-  return kernels.on_tpu(run, *xs, *weights, q_segments, k_segments)
+  return _on_tpu(run, *xs, *weights, q_segments, k_segments)
 
 
 def _backward(xs, weights, dy, q_segments, k_segments, heads: int, causal: bool):
@@ -174,8 +174,15 @@ def _backward(xs, weights, dy, q_segments, k_segments, heads: int, causal: bool)
       cost_estimate=_cost((*xs, dy), weights, q_segments, k_segments, heads, BACKWARD_MATMULS,
                           sum(x.nbytes for x in xs) + 4 * cores * M * AD * len(weights)),
       interpret=interpret)
-  grads = kernels.on_tpu(run, *xs, *weights, dy, q_segments, k_segments)
+  grads = _on_tpu(run, *xs, *weights, dy, q_segments, k_segments)
   return tuple(grads[:len(xs)]), tuple(g.sum(0) for g in grads[len(xs):])
+
+
+def _on_tpu(run, *args):
+  """`run(interpret=False)` compiled for a TPU, Pallas's interpret mode for any other platform: chosen where the
+  program is lowered, not by the host's default backend (a TPU program compiled ahead of time on a CPU host gets
+  the kernels)."""
+  return jax.lax.platform_dependent(*args, tpu=run(False), default=run(True))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
@@ -205,5 +212,14 @@ def pallas_attention(x, kv, wq, wk, wv, wo, q_segments, k_segments, causal: bool
   xs = (flat(x),) if kv is None else (flat(x), flat(kv))
   weights = (*(w.reshape(M, A * D) for w in (wq, wk, wv)), wo.reshape(A * D, M))
 
-  block = functools.partial(_block, heads=A, causal=causal)  # the weights whole on each device
-  return kernels.per_device(block, (True, False, True, True))(xs, weights, q_segments, k_segments).reshape(B, Q, M)
+  def block(xs, weights, q_segments, k_segments):
+    return _block(xs, weights, q_segments, k_segments, A, causal)
+
+  mesh = jax.sharding.get_abstract_mesh()
+  batch = nn.logical_to_mesh_axes(("batch",))[0] if not mesh.empty else None
+  if batch is not None:  # each device's rows through the kernels; the weights whole, their gradients summed
+    rows, whole = jax.sharding.PartitionSpec(batch), jax.sharding.PartitionSpec()
+    # check_vma=False: the kernels' outputs vary over the batch's axes as their inputs do, which Pallas cannot
+    # infer; shard_map's transpose then sums the weights' per-device gradients over those axes.
+    block = jax.shard_map(block, mesh=mesh, in_specs=(rows, whole, rows, rows), out_specs=rows, check_vma=False)
+  return block(xs, weights, q_segments, k_segments).reshape(B, Q, M)
