@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 GIB = 2**30
+MIB = 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +26,9 @@ class Chip:
   hbm_bytes_per_chip: int
   cores_per_chip: int  # TensorCores of a TPU; 1 for a GPU
   source: str
+  # VMEM per TensorCore as the TPU compiler gives it (libtpu 0.0.52), for Pallas kernels; None for GPUs and for
+  # v2 and v3, where Mosaic takes no bf16 matmul operand (model.pallas_attention.tpu_problem)
+  vmem_bytes: int | None = None
 
   @property
   def peak_flops_per_core(self) -> float:
@@ -34,10 +38,10 @@ class Chip:
 TPUS = (  # cloud.google.com/tpu/docs/<generation>; v2: 45 TFLOP/s per chip (180 per 4-chip board)
     Chip("v2", ("TPU v2",), 45e12, 16 * GIB, 2, "cloud.google.com/tpu/docs/v2; Jouppi et al. 2020"),
     Chip("v3", ("TPU v3",), 123e12, 32 * GIB, 2, "cloud.google.com/tpu/docs/v3"),
-    Chip("v4", ("TPU v4",), 275e12, 32 * GIB, 2, "cloud.google.com/tpu/docs/v4"),
-    Chip("v5e", ("TPU v5 lite",), 197e12, 16 * GIB, 1, "cloud.google.com/tpu/docs/v5e"),
-    Chip("v5p", ("TPU v5",), 459e12, 95 * GIB, 2, "cloud.google.com/tpu/docs/v5p"),
-    Chip("v6e", ("TPU v6 lite",), 918e12, 32 * GIB, 1, "cloud.google.com/tpu/docs/v6e"),
+    Chip("v4", ("TPU v4",), 275e12, 32 * GIB, 2, "cloud.google.com/tpu/docs/v4", 16 * MIB),
+    Chip("v5e", ("TPU v5 lite",), 197e12, 16 * GIB, 1, "cloud.google.com/tpu/docs/v5e", 128 * MIB),
+    Chip("v5p", ("TPU v5",), 459e12, 95 * GIB, 2, "cloud.google.com/tpu/docs/v5p", 64 * MIB),
+    Chip("v6e", ("TPU v6 lite",), 918e12, 32 * GIB, 1, "cloud.google.com/tpu/docs/v6e", 128 * MIB),
 )
 GPUS = (  # nvidia.com data sheets: dense (not 2:4 sparse) bf16 tensor-core FLOP/s
     Chip("H100 SXM", ("NVIDIA H100 80GB HBM3",), 989.5e12, 80 * GIB, 1, "NVIDIA H100 data sheet"),

@@ -153,6 +153,7 @@ class Attention(nn.Module):
   decode: bool = False
   attention: str = "xla"  # model.attention: what `bias` is outside decoding (`packing_mask`)
   causal: bool = False  # the decoder's self-attention (the bias or mask holds it; the kernels are told too)
+  kernel_vmem: int | None = None  # 'pallas': the TPU's VMEM in bytes (TransformerConfig.kernel_vmem)
 
   @nn.compact
   def __call__(self, x, kv, bias, *, deterministic: bool, decode_step=None):
@@ -165,7 +166,7 @@ class Attention(nn.Module):
       from gshard_mt.model.pallas_attention import pallas_attention  # it imports from here
 
       return pallas_attention(x.astype(dt), kv.astype(dt) if self.is_cross else None, wq, wk, wv, wo, *bias,
-                              causal=self.causal)
+                              causal=self.causal, vmem=self.kernel_vmem)
     q = jnp.einsum("BQM,MAD->BQAD", x.astype(dt), wq.astype(dt)) * D ** -0.5
     project = lambda w: jnp.einsum("BKM,MAD->BKAD", kv.astype(dt), w.astype(dt))  # noqa: E731
     if self.decode and self.is_cross:

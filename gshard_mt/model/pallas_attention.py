@@ -19,6 +19,7 @@ training). Letters as in `layers`: B rows, Q, K positions, M model dim, A heads,
 from __future__ import annotations
 
 import functools
+import math
 
 import flax.linen as nn
 import jax
@@ -28,8 +29,9 @@ from jax.experimental.pallas import tpu as pltpu
 
 from gshard_mt.model.layers import NEG_INF, attention_mask
 
-ROWS = 8  # rows per kernel block: a multiple of 8, or the whole batch
-VMEM_BYTES = 48 * 2**20  # the kernels' VMEM limit: dense_base's backward needs ~20 MiB, over the default 16 MiB
+ROWS = (8, 4, 2, 1)  # rows per kernel block, the most that fits (`block_rows`)
+VMEM_LIMIT = 48 * 2**20  # the kernels' scoped VMEM at most (the compiler's default is 16 MiB)
+SPARE = 0.9  # `vmem_bytes` is within a few per cent of the compiler's figure: a tenth of the VMEM kept spare
 _NN = (((1,), (0,)), ((), ()))  # x y
 _NT = (((1,), (1,)), ((), ()))  # x y^T
 _TN = (((0,), (0,)), ((), ()))  # x^T y
@@ -47,11 +49,11 @@ def _dot(x, y, dims=_NN):
 def _attend(q, k, v, qs_ref, ks_ref, heads: int, causal: bool, each):
   """q [R·Q, A·D] (scaled), k, v [R·K, A·D] -> calls each(rows of Q, rows of K, columns of a head, probs
   [Q, K] float32) for every row and head."""
-  R, Q = qs_ref.shape
-  K = ks_ref.shape[1]
+  R, _, Q = qs_ref.shape
+  K = ks_ref.shape[2]
   D = q.shape[1] // heads
   for r in range(R):
-    mask = attention_mask(qs_ref[r:r + 1], ks_ref[r:r + 1], causal)[0, 0]  # [Q, K]
+    mask = attention_mask(qs_ref[r], ks_ref[r], causal)[0, 0]  # [Q, K]
     qr, kr = slice(r * Q, (r + 1) * Q), slice(r * K, (r + 1) * K)
     for a in range(heads):
       cols = slice(a * D, (a + 1) * D)
@@ -60,9 +62,9 @@ def _attend(q, k, v, qs_ref, ks_ref, heads: int, causal: bool, each):
 
 
 def _project(xq, xk, weights, heads: int):
-  """xq [R·Q, M], xk [R·K, M], weight refs -> q (scaled by D^-1/2), k, v in x's dtype, and the four weights."""
+  """xq [R·Q, M], xk [R·K, M], weight refs (in x's dtype) -> q (scaled by D^-1/2), k, v, and the four weights."""
   dt = xq.dtype
-  wq, wk, wv, wo = (w[...].astype(dt) for w in weights)
+  wq, wk, wv, wo = (w[...] for w in weights)
   scale = (wq.shape[1] // heads) ** -0.5
   q, k, v = (_dot(xq, wq) * scale).astype(dt), _dot(xk, wk).astype(dt), _dot(xk, wv).astype(dt)
   return q, k, v, (wq, wk, wv, wo), scale
@@ -122,7 +124,7 @@ def _backward_kernel(*refs, heads: int, causal: bool, shared: bool):
 def _cost(xs, weights, q_segments, k_segments, heads: int, matmuls, other_bytes: int) -> pl.CostEstimate:
   """A kernel's declared cost: `matmuls` (per query row, per key row, per row and head: FORWARD_MATMULS) of its
   projections and head matmuls, and the bytes of its inputs and `other_bytes` (its outputs)."""
-  (B, Q), K = q_segments.shape, k_segments.shape[1]
+  (B, _, Q), K = q_segments.shape, k_segments.shape[2]
   M, AD = weights[0].shape
   per_q, per_k, per_head = matmuls
   flops = 2 * M * AD * B * (per_q * Q + per_k * K) + 2 * per_head * B * Q * K * AD
@@ -130,38 +132,88 @@ def _cost(xs, weights, q_segments, k_segments, heads: int, matmuls, other_bytes:
   return pl.CostEstimate(flops=flops, transcendentals=B * heads * Q * K, bytes_accessed=nbytes)
 
 
-def _rows(B: int) -> int:
-  return ROWS if B % ROWS == 0 else B
+def _in_dtype_of(xs, weights) -> tuple:
+  """The weights cast to the activations' dtype before the kernels: they read half the bytes and hold half the
+  VMEM; the casts' transposes carry the float32 gradients back."""
+  return tuple(w.astype(xs[0].dtype) for w in weights)
 
 
-def _forward(xs, weights, q_segments, k_segments, heads: int, causal: bool):
+def vmem_bytes(rows: int, Q: int, K: int, M: int, AD: int, itemsize: int) -> int:
+  """The backward kernel's VMEM (the larger of the two) with blocks of `rows` rows, as its buffers add up: the
+  weights and the float32 partials of their gradients, one buffer each; two buffers of each block of x, kv and dy
+  in and of dx, dkv out; the float32 scratch o, dq, dk, dv; q, k, v, do and the float32 products they come from.
+  The compiler reports a few per cent more (22.2 MiB against 21.0 for dense_base's encoder rows in blocks of 8;
+  bench/RESULTS.md), hence SPARE."""
+  per_row = 2 * (3 * Q + 2 * K) * M * itemsize + 2 * (Q + K) * AD * (8 + itemsize)
+  return 4 * M * AD * (itemsize + 4) + rows * per_row
+
+
+def vmem_budget(vmem: int | None) -> int:
+  """What the kernels may hold in VMEM on a TPU with `vmem` bytes of it (None: not known, VMEM_LIMIT)."""
+  return min(vmem or VMEM_LIMIT, VMEM_LIMIT)
+
+
+def block_rows(Q: int, K: int, M: int, AD: int, itemsize: int, vmem: int | None) -> int:
+  """Rows per block: the most of ROWS whose kernels fit `vmem_budget(vmem)`, else 1 (which the training setup
+  refuses beforehand: `tpu_problem`)."""
+  return next((r for r in ROWS if vmem_bytes(r, Q, K, M, AD, itemsize) <= SPARE * vmem_budget(vmem)), 1)
+
+
+def tpu_problem(vmem_capacity: int | None, lengths, M: int, AD: int, itemsize: int) -> str | None:
+  """Why the kernels would not compile for a TPU with `vmem_capacity` bytes of VMEM (None: a generation they do
+  not support) at row lengths `lengths` (source, target), or None."""
+  if vmem_capacity is None:
+    return "its Mosaic kernels need a TPU v4 or newer"
+  if any(L % 8 for L in lengths):
+    return f"its kernels need row lengths that are multiples of 8, not {tuple(lengths)}"
+  src, tgt = lengths
+  need = max(vmem_bytes(block_rows(Q, K, M, AD, itemsize, vmem_capacity), Q, K, M, AD, itemsize)
+             for Q, K in ((src, src), (tgt, tgt), (tgt, src)))
+  capacity = vmem_budget(vmem_capacity)
+  if need > SPARE * capacity:
+    return (f"its backward kernel needs {need / 2**20:.1f} MiB of VMEM at M={M}, A·D={AD}, rows of {src}/{tgt}, "
+            f"more than the {capacity / 2**20:.0f} MiB it may use here")
+  return None
+
+
+def _rows(B: int, Q: int, K: int, M: int, AD: int, itemsize: int, vmem: int | None) -> int:
+  """`block_rows`, made to divide the batch's B rows."""
+  return math.gcd(B, block_rows(Q, K, M, AD, itemsize, vmem))
+
+
+def _forward(xs, weights, q_segments, k_segments, heads: int, causal: bool, vmem: int | None):
   """xs: (x [B·Q, M],) or (xq [B·Q, M], xk [B·K, M]); weights (wq, wk, wv, wo) -> y [B·Q, M]."""
-  (B, Q), K = q_segments.shape, k_segments.shape[1]
-  rows, xq = _rows(B), xs[0]
+  weights = _in_dtype_of(xs, weights)
+  (B, _, Q), K = q_segments.shape, k_segments.shape[2]
+  xq = xs[0]
+  rows = _rows(B, Q, K, xq.shape[1], weights[0].shape[1], xq.dtype.itemsize, vmem)
   rows_of = lambda L: pl.BlockSpec((rows * L, xq.shape[1]), lambda b: (b, 0))  # noqa: E731
   whole = lambda a: pl.BlockSpec(a.shape, lambda b: (0, 0))  # noqa: E731
-  ids = lambda L: pl.BlockSpec((rows, L), lambda b: (b, 0))  # noqa: E731
+  ids = lambda L: pl.BlockSpec((rows, 1, L), lambda b: (b, 0, 0))  # noqa: E731
   run = lambda interpret: pl.pallas_call(  # noqa: E731
       functools.partial(_forward_kernel, heads=heads, causal=causal, shared=len(xs) == 1), grid=(B // rows,),
       in_specs=[rows_of(Q), rows_of(K)][:len(xs)] + [whole(w) for w in weights] + [ids(Q), ids(K)],
       out_specs=rows_of(Q), out_shape=jax.ShapeDtypeStruct(xq.shape, xq.dtype),
       scratch_shapes=[pltpu.VMEM((rows * Q, weights[0].shape[1]), jnp.float32)],
-      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",), vmem_limit_bytes=VMEM_BYTES),
+      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",), vmem_limit_bytes=vmem_budget(vmem)),
       cost_estimate=_cost(xs, weights, q_segments, k_segments, heads, FORWARD_MATMULS, xq.nbytes),
       interpret=interpret)
   return _on_tpu(run, *xs, *weights, q_segments, k_segments)
 
 
-def _backward(xs, weights, dy, q_segments, k_segments, heads: int, causal: bool):
+def _backward(xs, weights, dy, q_segments, k_segments, heads: int, causal: bool, vmem: int | None):
   """The forward's inputs and dy [B·Q, M] -> (the xs' cotangents, the weights' float32 gradients)."""
-  (B, Q), K = q_segments.shape, k_segments.shape[1]
-  rows, M, AD = _rows(B), *weights[0].shape
+  weights = _in_dtype_of(xs, weights)
+  (B, _, Q), K = q_segments.shape, k_segments.shape[2]
+  M, AD = weights[0].shape
+  rows = _rows(B, Q, K, M, AD, xs[0].dtype.itemsize, vmem)
   cores = 2 if (B // rows) % 2 == 0 else 1  # a v5p chip's two TensorCores split the blocks
   per_core = B // rows // cores
   rows_of = lambda L: pl.BlockSpec((rows * L, M), lambda c, i: (c * per_core + i, 0))  # noqa: E731
-  ids = lambda L: pl.BlockSpec((rows, L), lambda c, i: (c * per_core + i, 0))  # noqa: E731
+  ids = lambda L: pl.BlockSpec((rows, 1, L), lambda c, i: (c * per_core + i, 0, 0))  # noqa: E731
   whole = lambda a: pl.BlockSpec(a.shape, lambda c, i: (0, 0))  # noqa: E731
-  partial = lambda a: pl.BlockSpec((1, *a.shape), lambda c, i: (c, 0, 0))  # noqa: E731
+  # one buffer: a core's partial stays in VMEM over its blocks
+  partial = lambda a: pl.BlockSpec((1, *a.shape), lambda c, i: (c, 0, 0), pipeline_mode=pl.Buffered(1))  # noqa: E731
   partials = [jax.ShapeDtypeStruct((cores, *w.shape), jnp.float32) for w in weights]
   out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in xs] + partials
   run = lambda interpret: pl.pallas_call(  # noqa: E731
@@ -170,7 +222,7 @@ def _backward(xs, weights, dy, q_segments, k_segments, heads: int, causal: bool)
       out_specs=[rows_of(Q), rows_of(K)][:len(xs)] + [partial(w) for w in weights], out_shape=out_shape,
       scratch_shapes=[pltpu.VMEM((rows * L, AD), jnp.float32) for L in (Q, Q, K, K)],
       compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"),
-                                           vmem_limit_bytes=VMEM_BYTES),
+                                           vmem_limit_bytes=vmem_budget(vmem)),
       cost_estimate=_cost((*xs, dy), weights, q_segments, k_segments, heads, BACKWARD_MATMULS,
                           sum(x.nbytes for x in xs) + 4 * cores * M * AD * len(weights)),
       interpret=interpret)
@@ -185,35 +237,36 @@ def _on_tpu(run, *args):
   return jax.lax.platform_dependent(*args, tpu=run(False), default=run(True))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _block(xs, weights, q_segments, k_segments, heads, causal):
-  return _forward(xs, weights, q_segments, k_segments, heads, causal)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _block(xs, weights, q_segments, k_segments, heads, causal, vmem):
+  return _forward(xs, weights, q_segments, k_segments, heads, causal, vmem)
 
 
-def _block_forward(xs, weights, q_segments, k_segments, heads, causal):
-  return _block(xs, weights, q_segments, k_segments, heads, causal), (xs, weights, q_segments, k_segments)
+def _block_forward(xs, weights, q_segments, k_segments, heads, causal, vmem):
+  return _block(xs, weights, q_segments, k_segments, heads, causal, vmem), (xs, weights, q_segments, k_segments)
 
 
-def _block_backward(heads, causal, residuals, dy):
+def _block_backward(heads, causal, vmem, residuals, dy):
   xs, weights, q_segments, k_segments = residuals
-  dxs, dws = _backward(xs, weights, dy, q_segments, k_segments, heads, causal)
+  dxs, dws = _backward(xs, weights, dy, q_segments, k_segments, heads, causal, vmem)
   return dxs, tuple(d.astype(w.dtype) for d, w in zip(dws, weights)), None, None
 
 
 _block.defvjp(_block_forward, _block_backward)
 
 
-def pallas_attention(x, kv, wq, wk, wv, wo, q_segments, k_segments, causal: bool):
+def pallas_attention(x, kv, wq, wk, wv, wo, q_segments, k_segments, causal: bool, vmem: int | None = None):
   """x [B, Q, M] attends to kv [B, K, M] (None: to itself) with weights wq, wk, wv [M, A, D], wo [A, D, M]
   (float32; cast to x's dtype inside) and segment ids [B, Q], [B, K] (0 = padding) -> [B, Q, M]: what the
-  'xla' path of `layers.Attention` computes, as Pallas kernels."""
+  'xla' path of `layers.Attention` computes, as Pallas kernels. `vmem`: the TPU's VMEM in bytes (None: not known),
+  which sets the rows per block."""
   (B, Q, M), (_, A, D) = x.shape, wq.shape
   flat = lambda y: y.reshape(-1, M)  # noqa: E731
   xs = (flat(x),) if kv is None else (flat(x), flat(kv))
   weights = (*(w.reshape(M, A * D) for w in (wq, wk, wv)), wo.reshape(A * D, M))
 
   def block(xs, weights, q_segments, k_segments):
-    return _block(xs, weights, q_segments, k_segments, A, causal)
+    return _block(xs, weights, q_segments, k_segments, A, causal, vmem)
 
   mesh = jax.sharding.get_abstract_mesh()
   batch = nn.logical_to_mesh_axes(("batch",))[0] if not mesh.empty else None
@@ -222,4 +275,4 @@ def pallas_attention(x, kv, wq, wk, wv, wo, q_segments, k_segments, causal: bool
     # check_vma=False: the kernels' outputs vary over the batch's axes as their inputs do, which Pallas cannot
     # infer; shard_map's transpose then sums the weights' per-device gradients over those axes.
     block = jax.shard_map(block, mesh=mesh, in_specs=(rows, whole, rows, rows), out_specs=rows, check_vma=False)
-  return block(xs, weights, q_segments, k_segments).reshape(B, Q, M)
+  return block(xs, weights, q_segments[:, None], k_segments[:, None]).reshape(B, Q, M)

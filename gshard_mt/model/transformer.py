@@ -31,8 +31,7 @@ BLM = ("batch", "length", "embed")
 EMBEDDING_SCHEMES = {
     "t5": (0.0, 0.0, -0.5),  # T5 and Flax's examples/wmt: std 1, logits scaled down
     "vaswani": (-0.5, 0.5, 0.0),  # Vaswani et al., tensor2tensor, fairseq: std M^-0.5, inputs scaled up
-    # Mixtures of the two, kept to reproduce the comparison in bench/RESULTS.md: inputs sqrt(M) times too large
-    # (initial loss grows with M), and logits sqrt(M) times too small (slow start).
+    # Mixtures, to reproduce bench/RESULTS.md: inputs sqrt(M) times too large, or logits sqrt(M) times too small.
     "sqrt_input": (0.0, 0.5, -0.5),
     "small_logits": (-0.5, 0.5, -0.5),
 }
@@ -69,6 +68,7 @@ class TransformerConfig:
   dropout_rng: str = "threefry"  # a key of layers.DROPOUT_KEYS (the training step makes the dropout key)
   attention_dropout_rate: float = 0.0
   attention: str = "xla"  # a value of layers.ATTENTIONS
+  kernel_vmem: int | None = None  # 'pallas': the TPU's VMEM in bytes, set by the training setup (None: not known)
   dtype: Any = jnp.float32
   residual_dtype: Any = jnp.float32  # the stream the layers add to (layer norms compute in float32)
   remat: str = "none"  # a key of REMAT_POLICIES
@@ -116,8 +116,8 @@ class Layer(nn.Module):
     """x [B, L, M] -> (x [B, L, M], MoE stats or {})."""
     cfg = self.cfg
     drop = nn.Dropout(cfg.dropout_rate)
-    attention = dict(num_heads=cfg.num_heads, head_dim=cfg.head_dim, dtype=cfg.dtype,
-                     dropout_rate=cfg.attention_dropout_rate, decode=self.decode, attention=cfg.attention)
+    attention = dict(num_heads=cfg.num_heads, head_dim=cfg.head_dim, dtype=cfg.dtype, decode=self.decode,
+                     dropout_rate=cfg.attention_dropout_rate, attention=cfg.attention, kernel_vmem=cfg.kernel_vmem)
     h = layer_norm("pre_self_attention")(x)
     h = Attention(**attention, causal=self.is_decoder, name="self_attention")(
         h, h, inputs.self_bias, deterministic=deterministic, decode_step=inputs.decode_step)

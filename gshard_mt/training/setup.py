@@ -12,6 +12,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from gshard_mt.compiler import chips
+from gshard_mt.data import packing
+from gshard_mt.errors import ConfigError
+from gshard_mt.model import pallas_attention
 from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch
 from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.parallel import rules as rules_lib
@@ -59,13 +63,29 @@ def _init_state(model_cfg, tx, seed, boxed=False):
                     rng=jax.random.key_data(jax.random.fold_in(key, 1)))
 
 
+def _pallas_config(config, model_cfg, device):
+  """model.attention='pallas': on a TPU, the model told the TPU's VMEM, or a one-line error where the kernels
+  would not compile (before any compiling); elsewhere a warning that they run interpreted."""
+  if device.platform != "tpu":
+    log.warning("model.attention='pallas' runs its kernels in Pallas's interpret mode off a TPU (%s): for tests, "
+                "far too slow to train with", device.platform)
+    return model_cfg
+  chip = chips.chip_of(device.device_kind)
+  if chip is None:  # a TPU the table does not know: the compiler decides
+    return model_cfg
+  problem = pallas_attention.tpu_problem(chip.vmem_bytes, packing.row_lengths(config), model_cfg.emb_dim,
+                                         model_cfg.num_heads * model_cfg.head_dim, jnp.dtype(model_cfg.dtype).itemsize)
+  if problem:
+    raise ConfigError(f"model.attention='pallas' on {device.device_kind}: {problem}; use model.attention='xla'")
+  return dataclasses.replace(model_cfg, kernel_vmem=chip.vmem_bytes)
+
+
 def build(config, vocab_size: int, devices=None) -> Setup:
   """Model, optimizer, mesh and the shardings of the train state, all without allocating anything."""
   model_cfg = TransformerConfig.from_config(config, vocab_size)
   mesh = mesh_lib.make_mesh(config, devices)
-  if model_cfg.attention == "pallas" and mesh.devices.flat[0].platform != "tpu":
-    log.warning("model.attention='pallas' runs its kernels in Pallas's interpret mode off a TPU (%s): for tests, "
-                "far too slow to train with", mesh.devices.flat[0].platform)
+  if model_cfg.attention == "pallas":
+    model_cfg = _pallas_config(config, model_cfg, mesh.devices.flat[0])
   rules = rules_lib.rules(config)
   tx = make_optimizer(config.optimizer)
   boxed = jax.eval_shape(functools.partial(_init_state, model_cfg, tx, 0, True)).params

@@ -1,6 +1,6 @@
 """model.attention='pallas' (Pallas kernels reading the segment ids; Pallas's interpret mode on the CPU) against
 'xla' (the einsum reference): outputs and gradients of self, causal and cross attention on packed rows, in blocks of
-8 rows and in one block; the whole model's loss and gradients, on one device and under shard_map on a mesh; the
+8 rows and of 1; the whole model's loss and gradients, on one device and under shard_map on a mesh; the
 kernels' declared cost; the config's refusal of attention dropout."""
 
 import logging
@@ -27,7 +27,7 @@ from tests.unit.test_fused_attention import (
 )
 
 
-@pytest.mark.parametrize("rows", [16, 3], ids=["blocks-of-8", "one-block"])
+@pytest.mark.parametrize("rows", [16, 3], ids=["blocks-of-8", "blocks-of-1"])
 @pytest.mark.parametrize("cross, causal", [(False, False), (False, True), (True, False)],
                          ids=["self", "causal", "cross"])
 def test_pallas_equals_xla_on_packed_rows(cross, causal, rows):
@@ -121,14 +121,15 @@ def test_declared_cost_counts_the_matmuls_and_bytes(cross):
   head = 2 * B * Q * K * AD  # one [Q, K] x D matmul for every row and head
   assert isinstance(forward, pl.CostEstimate)
   assert forward.flops == 2 * project(B * Q) + 2 * project(B * K) + 2 * head  # q, output | k, v | scores, pv
-  inputs = (2 * B * Q * M + (2 * B * K * M if cross else 0)) + 4 * 4 * M * AD + 4 * B * (Q + K)
+  # x (and kv) in bf16, the four weights cast to bf16 before the kernels, the segment ids
+  inputs = (2 * B * Q * M + (2 * B * K * M if cross else 0)) + 4 * 2 * M * AD + 4 * B * (Q + K)
   assert forward.bytes_accessed == inputs + 2 * B * Q * M
   loss = lambda x, kv, *a: jnp.sum(block(x, kv, *a).astype(jnp.float32))  # noqa: E731
   _, backward = declared_costs(jax.grad(loss, (0, 1, 2, 3, 4, 5)), x, kv, w, w, w, wo, *ids)
   # recomputed q | k, v, o; do, dwo, dwq, dxq | dwk, dwv, dxk, dxv; scores, pv, dv, dp, dq, dk
   assert backward.flops == 5 * project(B * Q) + 6 * project(B * K) + 6 * head
   cores = 2  # 16 rows: two blocks of 8, one per TensorCore, each with its float32 partial of the 4 weights
-  assert backward.bytes_accessed == (inputs + 2 * B * Q * M) + (inputs - 4 * 4 * M * AD - 4 * B * (Q + K)) + (
+  assert backward.bytes_accessed == (inputs + 2 * B * Q * M) + (inputs - 4 * 2 * M * AD - 4 * B * (Q + K)) + (
       cores * 4 * 4 * M * AD)
 
 
@@ -173,3 +174,67 @@ def test_the_kernels_compile_for_a_tpu(cross, causal):
   args = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
   text = jax.jit(jax.grad(loss, (0, 1, 2, 3, 4, 5))).lower(*args).compile().as_text()
   assert text.count('custom_call_target="tpu_custom_call"') == 2  # the forward and the backward kernel
+
+
+MIB = 2**20
+
+
+def test_blocks_shrink_to_fit_the_tpus_vmem():
+  """dense_base's encoder rows (64 x 64, M = A·D = 512, bf16): blocks of 8 rows in the 48 MiB the kernels may use
+  on a v5p, of 4 in a v4's 16 MiB; at M = A·D = 1024 no block fits a v4, and the training setup's check says so."""
+  dense_base = (64, 64, 512, 512, 2)
+  assert pallas_attention.block_rows(*dense_base, vmem=64 * MIB) == 8
+  assert pallas_attention.block_rows(*dense_base, vmem=None) == 8  # not known: the kernels' own limit
+  assert pallas_attention.block_rows(*dense_base, vmem=16 * MIB) == 4
+  # the compiler counts 22.2 MiB for blocks of 8 (a v4's error message): within the tenth kept spare
+  assert 0.9 * 22.2 * MIB < pallas_attention.vmem_bytes(8, *dense_base) < 22.2 * MIB
+  assert pallas_attention.tpu_problem(16 * MIB, (64, 40), 512, 512, 2) is None
+  assert pallas_attention.tpu_problem(16 * MIB, (64, 40), 1024, 1024, 2) == (
+      "its backward kernel needs 27.8 MiB of VMEM at M=1024, A·D=1024, rows of 64/40, more than the 16 MiB it may "
+      "use here")
+  assert pallas_attention.tpu_problem(None, (64, 40), 512, 512, 2) == "its Mosaic kernels need a TPU v4 or newer"
+  assert pallas_attention.tpu_problem(64 * MIB, (64, 36), 512, 512, 2) == (
+      "its kernels need row lengths that are multiples of 8, not (64, 36)")
+
+
+def test_the_training_setup_tells_the_model_the_tpus_vmem_or_refuses(caplog):
+  from types import SimpleNamespace
+
+  from gshard_mt.training import setup
+  from gshard_mt.training.setup import TransformerConfig
+
+  def configured(kind, platform="tpu", **overrides):
+    config = small_config(**{"model.attention": "pallas", **overrides})
+    model_cfg = TransformerConfig.from_config(config, 600)
+    return setup._pallas_config(config, model_cfg, SimpleNamespace(platform=platform, device_kind=kind))
+
+  assert configured("TPU v5").kernel_vmem == 64 * MIB
+  assert configured("TPU v4").kernel_vmem == 16 * MIB
+  assert configured("TPU v9 someday").kernel_vmem is None  # a TPU the table does not know: the compiler decides
+  with pytest.raises(ConfigError, match=r"^model.attention='pallas' on TPU v4: its backward kernel needs [\d.]+ MiB "
+                                        r"of VMEM at M=1024, A·D=1024, .*; use model.attention='xla'$"):
+    configured("TPU v4", **{"model.emb_dim": "1024", "model.num_heads": "16", "model.head_dim": "64"})
+  with pytest.raises(ConfigError, match=r"on TPU v3: its Mosaic kernels need a TPU v4 or newer"):
+    configured("TPU v3")
+  with caplog.at_level(logging.WARNING, logger="gshard_mt.training.setup"):
+    assert configured("cpu", platform="cpu").kernel_vmem is None
+  assert "interpret mode off a TPU (cpu)" in caplog.text
+
+
+@pytest.mark.parametrize("topology", ["v4:1x1x1", "v5p:1x1x1"])
+def test_dense_base_rows_compile_within_the_tpus_vmem(topology):
+  """dense_base's encoder block (64 x 64 rows, M = A·D = 512) with the rows `block_rows` picks for the TPU's VMEM:
+  the compiler fits it (blocks of 8 alone would not fit a v4)."""
+  from gshard_mt.compiler import chips, tpu
+
+  device = tpu.topology_devices(topology)[0]
+  vmem = chips.chip_of(device.device_kind).vmem_bytes
+  B, L, M, A, D = 16, 64, 512, 8, 64
+  loss = lambda x, *a: jnp.sum(pallas_attention.pallas_attention(  # noqa: E731
+      x, None, *a, causal=False, vmem=vmem).astype(jnp.float32) ** 2)
+  sharding = jax.sharding.SingleDeviceSharding(device)
+  shapes = [((B, L, M), jnp.bfloat16), *[((M, A, D), jnp.float32)] * 3, ((A, D, M), jnp.float32),
+            ((B, L), jnp.int32), ((B, L), jnp.int32)]
+  args = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
+  text = jax.jit(jax.grad(loss, (0, 1, 2, 3, 4))).lower(*args).compile().as_text()
+  assert text.count('custom_call_target="tpu_custom_call"') == 2
