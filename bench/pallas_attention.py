@@ -4,10 +4,11 @@ of 'xla'.
 
   python bench/pallas_attention.py [--topology v5p:2x2x1]
 
-dense_base's per-chip rows (128 rows of 64 source / 40 target positions, M=512, 8 heads of 64, bf16 activations,
-float32 weights, three pairs per row): the model's own `Attention` module as the encoder's self-attention, the
-decoder's causal self-attention and its cross-attention, forward and forward + backward (the loss: the sum of
-squared outputs; gradients of the inputs and the weights), compiled for one device of --topology. The kernels'
+dense_base's per-chip rows (128 rows of 64 source / 40 target positions, M=512, 8 heads of 64, a bf16 residual
+stream, float32 weights): the model's own `Attention` module, its layer norm included, as the encoder's
+self-attention, the decoder's causal self-attention and its cross-attention, forward and forward + backward (the
+loss: the sum of squared outputs; gradients of the inputs, the weights and the norm's scale and bias), compiled
+for one device of --topology. The kernels'
 equality with the einsums is tested in tests/unit/test_pallas_attention.py (interpret mode).
 """
 
@@ -36,19 +37,21 @@ def block_costs(shape, Q: int, K: int, causal: bool, cross: bool, attention: str
   module = layers.Attention(num_heads=A, head_dim=D, dtype=jnp.bfloat16, is_cross=cross, attention=attention,
                             causal=causal)
 
-  def forward(params, x, kv, qs, ks):
-    return module.apply(params, x, kv if cross else x, layers.packing_mask(qs, ks, causal, attention),
-                        deterministic=True)
+  norm = shape((M,), jnp.float32), shape((M,), jnp.float32)  # the layer norm's scale and bias
 
-  def init(x, kv, qs, ks):
-    return module.init(jax.random.key(0), x, kv if cross else x, layers.packing_mask(qs, ks, causal, attention),
-                       deterministic=True)
+  def forward(params, x, kv, norm, qs, ks):
+    return module.apply(params, x, kv if cross else None, layers.packing_mask(qs, ks, causal, attention),
+                        norm=norm, deterministic=True)
 
-  params = jax.eval_shape(init, x, kv, *ids)
+  def init(x, kv, norm, qs, ks):
+    return module.init(jax.random.key(0), x, kv if cross else None, layers.packing_mask(qs, ks, causal, attention),
+                       norm=norm, deterministic=True)
+
+  params = jax.eval_shape(init, x, kv, norm, *ids)
   params = jax.tree.map(lambda a: shape(a.shape, a.dtype), params)
   loss = lambda *a: jnp.sum(forward(*a).astype(jnp.float32) ** 2)  # noqa: E731
-  grad = jax.grad(loss, (0, 1, 2) if cross else (0, 1))
-  return [tpu.compiler_cost(jax.jit(f).lower(params, x, kv, *ids).compile()) for f in (forward, grad)]
+  grad = jax.grad(loss, (0, 1, 2, 3) if cross else (0, 1, 3))
+  return [tpu.compiler_cost(jax.jit(f).lower(params, x, kv, norm, *ids).compile()) for f in (forward, grad)]
 
 
 def main(argv):

@@ -60,8 +60,8 @@ def pieces(jnp, jax):
   def three_projections(x, wq, wk, wv):
     return jnp.concatenate([project(x, wq), project(x, wk), project(x, wv)], -1)
 
-  def attention_block(x, wq, wk, wv, wo, segments):
-    return pallas_attention(x, None, wq, wk, wv, wo, segments, segments, causal=False)
+  def attention_block(x, scale, bias, wq, wk, wv, wo, segments):
+    return pallas_attention(x, None, (scale, bias), (wq, wk, wv, wo), segments, segments, causal=False, dtype=bf16)
 
   return {
       f"dense FFN (M -> {F} -> M)": (ffn, [((B, L, M), bf16), ((M, F), f32), ((F, M), f32)]),
@@ -72,8 +72,9 @@ def pieces(jnp, jax):
       "layer norm": (layer_norm, [((B, L, M), f32), ((M,), f32), ((M,), f32)]),
       f"logits and log-softmax ({T} positions, V={V})": (logits_nll, [((B, T, M), bf16), ((M, V), f32),
                                                                        ((B, T), jnp.int32)]),
-      "Pallas attention block (projections, core, output)": (
-          attention_block, [((B, L, M), bf16)] + [((M, A, D), f32)] * 3 + [((A, D, M), f32), ((B, L), jnp.int32)]),
+      "Pallas attention block (layer norm, projections, core, output)": (
+          attention_block, [((B, L, M), bf16), ((M,), f32), ((M,), f32)] + [((M, A, D), f32)] * 3
+          + [((A, D, M), f32), ((B, L), jnp.int32)]),
   }
 
 

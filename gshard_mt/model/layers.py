@@ -21,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 NEG_INF = -1e10  # additive mask: exp(NEG_INF - max) is exactly 0 in float32 and bfloat16
+LAYER_NORM_EPSILON = 1e-6  # flax's default
+NORM_INITS = {"scale": nn.initializers.ones, "bias": nn.initializers.zeros}  # a layer norm's parameters
 # model.dropout_rng: the generator of the dropout masks' bits, as a function of the step's threefry dropout key.
 # 'rbg' draws them with XLA's RngBitGenerator, its bits depending on the backend and the XLA version: on GPUs (and
 # CPUs) fused Philox, cheaper per element than threefry's hash. Not the default: on a TPU it is a separate op whose
@@ -131,8 +133,29 @@ def param(module: nn.Module, name: str, shape: tuple, names: tuple, init=None):
 
 def layer_norm(name: str) -> nn.LayerNorm:
   """LayerNorm over M whose scale and bias carry the 'embed' axis."""
-  return nn.LayerNorm(name=name, scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-                      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))
+  return nn.LayerNorm(name=name, epsilon=LAYER_NORM_EPSILON,
+                      scale_init=nn.with_logical_partitioning(NORM_INITS["scale"], ("embed",)),
+                      bias_init=nn.with_logical_partitioning(NORM_INITS["bias"], ("embed",)))
+
+
+def normalize(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
+  """x [..., M], scale, bias [M] -> the float32 layer norm over M as `layer_norm` (flax's LayerNorm) computes it:
+  variance E[x^2] - E[x]^2 clipped at 0, epsilon LAYER_NORM_EPSILON."""
+  x = x.astype(jnp.float32)
+  mean = x.mean(-1, keepdims=True)
+  var = jnp.maximum(0.0, (x * x).mean(-1, keepdims=True) - mean * mean)
+  return (x - mean) * (jax.lax.rsqrt(var + LAYER_NORM_EPSILON) * scale) + bias
+
+
+class NormParams(nn.Module):
+  """A layer norm's (scale, bias) [M], named and initialised as `layer_norm`'s, for `Attention` to apply itself
+  (its Pallas kernels fold the norm in)."""
+
+  features: int
+
+  @nn.compact
+  def __call__(self):
+    return tuple(param(self, name, (self.features,), ("embed",), init) for name, init in NORM_INITS.items())
 
 
 class Attention(nn.Module):
@@ -156,7 +179,9 @@ class Attention(nn.Module):
   kernel_vmem: int | None = None  # 'pallas': the TPU's VMEM in bytes (TransformerConfig.kernel_vmem)
 
   @nn.compact
-  def __call__(self, x, kv, bias, *, deterministic: bool, decode_step=None):
+  def __call__(self, x, kv, bias, *, norm, deterministic: bool, decode_step=None):
+    """x [B, Q, M] (the residual stream), normalized first by norm = (scale, bias) [M] (`NormParams`), attends to
+    kv [B, K, M] (None: to itself, normalized) -> [B, Q, M] in the computation dtype."""
     A, D, M, dt = self.num_heads, self.head_dim, x.shape[-1], self.dtype
     init = nn.initializers.variance_scaling(1.0, "fan_in", "normal", in_axis=0, out_axis=(1, 2))
     wq, wk, wv = (param(self, n, (M, A, D), ("embed", "heads", "kv"), init) for n in ("query", "key", "value"))
@@ -165,8 +190,10 @@ class Attention(nn.Module):
     if self.attention == "pallas" and not self.decode:  # the whole block in Pallas kernels
       from gshard_mt.model.pallas_attention import pallas_attention  # it imports from here
 
-      return pallas_attention(x.astype(dt), kv.astype(dt) if self.is_cross else None, wq, wk, wv, wo, *bias,
-                              causal=self.causal, vmem=self.kernel_vmem)
+      return pallas_attention(x, None if kv is None else kv.astype(dt), norm, (wq, wk, wv, wo), *bias,
+                              causal=self.causal, dtype=dt, vmem=self.kernel_vmem)
+    x = normalize(x, *norm)
+    kv = x if kv is None else kv
     q = jnp.einsum("BQM,MAD->BQAD", x.astype(dt), wq.astype(dt)) * D ** -0.5
     project = lambda w: jnp.einsum("BKM,MAD->BKAD", kv.astype(dt), w.astype(dt))  # noqa: E731
     if self.decode and self.is_cross:

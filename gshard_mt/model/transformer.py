@@ -18,6 +18,7 @@ import numpy as np
 from flax import struct
 
 from gshard_mt.data.packing import BATCH_KEYS
+from gshard_mt.model import layers
 from gshard_mt.model.layers import Attention, DenseFFN, layer_norm, packing_mask, shift_right, sinusoidal, source_bias
 from gshard_mt.moe import balance, routers
 from gshard_mt.moe.config import MoeConfig
@@ -93,8 +94,7 @@ class TransformerConfig:
 class LayerInputs:
   """What every layer of a stack sees besides its input x (broadcast to all scanned units)."""
 
-  # [B, 1, L, L] (Transformer._mask; the segment ids for 'pallas'), or [B, 1, R, L*R] over the cache's beam slots
-  # while decoding
+  # [B, 1, L, L] (Transformer._mask; 'pallas': the segment ids), or [B, 1, R, L*R] over the beam slots decoding
   self_bias: jax.Array | tuple
   token_mask: jax.Array  # [B, L], True for real tokens (MoE routing skips the others)
   memory: jax.Array | None = None  # [B, Ls, M] encoder output (decoder only; None for later decoding steps)
@@ -118,14 +118,14 @@ class Layer(nn.Module):
     drop = nn.Dropout(cfg.dropout_rate)
     attention = dict(num_heads=cfg.num_heads, head_dim=cfg.head_dim, dtype=cfg.dtype, decode=self.decode,
                      dropout_rate=cfg.attention_dropout_rate, attention=cfg.attention, kernel_vmem=cfg.kernel_vmem)
-    h = layer_norm("pre_self_attention")(x)
+    norm = lambda name: layers.NormParams(x.shape[-1], name=name)()  # noqa: E731  applied by Attention
     h = Attention(**attention, causal=self.is_decoder, name="self_attention")(
-        h, h, inputs.self_bias, deterministic=deterministic, decode_step=inputs.decode_step)
+        x, None, inputs.self_bias, norm=norm("pre_self_attention"), deterministic=deterministic,
+        decode_step=inputs.decode_step)
     x = x + drop(h, deterministic=deterministic).astype(x.dtype)
     if self.is_decoder:
-      h = layer_norm("pre_cross_attention")(x)
-      h = Attention(**attention, is_cross=True, name="cross_attention")(h, inputs.memory, inputs.cross_bias,
-                                                                        deterministic=deterministic)
+      h = Attention(**attention, is_cross=True, name="cross_attention")(
+          x, inputs.memory, inputs.cross_bias, norm=norm("pre_cross_attention"), deterministic=deterministic)
       x = x + drop(h, deterministic=deterministic).astype(x.dtype)
     h = layer_norm("pre_ffn")(x)
     stats = {}

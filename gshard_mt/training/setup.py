@@ -15,7 +15,7 @@ import optax
 from gshard_mt.compiler import chips
 from gshard_mt.data import packing
 from gshard_mt.errors import ConfigError
-from gshard_mt.model import pallas_attention
+from gshard_mt.model import pallas_vmem
 from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch
 from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.parallel import rules as rules_lib
@@ -73,8 +73,9 @@ def _pallas_config(config, model_cfg, device):
   chip = chips.chip_of(device.device_kind)
   if chip is None:  # a TPU the table does not know: the compiler decides
     return model_cfg
-  problem = pallas_attention.tpu_problem(chip.vmem_bytes, packing.row_lengths(config), model_cfg.emb_dim,
-                                         model_cfg.num_heads * model_cfg.head_dim, jnp.dtype(model_cfg.dtype).itemsize)
+  itemsize = max(jnp.dtype(model_cfg.dtype).itemsize, jnp.dtype(model_cfg.residual_dtype).itemsize)
+  problem = pallas_vmem.tpu_problem(chip.vmem_bytes, packing.row_lengths(config), model_cfg.emb_dim,
+                                    model_cfg.num_heads * model_cfg.head_dim, itemsize)
   if problem:
     raise ConfigError(f"model.attention='pallas' on {device.device_kind}: {problem}; use model.attention='xla'")
   return dataclasses.replace(model_cfg, kernel_vmem=chip.vmem_bytes)

@@ -41,25 +41,27 @@ def positions_of(segments: np.ndarray) -> np.ndarray:
 
 
 def attention_outputs_and_gradients(attention: str, dtype, cross: bool, causal: bool, B: int = 3):
-  """(outputs, gradients with respect to the parameters and inputs) of one Attention over B packed rows."""
+  """(outputs, gradients with respect to the parameters, the inputs and the layer norm's scale and bias) of one
+  Attention over B packed rows."""
   Q, K, M = 16, 24 if cross else 16, 32
   rng = np.random.default_rng(0)
-  x = jnp.asarray(rng.normal(size=(B, Q, M)), jnp.float32)
-  kv = jnp.asarray(rng.normal(size=(B, K, M)), jnp.float32) if cross else x
+  x = jnp.asarray(rng.normal(size=(B, Q, M)) * 2 + 0.5, dtype)  # the residual stream, not yet normalized
+  kv = jnp.asarray(rng.normal(size=(B, K, M)), jnp.float32)
+  norm = tuple(jnp.asarray(rng.normal(size=M) * 0.5 + shift, jnp.float32) for shift in (1.0, 0.0))
   q_segments = packed_segments(B, Q, pairs=3, seed=1)
   k_segments = packed_segments(B, K, pairs=3, seed=2) if cross else q_segments
   mask = layers.packing_mask(q_segments, k_segments, causal, attention)
   module = layers.Attention(num_heads=4, head_dim=8, dtype=dtype, is_cross=cross, attention=attention, causal=causal)
-  params = module.init(jax.random.key(0), x, kv, mask, deterministic=True)
+  params = module.init(jax.random.key(0), x, kv if cross else None, mask, norm=norm, deterministic=True)
   # Padding queries see no key: the reference spreads their attention evenly and passes a gradient through it,
   # the mask none. Nothing real reads a padding position (the loss weighs it 0), so their cotangent is 0.
   cotangent = jnp.asarray(rng.normal(size=(B, Q, M)) * (q_segments > 0)[..., None], jnp.float32)
 
-  def loss(params, x, kv):
-    out = module.apply(params, x, kv if cross else x, mask, deterministic=True)
+  def loss(params, x, kv, norm):
+    out = module.apply(params, x, kv if cross else None, mask, norm=norm, deterministic=True)
     return jnp.sum(out.astype(jnp.float32) * cotangent), out
 
-  (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(params, x, kv)
+  (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True))(params, x, kv, norm)
   return out.astype(jnp.float32), grads
 
 

@@ -1,5 +1,6 @@
 """Model building blocks: masks, shift right, attention probabilities, beams grouped per sentence."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,3 +58,21 @@ def test_dense_ffn_is_relu_mlp():
   wi, wo = (np.asarray(params["params"][n].value) for n in ("wi", "wo"))
   expected = np.maximum(np.asarray(x) @ wi, 0) @ wo
   np.testing.assert_allclose(ffn.apply(params, x, deterministic=True), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_normalize_is_the_layer_norm_module_and_norm_params_its_parameters():
+  """`normalize` with `NormParams` computes what `layer_norm` (flax's LayerNorm) does, on float32 and bf16 rows
+  (the residual stream's dtypes), with the same parameter names, shapes and initial values."""
+  rng = np.random.default_rng(0)
+  x32 = jnp.asarray(rng.normal(size=(2, 5, 16)) * 3 + 1, jnp.float32)
+  module, norm = layers.layer_norm("n"), layers.NormParams(16)
+  params = module.init(jax.random.key(0), x32)
+  assert jax.tree.map(np.shape, params) == jax.tree.map(np.shape, norm.init(jax.random.key(0)))
+  np.testing.assert_array_equal(*(jax.tree.leaves(nn.unbox(p)) for p in (params, norm.init(jax.random.key(0)))))
+  scale, bias = (jnp.asarray(rng.normal(size=16), jnp.float32) for _ in range(2))
+  trained = {"params": {"scale": scale, "bias": bias}}
+  for x in (x32, x32.astype(jnp.bfloat16)):
+    want = module.apply(trained, x)
+    got = layers.normalize(x, scale, bias)
+    assert got.dtype == want.dtype == jnp.float32
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

@@ -17,7 +17,7 @@ from jax.experimental import pallas as pl
 
 from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError
-from gshard_mt.model import pallas_attention
+from gshard_mt.model import pallas_attention, pallas_vmem
 from tests.helpers import ROOT, small_config
 from tests.unit.test_fused_attention import (
   attention_outputs_and_gradients,
@@ -84,6 +84,25 @@ def test_kernels_run_per_device_under_shard_map():
   assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout[-2000:] + proc.stderr[-3000:]
 
 
+def block_of(cross: bool, causal: bool, vmem=None):
+  """The kernels as a function of (x, kv, scale, bias, wq, wk, wv, wo, q ids, k ids), bf16 computation (kv is not
+  read for self-attention)."""
+  def block(x, kv, scale, bias, wq, wk, wv, wo, q_segments, k_segments):
+    return pallas_attention.pallas_attention(x, kv if cross else None, (scale, bias), (wq, wk, wv, wo), q_segments,
+                                             k_segments, causal=causal, dtype=jnp.bfloat16, vmem=vmem)
+  return block
+
+
+def block_shapes(B, Q, K, M, A, D, sharding=None) -> list:
+  """Abstract arguments of `block_of`'s function: bf16 rows, float32 parameters, int32 segment ids."""
+  shapes = [((B, Q, M), jnp.bfloat16), ((B, K, M), jnp.bfloat16), ((M,), jnp.float32), ((M,), jnp.float32),
+            *[((M, A, D), jnp.float32)] * 3, ((A, D, M), jnp.float32), ((B, Q), jnp.int32), ((B, K), jnp.int32)]
+  return [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
+
+
+GRADS = (0, 1, 2, 3, 4, 5, 6, 7)  # every floating-point argument of `block_of`'s function
+
+
 def declared_costs(fn, *args):
   """The cost each kernel in `fn`'s jaxpr declares, in order (each kernel is there twice, as platform_dependent's
   TPU and interpreted branches, with the same cost)."""
@@ -111,26 +130,24 @@ def test_declared_cost_counts_the_matmuls_and_bytes(cross):
   operands and outputs."""
   B, Q, K, M, A, D = 16, 8, 24 if cross else 8, 32, 4, 8
   AD = A * D
-  x, kv = jax.ShapeDtypeStruct((B, Q, M), jnp.bfloat16), jax.ShapeDtypeStruct((B, K, M), jnp.bfloat16)
-  w = jax.ShapeDtypeStruct((M, A, D), jnp.float32)
-  wo = jax.ShapeDtypeStruct((A, D, M), jnp.float32)
-  ids = jax.ShapeDtypeStruct((B, Q), jnp.int32), jax.ShapeDtypeStruct((B, K), jnp.int32)
-  block = lambda x, kv, *a: pallas_attention.pallas_attention(x, kv if cross else None, *a, causal=False)  # noqa: E731
-  [forward] = declared_costs(block, x, kv, w, w, w, wo, *ids)
+  args = block_shapes(B, Q, K, M, A, D)
+  block = block_of(cross, causal=False)
+  [forward] = declared_costs(block, *args)
   project = lambda rows: 2 * rows * M * AD  # noqa: E731  one [rows, M] x [M, A·D] matmul (or its transpose)
   head = 2 * B * Q * K * AD  # one [Q, K] x D matmul for every row and head
   assert isinstance(forward, pl.CostEstimate)
   assert forward.flops == 2 * project(B * Q) + 2 * project(B * K) + 2 * head  # q, output | k, v | scores, pv
-  # x (and kv) in bf16, the four weights cast to bf16 before the kernels, the segment ids
-  inputs = (2 * B * Q * M + (2 * B * K * M if cross else 0)) + 4 * 2 * M * AD + 4 * B * (Q + K)
+  # x (and kv) in bf16, the four weights cast to bf16 before the kernels, the norm's float32 scale and bias, the
+  # segment ids
+  rows_in = 2 * B * Q * M + (2 * B * K * M if cross else 0)
+  inputs = rows_in + 4 * 2 * M * AD + 2 * 4 * M + 4 * B * (Q + K)
   assert forward.bytes_accessed == inputs + 2 * B * Q * M
-  loss = lambda x, kv, *a: jnp.sum(block(x, kv, *a).astype(jnp.float32))  # noqa: E731
-  _, backward = declared_costs(jax.grad(loss, (0, 1, 2, 3, 4, 5)), x, kv, w, w, w, wo, *ids)
+  loss = lambda *a: jnp.sum(block(*a).astype(jnp.float32))  # noqa: E731
+  _, backward = declared_costs(jax.grad(loss, GRADS), *args)
   # recomputed q | k, v, o; do, dwo, dwq, dxq | dwk, dwv, dxk, dxv; scores, pv, dv, dp, dq, dk
   assert backward.flops == 5 * project(B * Q) + 6 * project(B * K) + 6 * head
-  cores = 2  # 16 rows: two blocks of 8, one per TensorCore, each with its float32 partial of the 4 weights
-  assert backward.bytes_accessed == (inputs + 2 * B * Q * M) + (inputs - 4 * 2 * M * AD - 4 * B * (Q + K)) + (
-      cores * 4 * 4 * M * AD)
+  cores = 2  # 16 rows: two blocks of 8, one per TensorCore, each with its float32 partials of the 6 parameters
+  assert backward.bytes_accessed == (inputs + 2 * B * Q * M) + rows_in + cores * 4 * (4 * M * AD + 2 * M)
 
 
 def test_the_weights_gradients_are_summed_over_blocks_and_cores():
@@ -165,14 +182,10 @@ def test_the_kernels_compile_for_a_tpu(cross, causal):
   decoder's rows (40 target positions, 64 source: rows that are not whole bf16 tiles), on two cores' blocks."""
   from gshard_mt.compiler import tpu
 
-  B, Q, K, M, A, D = 32, 40, 64 if cross else 40, 128, 2, 64
-  block = lambda x, kv, *a: pallas_attention.pallas_attention(x, kv if cross else None, *a, causal=causal)  # noqa: E731
-  loss = lambda *a: jnp.sum(block(*a).astype(jnp.float32) ** 2)  # noqa: E731
   sharding = jax.sharding.SingleDeviceSharding(tpu.topology_devices("v5p:1x1x1")[0])
-  shapes = [((B, Q, M), jnp.bfloat16), ((B, K, M), jnp.bfloat16), *[((M, A, D), jnp.float32)] * 3,
-            ((A, D, M), jnp.float32), ((B, Q), jnp.int32), ((B, K), jnp.int32)]
-  args = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
-  text = jax.jit(jax.grad(loss, (0, 1, 2, 3, 4, 5))).lower(*args).compile().as_text()
+  args = block_shapes(32, 40, 64 if cross else 40, 128, 2, 64, sharding)
+  loss = lambda *a: jnp.sum(block_of(cross, causal)(*a).astype(jnp.float32) ** 2)  # noqa: E731
+  text = jax.jit(jax.grad(loss, GRADS)).lower(*args).compile().as_text()
   assert text.count('custom_call_target="tpu_custom_call"') == 2  # the forward and the backward kernel
 
 
@@ -183,17 +196,17 @@ def test_blocks_shrink_to_fit_the_tpus_vmem():
   """dense_base's encoder rows (64 x 64, M = A·D = 512, bf16): blocks of 8 rows in the 48 MiB the kernels may use
   on a v5p, of 4 in a v4's 16 MiB; at M = A·D = 1024 no block fits a v4, and the training setup's check says so."""
   dense_base = (64, 64, 512, 512, 2)
-  assert pallas_attention.block_rows(*dense_base, vmem=64 * MIB) == 8
-  assert pallas_attention.block_rows(*dense_base, vmem=None) == 8  # not known: the kernels' own limit
-  assert pallas_attention.block_rows(*dense_base, vmem=16 * MIB) == 4
+  assert pallas_vmem.block_rows(*dense_base, vmem=64 * MIB) == 8
+  assert pallas_vmem.block_rows(*dense_base, vmem=None) == 8  # not known: the kernels' own limit
+  assert pallas_vmem.block_rows(*dense_base, vmem=16 * MIB) == 4
   # the compiler counts 22.2 MiB for blocks of 8 (a v4's error message): within the tenth kept spare
-  assert 0.9 * 22.2 * MIB < pallas_attention.vmem_bytes(8, *dense_base) < 22.2 * MIB
-  assert pallas_attention.tpu_problem(16 * MIB, (64, 40), 512, 512, 2) is None
-  assert pallas_attention.tpu_problem(16 * MIB, (64, 40), 1024, 1024, 2) == (
+  assert 0.9 * 22.2 * MIB < pallas_vmem.vmem_bytes(8, *dense_base) < 22.2 * MIB
+  assert pallas_vmem.tpu_problem(16 * MIB, (64, 40), 512, 512, 2) is None
+  assert pallas_vmem.tpu_problem(16 * MIB, (64, 40), 1024, 1024, 2) == (
       "its backward kernel needs 27.8 MiB of VMEM at M=1024, A·D=1024, rows of 64/40, more than the 16 MiB it may "
       "use here")
-  assert pallas_attention.tpu_problem(None, (64, 40), 512, 512, 2) == "its Mosaic kernels need a TPU v4 or newer"
-  assert pallas_attention.tpu_problem(64 * MIB, (64, 36), 512, 512, 2) == (
+  assert pallas_vmem.tpu_problem(None, (64, 40), 512, 512, 2) == "its Mosaic kernels need a TPU v4 or newer"
+  assert pallas_vmem.tpu_problem(64 * MIB, (64, 36), 512, 512, 2) == (
       "its kernels need row lengths that are multiples of 8, not (64, 36)")
 
 
@@ -229,12 +242,7 @@ def test_dense_base_rows_compile_within_the_tpus_vmem(topology):
 
   device = tpu.topology_devices(topology)[0]
   vmem = chips.chip_of(device.device_kind).vmem_bytes
-  B, L, M, A, D = 16, 64, 512, 8, 64
-  loss = lambda x, *a: jnp.sum(pallas_attention.pallas_attention(  # noqa: E731
-      x, None, *a, causal=False, vmem=vmem).astype(jnp.float32) ** 2)
-  sharding = jax.sharding.SingleDeviceSharding(device)
-  shapes = [((B, L, M), jnp.bfloat16), *[((M, A, D), jnp.float32)] * 3, ((A, D, M), jnp.float32),
-            ((B, L), jnp.int32), ((B, L), jnp.int32)]
-  args = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
-  text = jax.jit(jax.grad(loss, (0, 1, 2, 3, 4))).lower(*args).compile().as_text()
+  args = block_shapes(16, 64, 64, 512, 8, 64, jax.sharding.SingleDeviceSharding(device))
+  loss = lambda *a: jnp.sum(block_of(False, False, vmem)(*a).astype(jnp.float32) ** 2)  # noqa: E731
+  text = jax.jit(jax.grad(loss, GRADS)).lower(*args).compile().as_text()
   assert text.count('custom_call_target="tpu_custom_call"') == 2
