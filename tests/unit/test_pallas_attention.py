@@ -1,7 +1,9 @@
-"""model.attention='pallas' (Pallas kernels reading the segment ids; Pallas's interpret mode on the CPU) against
-'xla' (the einsum reference): outputs and gradients of self, causal and cross attention on packed rows, in blocks of
-8 rows and of 1; the whole model's loss and gradients, on one device and under shard_map on a mesh; the
-kernels' declared cost; the config's refusal of attention dropout."""
+"""model.attention='pallas' (the attention block, its layer norm included, in Pallas kernels reading the segment
+ids; Pallas's interpret mode on the CPU) against 'xla' (the einsum reference): outputs and gradients (inputs,
+weights, the norm's scale and bias) of self, causal and cross attention on packed rows, in blocks of 8 rows and
+of 1, float32 and bf16; the whole model's loss and gradients, on one device and under shard_map on a mesh; the
+kernels' declared cost; the rows per block that fit a TPU's VMEM and the training setup's check; Mosaic
+compiles for v4 and v5p; the config's refusal of attention dropout."""
 
 import logging
 import os
