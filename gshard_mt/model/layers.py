@@ -6,9 +6,9 @@ onto the mesh (`gshard_mt.parallel.rules`): with the 'expert_model' rules, heads
 
 Training and evaluation attend in one of three ways (model.attention): 'xla', our einsums with an additive bias
 (the reference, with attention dropout), 'fused', `jax.nn.dot_product_attention` with a boolean mask (cuDNN's flash
-attention on a GPU), or 'pallas', the whole block (projections included) in our Pallas kernels for TPUs, reading
-the segment ids (`pallas_attention`); the last two have no attention dropout. Decoding always uses the cached
-einsum path.
+attention on a GPU), or 'pallas', the whole block (its layer norm and projections included) in our Pallas kernels
+for TPUs, reading the segment ids (`pallas_attention`); the last two have no attention dropout. Decoding always
+uses the cached einsum path.
 """
 
 from __future__ import annotations
@@ -138,13 +138,19 @@ def layer_norm(name: str) -> nn.LayerNorm:
                       bias_init=nn.with_logical_partitioning(NORM_INITS["bias"], ("embed",)))
 
 
-def normalize(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
-  """x [..., M], scale, bias [M] -> the float32 layer norm over M as `layer_norm` (flax's LayerNorm) computes it:
-  variance E[x^2] - E[x]^2 clipped at 0, epsilon LAYER_NORM_EPSILON."""
+def norm_terms(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """x [..., M] -> (x - mean, 1 / std [..., 1]) over M in float32, as flax's LayerNorm has them: variance
+  E[x^2] - E[x]^2 clipped at 0, epsilon LAYER_NORM_EPSILON."""
   x = x.astype(jnp.float32)
   mean = x.mean(-1, keepdims=True)
   var = jnp.maximum(0.0, (x * x).mean(-1, keepdims=True) - mean * mean)
-  return (x - mean) * (jax.lax.rsqrt(var + LAYER_NORM_EPSILON) * scale) + bias
+  return x - mean, jax.lax.rsqrt(var + LAYER_NORM_EPSILON)
+
+
+def normalize(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
+  """x [..., M], scale, bias [M] -> the float32 layer norm over M as `layer_norm` (flax's LayerNorm) computes it."""
+  centered, inv = norm_terms(x)
+  return centered * (inv * scale) + bias
 
 
 class NormParams(nn.Module):
@@ -181,7 +187,8 @@ class Attention(nn.Module):
   @nn.compact
   def __call__(self, x, kv, bias, *, norm, deterministic: bool, decode_step=None):
     """x [B, Q, M] (the residual stream), normalized first by norm = (scale, bias) [M] (`NormParams`), attends to
-    kv [B, K, M] (None: to itself, normalized) -> [B, Q, M] in the computation dtype."""
+    kv [B, K, M] (cross-attention; None for later decoding steps, which read the memory collection) or, in
+    self-attention, to itself (kv is not read) -> [B, Q, M] in the computation dtype."""
     A, D, M, dt = self.num_heads, self.head_dim, x.shape[-1], self.dtype
     init = nn.initializers.variance_scaling(1.0, "fan_in", "normal", in_axis=0, out_axis=(1, 2))
     wq, wk, wv = (param(self, n, (M, A, D), ("embed", "heads", "kv"), init) for n in ("query", "key", "value"))
@@ -190,10 +197,10 @@ class Attention(nn.Module):
     if self.attention == "pallas" and not self.decode:  # the whole block in Pallas kernels
       from gshard_mt.model.pallas_attention import pallas_attention  # it imports from here
 
-      return pallas_attention(x, None if kv is None else kv.astype(dt), norm, (wq, wk, wv, wo), *bias,
-                              causal=self.causal, dtype=dt, vmem=self.kernel_vmem)
+      return pallas_attention(x, kv if self.is_cross else None, norm, (wq, wk, wv, wo), *bias, causal=self.causal,
+                              dtype=dt, vmem=self.kernel_vmem)
     x = normalize(x, *norm)
-    kv = x if kv is None else kv
+    kv = kv if self.is_cross else x
     q = jnp.einsum("BQM,MAD->BQAD", x.astype(dt), wq.astype(dt)) * D ** -0.5
     project = lambda w: jnp.einsum("BKM,MAD->BKAD", kv.astype(dt), w.astype(dt))  # noqa: E731
     if self.decode and self.is_cross:

@@ -30,7 +30,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from gshard_mt.model import pallas_vmem
-from gshard_mt.model.layers import LAYER_NORM_EPSILON, NEG_INF, attention_mask
+from gshard_mt.model.layers import NEG_INF, attention_mask, norm_terms
 
 _NN = (((1,), (0,)), ((), ()))  # x y
 _NT = (((1,), (1,)), ((), ()))  # x y^T
@@ -46,8 +46,8 @@ def _dot(x, y, dims=_NN):
   return jax.lax.dot_general(x, y, dims, preferred_element_type=jnp.float32)
 
 
-def _attend(q, k, v, qs_ref, ks_ref, heads: int, causal: bool, each):
-  """q [R·Q, A·D] (scaled), k, v [R·K, A·D] -> calls each(rows of Q, rows of K, columns of a head, probs
+def _attend(q, k, qs_ref, ks_ref, heads: int, causal: bool, each):
+  """q [R·Q, A·D] (scaled), k [R·K, A·D] -> calls each(rows of Q, rows of K, columns of a head, probs
   [Q, K] float32) for every row and head."""
   R, _, Q = qs_ref.shape
   K = ks_ref.shape[2]
@@ -64,11 +64,8 @@ def _attend(q, k, v, qs_ref, ks_ref, heads: int, causal: bool, each):
 def _normalize(x, scale, bias):
   """The layer norm before attention, as `layers.normalize` computes it: x [R·Q, M] (any float dtype), scale,
   bias [1, M] -> (float32 output, x̂ = (x - mean) / std, 1 / std [R·Q, 1])."""
-  x = x.astype(jnp.float32)
-  mean = jnp.mean(x, -1, keepdims=True)
-  var = jnp.maximum(0.0, jnp.mean(x * x, -1, keepdims=True) - mean * mean)
-  inv = jax.lax.rsqrt(var + LAYER_NORM_EPSILON)
-  return (x - mean) * (inv * scale) + bias, (x - mean) * inv, inv
+  centered, inv = norm_terms(x)
+  return centered * (inv * scale) + bias, centered * inv, inv
 
 
 def _project(xq, xk, weights, heads: int):
@@ -98,7 +95,7 @@ def _forward_kernel(*refs, heads: int, causal: bool, shared: bool):
   def each(qr, kr, cols, probs):
     o_scr[qr, cols] = _dot(probs.astype(v.dtype), v[kr, cols])
 
-  _attend(q, k, v, qs_ref, ks_ref, heads, causal, each)
+  _attend(q, k, qs_ref, ks_ref, heads, causal, each)
   y_ref[...] = _dot(o_scr[...].astype(wo.dtype), wo).astype(y_ref.dtype)
 
 
@@ -126,7 +123,7 @@ def _backward_kernel(*refs, heads: int, causal: bool, shared: bool):
     dq_scr[qr, cols] = _dot(ds, k[kr, cols]) * scale
     dk_scr[kr, cols] = _dot(ds, q[qr, cols], _TN)
 
-  _attend(q, k, v, qs_ref, ks_ref, heads, causal, each)
+  _attend(q, k, qs_ref, ks_ref, heads, causal, each)
 
   @pl.when(pl.program_id(1) == 0)
   def _():
@@ -161,13 +158,14 @@ def _cost(xs, params, q_segments, k_segments, heads: int, matmuls, other_bytes: 
 
 def _cast(params, dtype) -> tuple:
   """The four weights cast to the computation dtype before the kernels (they read half the bytes and hold half
-  the VMEM; the casts' transposes carry float32 gradients back); the layer norm's scale and bias as they are."""
+  the VMEM; their gradients stay float32, from the kernel's partials); the layer norm's scale and bias as they
+  are."""
   return tuple(w.astype(dtype) for w in params[:4]) + tuple(params[4:])
 
 
-def _rows(B: int, Q: int, K: int, M: int, AD: int, itemsize: int, vmem: int | None) -> int:
-  """`block_rows`, made to divide the batch's B rows."""
-  return math.gcd(B, pallas_vmem.block_rows(Q, K, M, AD, itemsize, vmem))
+def _rows(x, B: int, Q: int, K: int, M: int, AD: int, dtype, vmem: int | None) -> int:
+  """`pallas_vmem.block_rows` for rows x, made to divide the batch's B rows."""
+  return math.gcd(B, pallas_vmem.block_rows(Q, K, M, AD, x.dtype.itemsize, jnp.dtype(dtype).itemsize, vmem))
 
 
 def _forward(xs, params, q_segments, k_segments, heads: int, causal: bool, dtype, vmem: int | None):
@@ -176,7 +174,7 @@ def _forward(xs, params, q_segments, k_segments, heads: int, causal: bool, dtype
   params = _cast(params, dtype)
   (B, _, Q), K = q_segments.shape, k_segments.shape[2]
   M, AD = params[0].shape
-  rows = _rows(B, Q, K, M, AD, max(xs[0].dtype.itemsize, jnp.dtype(dtype).itemsize), vmem)
+  rows = _rows(xs[0], B, Q, K, M, AD, dtype, vmem)
   rows_of = lambda L: pl.BlockSpec((rows * L, M), lambda b: (b, 0))  # noqa: E731
   whole = lambda a: pl.BlockSpec(a.shape, lambda b: (0, 0))  # noqa: E731
   ids = lambda L: pl.BlockSpec((rows, 1, L), lambda b: (b, 0, 0))  # noqa: E731
@@ -197,7 +195,7 @@ def _backward(xs, params, dy, q_segments, k_segments, heads: int, causal: bool, 
   params = _cast(params, dtype)
   (B, _, Q), K = q_segments.shape, k_segments.shape[2]
   M, AD = params[0].shape
-  rows = _rows(B, Q, K, M, AD, max(xs[0].dtype.itemsize, jnp.dtype(dtype).itemsize), vmem)
+  rows = _rows(xs[0], B, Q, K, M, AD, dtype, vmem)
   cores = 2 if (B // rows) % 2 == 0 else 1  # a v5p chip's two TensorCores split the blocks
   per_core = B // rows // cores
   rows_of = lambda L: pl.BlockSpec((rows * L, M), lambda c, i: (c * per_core + i, 0))  # noqa: E731
@@ -248,15 +246,15 @@ _block.defvjp(_block_forward, _block_backward)
 
 
 def pallas_attention(x, kv, norm, weights, q_segments, k_segments, causal: bool, dtype, vmem: int | None = None):
-  """x [B, Q, M] (the residual stream, before the layer norm) attends to kv [B, K, M] (in `dtype`; None: to its
-  own normalized rows) with norm = the layer norm's (scale, bias) [M] and weights = (wq, wk, wv [M, A, D], wo
+  """x [B, Q, M] (the residual stream, before the layer norm) attends to kv [B, K, M] (None: to its own
+  normalized rows) with norm = the layer norm's (scale, bias) [M] and weights = (wq, wk, wv [M, A, D], wo
   [A, D, M]) (float32; cast to `dtype` for the matmuls), segment ids [B, Q], [B, K] (0 = padding) -> [B, Q, M] in
   `dtype`: what `layers.Attention` computes on its other paths, as Pallas kernels. `vmem`: the TPU's VMEM in
   bytes (None: not known), which sets the rows per block."""
   wq, wk, wv, wo = weights
   (B, Q, M), (_, A, D) = x.shape, wq.shape
   flat = lambda y: y.reshape(-1, M)  # noqa: E731
-  xs = (flat(x),) if kv is None else (flat(x), flat(kv))
+  xs = (flat(x),) if kv is None else (flat(x), flat(kv.astype(dtype)))
   params = (*(w.reshape(M, A * D) for w in (wq, wk, wv)), wo.reshape(A * D, M), *(n.reshape(1, M) for n in norm))
 
   def block(xs, params, q_segments, k_segments):

@@ -73,9 +73,9 @@ def _pallas_config(config, model_cfg, device):
   chip = chips.chip_of(device.device_kind)
   if chip is None:  # a TPU the table does not know: the compiler decides
     return model_cfg
-  itemsize = max(jnp.dtype(model_cfg.dtype).itemsize, jnp.dtype(model_cfg.residual_dtype).itemsize)
   problem = pallas_vmem.tpu_problem(chip.vmem_bytes, packing.row_lengths(config), model_cfg.emb_dim,
-                                    model_cfg.num_heads * model_cfg.head_dim, itemsize)
+                                    model_cfg.num_heads * model_cfg.head_dim,
+                                    jnp.dtype(model_cfg.residual_dtype).itemsize, jnp.dtype(model_cfg.dtype).itemsize)
   if problem:
     raise ConfigError(f"model.attention='pallas' on {device.device_kind}: {problem}; use model.attention='xla'")
   return dataclasses.replace(model_cfg, kernel_vmem=chip.vmem_bytes)

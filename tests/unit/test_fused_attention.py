@@ -40,12 +40,12 @@ def positions_of(segments: np.ndarray) -> np.ndarray:
   return np.where(segments > 0, np.arange(segments.shape[1]) - starts, 0).astype(np.int32)
 
 
-def attention_outputs_and_gradients(attention: str, dtype, cross: bool, causal: bool, B: int = 3):
+def attention_outputs_and_gradients(attention: str, dtype, cross: bool, causal: bool, B: int = 3, residual=None):
   """(outputs, gradients with respect to the parameters, the inputs and the layer norm's scale and bias) of one
-  Attention over B packed rows."""
+  Attention over B packed rows, computing in `dtype` on a residual stream x in `residual` (default: `dtype`)."""
   Q, K, M = 16, 24 if cross else 16, 32
   rng = np.random.default_rng(0)
-  x = jnp.asarray(rng.normal(size=(B, Q, M)) * 2 + 0.5, dtype)  # the residual stream, not yet normalized
+  x = jnp.asarray(rng.normal(size=(B, Q, M)) * 2 + 0.5, residual or dtype)  # the residual stream, not normalized
   kv = jnp.asarray(rng.normal(size=(B, K, M)), jnp.float32)
   norm = tuple(jnp.asarray(rng.normal(size=M) * 0.5 + shift, jnp.float32) for shift in (1.0, 0.0))
   q_segments = packed_segments(B, Q, pairs=3, seed=1)

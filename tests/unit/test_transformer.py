@@ -42,3 +42,21 @@ def test_tied_logits_start_far_above_uniform_at_large_width(embedding):
   """Through a tied output embedding the decoder's input token, which dominates the residual stream at
   initialisation, gets a logit growing like sqrt(M): why tied_logits is off by default."""
   assert initial_nll(1024, embedding, tied_logits=True) > np.log(V) + 5
+
+
+def test_layer_norm_parameters_keep_their_names():
+  """Attention applies its layer norm itself, but the norm's parameters keep the paths of the LayerNorm modules
+  they were (a layer's pre_self_attention, pre_cross_attention, pre_ffn): older checkpoints restore."""
+  import flax
+
+  cfg = TransformerConfig(vocab_size=V, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64, num_encoder_layers=1,
+                          num_decoder_layers=1, moe_interval=0)
+  params = jax.eval_shape(lambda: Transformer(cfg).init(jax.random.key(0), dummy_batch(1, 8)))["params"]
+  paths = {"/".join(k): v.shape for k, v in flax.traverse_util.flatten_dict(flax.linen.unbox(params)).items()}
+  norms = {path: shape for path, shape in paths.items() if "norm" in path or "/pre_" in path}
+  layer = {"encoder/units/layer_0": ("pre_self_attention", "pre_ffn"),
+           "decoder/units/layer_0": ("pre_self_attention", "pre_cross_attention", "pre_ffn")}
+  want = {f"{stack}/final_norm/{p}": (32,) for stack in ("encoder", "decoder") for p in ("scale", "bias")}
+  want |= {f"{prefix}/{norm}/{p}": (1, 32) for prefix, names in layer.items() for norm in names
+           for p in ("scale", "bias")}
+  assert norms == want
