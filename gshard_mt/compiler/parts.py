@@ -29,7 +29,8 @@ PARTS = (
         "grouped.py:<lambda>", "grouped.py:by_weights", "grouped.py:by_rows"))),
     ("MoE router, gating, dispatch, combine", lambda f, op, code: "/moe/" in op),
     ("dropout", lambda f, op, code: "Dropout" in op or "/dropout/" in op),
-    ("attention", lambda f, op, code: "attention" in op),
+    # The layer norm before attention is applied inside the Attention module (layers.norm_terms, normalize).
+    ("attention", lambda f, op, code: "attention" in op and not f.startswith("layers.py:norm")),
     ("dense FFN", lambda f, op, code: "/ffn/" in op),
     ("layer norms, residuals, embeddings, rest", lambda f, op, code: True),
 )

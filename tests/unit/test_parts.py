@@ -36,6 +36,13 @@ def test_the_grouped_matmuls_are_expert_matmuls(frame):
                        "fusion") == "MoE router, gating, dispatch, combine"  # the activation between them
 
 
+@pytest.mark.parametrize("function", ["normalize", "norm_terms"])
+def test_the_norm_before_attention_is_a_layer_norm(function):
+  # applied inside the Attention module, whose name is in its operations
+  assert parts.part_of(("/x/gshard_mt/model/layers.py", function), f"{STEP}/layer_0/self_attention/rsqrt",
+                       "fusion") == "layer norms, residuals, embeddings, rest"
+
+
 def test_collectives_by_opcode():
   assert parts.part_of(("", ""), f"{STEP}/layer_1/moe/x", "all-to-all") == "collectives"
 
