@@ -8,13 +8,14 @@ dense_base's per-chip rows (128 rows of 64 source / 40 target positions, M=512, 
 stream, float32 weights): the model's own `Attention` module, its layer norm included, as the encoder's
 self-attention, the decoder's causal self-attention and its cross-attention, forward and forward + backward (the
 loss: the sum of squared outputs; gradients of the inputs, the weights and the norm's scale and bias), compiled
-for one device of --topology. The kernels'
-equality with the einsums is tested in tests/unit/test_pallas_attention.py (interpret mode).
+for one device of --topology. The kernels' equality with the einsums is tested in
+tests/unit/test_pallas_attention.py (interpret mode).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 
 from gshard_mt import cli
 
@@ -39,15 +40,12 @@ def block_costs(shape, Q: int, K: int, causal: bool, cross: bool, attention: str
 
   norm = shape((M,), jnp.float32), shape((M,), jnp.float32)  # the layer norm's scale and bias
 
-  def forward(params, x, kv, norm, qs, ks):
-    return module.apply(params, x, kv if cross else None, layers.packing_mask(qs, ks, causal, attention),
-                        norm=norm, deterministic=True)
+  def call(apply, x, kv, norm, qs, ks):  # the module's init or apply on one block's inputs
+    return apply(x, kv if cross else None, layers.packing_mask(qs, ks, causal, attention), norm=norm,
+                 deterministic=True)
 
-  def init(x, kv, norm, qs, ks):
-    return module.init(jax.random.key(0), x, kv if cross else None, layers.packing_mask(qs, ks, causal, attention),
-                       norm=norm, deterministic=True)
-
-  params = jax.eval_shape(init, x, kv, norm, *ids)
+  forward = lambda params, *a: call(functools.partial(module.apply, params), *a)  # noqa: E731
+  params = jax.eval_shape(lambda *a: call(functools.partial(module.init, jax.random.key(0)), *a), x, kv, norm, *ids)
   params = jax.tree.map(lambda a: shape(a.shape, a.dtype), params)
   loss = lambda *a: jnp.sum(forward(*a).astype(jnp.float32) ** 2)  # noqa: E731
   grad = jax.grad(loss, (0, 1, 2, 3) if cross else (0, 1, 3))

@@ -163,18 +163,20 @@ def _cast(params, dtype) -> tuple:
   return tuple(w.astype(dtype) for w in params[:4]) + tuple(params[4:])
 
 
-def _rows(x, B: int, Q: int, K: int, M: int, AD: int, dtype, vmem: int | None) -> int:
-  """`pallas_vmem.block_rows` for rows x, made to divide the batch's B rows."""
-  return math.gcd(B, pallas_vmem.block_rows(Q, K, M, AD, x.dtype.itemsize, jnp.dtype(dtype).itemsize, vmem))
+def _layout(xs, params, q_segments, k_segments, dtype, vmem: int | None):
+  """What both kernels start from: (the params `_cast`, (B, Q, K, M, A·D), the rows per block:
+  `pallas_vmem.block_rows`, made to divide the batch's B rows)."""
+  params = _cast(params, dtype)
+  (B, _, Q), K = q_segments.shape, k_segments.shape[2]
+  M, AD = params[0].shape
+  rows = pallas_vmem.block_rows(Q, K, M, AD, xs[0].dtype.itemsize, jnp.dtype(dtype).itemsize, vmem)
+  return params, (B, Q, K, M, AD), math.gcd(B, rows)
 
 
 def _forward(xs, params, q_segments, k_segments, heads: int, causal: bool, dtype, vmem: int | None):
   """xs: (x [B·Q, M],) or (x [B·Q, M], kv [B·K, M]); params (wq, wk, wv, wo, scale [1, M], bias [1, M]) -> y
   [B·Q, M] in `dtype`."""
-  params = _cast(params, dtype)
-  (B, _, Q), K = q_segments.shape, k_segments.shape[2]
-  M, AD = params[0].shape
-  rows = _rows(xs[0], B, Q, K, M, AD, dtype, vmem)
+  params, (B, Q, K, M, AD), rows = _layout(xs, params, q_segments, k_segments, dtype, vmem)
   rows_of = lambda L: pl.BlockSpec((rows * L, M), lambda b: (b, 0))  # noqa: E731
   whole = lambda a: pl.BlockSpec(a.shape, lambda b: (0, 0))  # noqa: E731
   ids = lambda L: pl.BlockSpec((rows, 1, L), lambda b: (b, 0, 0))  # noqa: E731
@@ -192,10 +194,7 @@ def _forward(xs, params, q_segments, k_segments, heads: int, causal: bool, dtype
 
 def _backward(xs, params, dy, q_segments, k_segments, heads: int, causal: bool, dtype, vmem: int | None):
   """The forward's inputs and dy [B·Q, M] -> (the xs' cotangents, the params' float32 gradients)."""
-  params = _cast(params, dtype)
-  (B, _, Q), K = q_segments.shape, k_segments.shape[2]
-  M, AD = params[0].shape
-  rows = _rows(xs[0], B, Q, K, M, AD, dtype, vmem)
+  params, (B, Q, K, M, AD), rows = _layout(xs, params, q_segments, k_segments, dtype, vmem)
   cores = 2 if (B // rows) % 2 == 0 else 1  # a v5p chip's two TensorCores split the blocks
   per_core = B // rows // cores
   rows_of = lambda L: pl.BlockSpec((rows * L, M), lambda c, i: (c * per_core + i, 0))  # noqa: E731

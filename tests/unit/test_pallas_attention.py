@@ -98,14 +98,23 @@ def block_of(cross: bool, causal: bool, vmem=None):
   return block
 
 
-def block_shapes(B, Q, K, M, A, D, sharding=None, residual=jnp.bfloat16) -> list:
-  """Abstract arguments of `block_of`'s function: x in `residual`, bf16 kv, float32 parameters, int32 segment ids."""
+def block_shapes(B, Q, K, M, A, D, device=None, residual=jnp.bfloat16) -> list:
+  """Abstract arguments of `block_of`'s function (on `device`, if given): x in `residual`, bf16 kv, float32
+  parameters, int32 segment ids."""
+  sharding = device and jax.sharding.SingleDeviceSharding(device)
   shapes = [((B, Q, M), residual), ((B, K, M), jnp.bfloat16), ((M,), jnp.float32), ((M,), jnp.float32),
             *[((M, A, D), jnp.float32)] * 3, ((A, D, M), jnp.float32), ((B, Q), jnp.int32), ((B, K), jnp.int32)]
   return [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in shapes]
 
 
 GRADS = (0, 1, 2, 3, 4, 5, 6, 7)  # every floating-point argument of `block_of`'s function
+
+
+def tpu_kernels(block, args) -> int:
+  """The Mosaic kernels in the compiled gradient of sum(block(args)^2), `args` on a TPU's compile-only device."""
+  loss = lambda *a: jnp.sum(block(*a).astype(jnp.float32) ** 2)  # noqa: E731
+  return jax.jit(jax.grad(loss, GRADS)).lower(*args).compile().as_text().count(
+      'custom_call_target="tpu_custom_call"')
 
 
 def declared_costs(fn, *args):
@@ -188,11 +197,8 @@ def test_the_kernels_compile_for_a_tpu(cross, causal):
   decoder's rows (40 target positions, 64 source: rows that are not whole bf16 tiles), on two cores' blocks."""
   from gshard_mt.compiler import tpu
 
-  sharding = jax.sharding.SingleDeviceSharding(tpu.topology_devices("v5p:1x1x1")[0])
-  args = block_shapes(32, 40, 64 if cross else 40, 128, 2, 64, sharding)
-  loss = lambda *a: jnp.sum(block_of(cross, causal)(*a).astype(jnp.float32) ** 2)  # noqa: E731
-  text = jax.jit(jax.grad(loss, GRADS)).lower(*args).compile().as_text()
-  assert text.count('custom_call_target="tpu_custom_call"') == 2  # the forward and the backward kernel
+  device = tpu.topology_devices("v5p:1x1x1")[0]
+  assert tpu_kernels(block_of(cross, causal), block_shapes(32, 40, 64 if cross else 40, 128, 2, 64, device)) == 2
 
 
 MIB = 2**20
@@ -261,7 +267,4 @@ def test_dense_base_rows_compile_within_the_tpus_vmem(topology, residual):
 
   device = tpu.topology_devices(topology)[0]
   vmem = chips.chip_of(device.device_kind).vmem_bytes
-  args = block_shapes(16, 64, 64, 512, 8, 64, jax.sharding.SingleDeviceSharding(device), residual)
-  loss = lambda *a: jnp.sum(block_of(False, False, vmem)(*a).astype(jnp.float32) ** 2)  # noqa: E731
-  text = jax.jit(jax.grad(loss, GRADS)).lower(*args).compile().as_text()
-  assert text.count('custom_call_target="tpu_custom_call"') == 2
+  assert tpu_kernels(block_of(False, False, vmem), block_shapes(16, 64, 64, 512, 8, 64, device, residual)) == 2
