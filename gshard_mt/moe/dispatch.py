@@ -1,8 +1,10 @@
 """Ways to move tokens to their experts and back, behind one interface: `dispatch(x: [G, S, M])` and `combine`.
 
-The capacity-buffer dispatchers fill each expert's slots, `dispatch -> [E, G, C, M]`, and `combine(y: [G, E, C,
-M]) -> [G, S, M]` returns the weighted expert outputs to their tokens. `combine` takes the layout the paper's last
-expert einsum produces (`EGCH,EHM->GECM`), so the E -> G reshard happens there.
+The capacity-buffer dispatchers fill each expert's slots, `dispatch -> [E, G, C, M]`, and `combine(y: [E, G, C,
+M]) -> [G, S, M]` returns the weighted expert outputs to their tokens. Both keep E the major dimension, the layout
+in which the G -> E and E -> G all-to-alls (when E is split over devices) send and deliver the buffers: the index
+dispatcher's gathers write and read that layout directly (G as the gather's batch dimension), so no transpose of
+the buffers goes through HBM beside the all-to-alls (bench/RESULTS.md, "The MoE buffers E-major").
 
 - EinsumDispatcher: the paper's one-hot einsums over the dense [G, S, E, C] tensors (the readable reference).
 - IndexDispatcher: gathers by slot index; never builds the [G, S, E, C] one-hot (same outputs and gradients);
@@ -62,8 +64,8 @@ class EinsumDispatcher:
     return jnp.einsum("GSEC,GSM->EGCM", self.routing.dispatch_mask.astype(x.dtype), x)
 
   def combine(self, y: jax.Array) -> jax.Array:
-    """[G, E, C, M] -> [G, S, M]."""
-    return jnp.einsum("GSEC,GECM->GSM", self.routing.combine_weights.astype(y.dtype), y)
+    """[E, G, C, M] -> [G, S, M]."""
+    return jnp.einsum("GSEC,EGCM->GSM", self.routing.combine_weights.astype(y.dtype), y)
 
 
 @struct.dataclass
@@ -105,20 +107,32 @@ class IndexDispatcher:
     # With gather_backward a token's gradient gathers its K slots' (the zero row has none: E*C, past the last slot).
     readers = jnp.concatenate([self._flat_slot(empty=E * C), jnp.full((G, 1, K), E * C, jnp.int32)],
                               axis=1) if self.gather_backward else None
-    # Per group (G stays a batch dimension for the partitioner), placed at axis 1: EGCM with no transpose after.
-    return jax.vmap(self._take, out_axes=1)(x_padded, token_of_slot.reshape(G, E, C), readers)
+    if self.gather_backward:  # per group (G a batch dimension for the partitioner), placed at axis 1
+      return jax.vmap(self._take, out_axes=1)(x_padded, token_of_slot.reshape(G, E, C), readers)
+    # One gather over all groups with G as its batch dimension: the rows come out E-major, as the all-to-all sends
+    # them (the per-group vmap writes G-major rows, which XLA then transposes in HBM).
+    index = token_of_slot.reshape(G, E, C).transpose(1, 0, 2)[..., None]  # EGC1
+    dnums = jax.lax.GatherDimensionNumbers(offset_dims=(3,), collapsed_slice_dims=(1,), start_index_map=(1,),
+                                           operand_batching_dims=(0,), start_indices_batching_dims=(1,))
+    return jax.lax.gather(x_padded, index, dnums, slice_sizes=(1, 1, M), mode="promise_in_bounds")
 
   def combine(self, y: jax.Array) -> jax.Array:
-    """[G, E, C, M] -> [G, S, M]; dropped assignments carry weight 0."""
-    G, E, C, M = y.shape
+    """[E, G, C, M] -> [G, S, M]; dropped assignments carry weight 0."""
+    E, G, C, M = y.shape
     S, K = self.routing.slot.shape[1:]
-    flat = self._flat_slot(empty=0)  # any valid row: its weight is 0
-    readers = None
+    flat = self._flat_slot(empty=0)  # GSK; a dropped assignment reads any slot, weighted 0
     if self.gather_backward:  # a slot's gradient is its one kept assignment's, at k*S + s in the K-major rows
       p = self._position_of_slot()
       readers = jnp.where(p < S * K, p % K * S + p // K, K * S)[..., None]
+      y = y.transpose(1, 0, 2, 3).reshape(G, E * C, M)
+      picked = jax.vmap(self._take, out_axes=1)(y, flat.transpose(0, 2, 1), readers)
+    else:  # read in place from E-major buffers (as the all-to-all delivers them): G is the gather's batch
+      dnums = jax.lax.GatherDimensionNumbers(offset_dims=(3,), collapsed_slice_dims=(0, 2), start_index_map=(0, 2),
+                                             operand_batching_dims=(1,), start_indices_batching_dims=(1,))
+      flat = flat.transpose(2, 0, 1)
+      index = jnp.stack([flat // C, flat % C], axis=-1)  # KGS2: (e, c)
+      picked = jax.lax.gather(y, index, dnums, slice_sizes=(1, 1, 1, M), mode="promise_in_bounds")
     # K-major [K, G, S, M]: the gathered rows are laid out as the sum over K reads them (K next to M: a relayout).
-    picked = jax.vmap(self._take, out_axes=1)(y.reshape(G, E * C, M), flat.transpose(0, 2, 1), readers)
     return jnp.einsum("GSK,KGSM->GSM", self.routing.weight.astype(y.dtype), picked)
 
 

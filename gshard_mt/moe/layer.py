@@ -29,7 +29,7 @@ EGCM = ("expert", "group", "capacity", "embed")
 EGCH = ("expert", "group", "capacity", "mlp")
 # The combine input is sharded by groups only: naming E here would let E keep the 'expert' mesh axis (the rules
 # give it priority) and the E -> G all-to-all would not happen.
-GECM = ("group", None, "capacity", "embed")
+EGCM_BY_GROUP = (None, "group", "capacity", "embed")
 EMH = ("expert", "embed", "mlp")
 EHM = ("expert", "mlp", "embed")
 ZMH, ZHM = (None, "embed", "mlp"), (None, "mlp", "embed")  # the Z shared experts
@@ -39,9 +39,9 @@ def expert_ffn(expert_in: jax.Array, wi: jax.Array, wo: jax.Array, activation: s
                constrain: bool = True) -> jax.Array:
   """Each expert's FFN on its buffers: [E, G, C, M] x wi [E, M, H] x wo [E, H, M] -> [E, G, C, M].
 
-  The output stays E-sharded here; the caller's transpose to GECM is the E -> G all-to-all (producing GECM in the
-  einsum itself lets XLA all-gather wo instead). constrain=False leaves out the sharding constraints (inside
-  shard_map, where each device sees its own shards).
+  The output stays E-sharded here; the caller's constraint to EGCM_BY_GROUP is the E -> G all-to-all (producing
+  G-sharded buffers in the einsum itself lets XLA all-gather wo instead). constrain=False leaves out the sharding
+  constraints (inside shard_map, where each device sees its own shards).
   """
   h = ACTIVATIONS[activation](jnp.einsum("EGCM,EMH->EGCH", expert_in, wi))
   h = nn.with_logical_constraint(h, EGCH if constrain else None)
@@ -153,7 +153,7 @@ class MoeFeedForward(nn.Module):
       dispatcher = dispatch_lib.make_dispatcher(cfg.dispatch, routing)
       expert_in = nn.with_logical_constraint(dispatcher.dispatch(x), EGCM)  # G -> E reshard: an all-to-all
       expert_out = expert_ffn(expert_in, wi, wo, cfg.activation)
-      expert_out = nn.with_logical_constraint(expert_out.transpose(1, 0, 2, 3), GECM)  # E -> G: an all-to-all
+      expert_out = nn.with_logical_constraint(expert_out, EGCM_BY_GROUP)  # E -> G: an all-to-all
       y = nn.with_logical_constraint(dispatcher.combine(expert_out), GSM)
     if cfg.shared_experts:
       Z = cfg.shared_experts

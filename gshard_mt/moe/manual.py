@@ -65,7 +65,7 @@ def moe_shard_map(x: jax.Array, routing: Routing, wi: jax.Array, wo: jax.Array,
       out = jax.lax.psum(out, model_axis)
     if expert_axis:  # back to [E, G', C, M]
       out = jax.lax.all_to_all(out, expert_axis, split_axis=1, concat_axis=0, tiled=True)
-    return dispatcher.combine(out.transpose(1, 0, 2, 3))
+    return dispatcher.combine(out)
 
   manual_axes = {a for a, n in sizes.items() if n > 1}
   if not manual_axes:  # one device (or no mesh): the per-device program is the whole program

@@ -24,8 +24,8 @@ MOE_EINSUMS = [
     ("dispatch", "GSEC,GSM->EGCM", [moe.GSEC, moe.GSM], moe.EGCM),
     ("expert FFN in", "EGCM,EMH->EGCH", [moe.EGCM, moe.EMH], moe.EGCH),
     ("expert FFN out", "EGCH,EHM->EGCM", [moe.EGCH, moe.EHM], moe.EGCM),
-    ("E -> G reshard", "EGCM->GECM", [moe.EGCM], moe.GECM),
-    ("combine", "GSEC,GECM->GSM", [moe.GSEC, moe.GECM], moe.GSM),
+    ("E -> G reshard", "EGCM->EGCM", [moe.EGCM], moe.EGCM_BY_GROUP),
+    ("combine", "GSEC,EGCM->GSM", [moe.GSEC, moe.EGCM_BY_GROUP], moe.GSM),
 ]
 
 

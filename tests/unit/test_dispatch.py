@@ -21,7 +21,7 @@ def routing_and_inputs():
   logits = jax.random.normal(jax.random.key(2), (G, S, E)) * 2
   routing = jax.jit(gating.top2_gating, static_argnums=1)(logits, C)  # one compilation, not op by op
   x = jax.random.normal(jax.random.key(3), (G, S, M))
-  y = jax.random.normal(jax.random.key(4), (G, E, C, M))
+  y = jax.random.normal(jax.random.key(4), (E, G, C, M))
   return routing, x, y
 
 
@@ -38,7 +38,7 @@ def reference(routing, x, y):
           e, c = expert[g, s, k], slot[g, s, k]
           assert not dispatched[e, g, c].any()  # one token per slot
           dispatched[e, g, c] = x[g, s]
-          combined[g, s] += weight[g, s, k] * y[g, e, c]
+          combined[g, s] += weight[g, s, k] * y[e, g, c]
   return dispatched, combined
 
 
@@ -70,11 +70,11 @@ def test_gradients_go_back_to_their_tokens_and_slots(dispatcher):
   dy = jax.grad(lambda y: jnp.sum(dispatcher(routing).combine(y) * v))(y)
   expert, slot, weight, kept = (np.asarray(a) for a in (routing.expert_index, routing.slot, routing.weight,
                                                          routing.kept))
-  want_dx, want_dy = np.zeros((G, S, M)), np.zeros((G, E, C, M))
+  want_dx, want_dy = np.zeros((G, S, M)), np.zeros((E, G, C, M))
   for g, s, k in zip(*np.nonzero(kept)):
     e, c = expert[g, s, k], slot[g, s, k]
     want_dx[g, s] += np.asarray(u)[e, g, c]
-    want_dy[g, e, c] += weight[g, s, k] * np.asarray(v)[g, s]
+    want_dy[e, g, c] += weight[g, s, k] * np.asarray(v)[g, s]
   np.testing.assert_allclose(dx, want_dx, atol=1e-5)
   np.testing.assert_allclose(dy, want_dy, atol=1e-5)
 
@@ -125,7 +125,7 @@ def test_grouped_combine_weights_each_assignments_row():
   expected = 3.0 * np.asarray(routing.weight).sum(-1)[..., None] * np.asarray(x)  # sum_k weight_k x 3 x token
   np.testing.assert_allclose(grouped.combine(y), expected, atol=1e-5)
   # Through the expert buffers of the other dispatchers: the same tokens, the same weights.
-  _, combined = reference(routing, x, np.asarray(EinsumDispatcher(routing).dispatch(x)).transpose(1, 0, 2, 3) * 3.0)
+  _, combined = reference(routing, x, np.asarray(EinsumDispatcher(routing).dispatch(x)) * 3.0)
   np.testing.assert_allclose(grouped.combine(y), combined, atol=1e-5)
 
 

@@ -27,9 +27,9 @@ def test_each_logical_axis(table, expected):
 
 @pytest.mark.parametrize("table", ["expert", "expert_model"])
 def test_dispatched_buffers_put_experts_on_the_expert_axis_and_groups_on_data(table):
-  # EGCM: E takes 'expert' first, so G falls back to 'data'; GECM (after the combine all-to-all) gives G both.
+  # EGCM: E takes 'expert' first, so G falls back to 'data'; EGCM_BY_GROUP (after the combine all-to-all) gives G both.
   assert tuple(nn.logical_to_mesh_axes(moe.EGCM, rules.RULES[table]))[:2] == ("expert", "data")
-  assert tuple(nn.logical_to_mesh_axes(moe.GECM, rules.RULES[table]))[0] == ("data", "expert")
+  assert tuple(nn.logical_to_mesh_axes(moe.EGCM_BY_GROUP, rules.RULES[table]))[1] == ("data", "expert")
   assert tuple(nn.logical_to_mesh_axes(moe.EMH, rules.RULES[table]))[0] == "expert"
 
 
