@@ -97,24 +97,21 @@ class IndexDispatcher:
     return jnp.where(r.kept, r.expert_index * r.capacity + r.slot, empty)
 
   def dispatch(self, x: jax.Array) -> jax.Array:
-    """[G, S, M] -> [E, G, C, M]; empty slots are zeros."""
+    """[G, S, M] -> [E, G, C, M]. An empty slot holds its group's last token instead of zeros: no assignment
+    reads it back with a nonzero weight (`combine`), so its gradients are exact zeros and the layer's outputs and
+    gradients are those of zero-filled slots, without a padded copy of x (bench/RESULTS.md, "The MoE buffers
+    E-major")."""
     G, S, M = x.shape
     E, C, K = self.routing.num_experts, self.routing.capacity, self.routing.slot.shape[-1]
-    # token_of_slot[g, e*C + c] = s, or S (a row of zeros) when the slot is empty.
-    token_of_slot = self._position_of_slot() // K
-    # The zero row, not the gather's fill mode: its mask would cost an extra all-to-all when E is split.
-    x_padded = jnp.concatenate([x, jnp.zeros((G, 1, M), x.dtype)], axis=1)
-    # With gather_backward a token's gradient gathers its K slots' (the zero row has none: E*C, past the last slot).
-    readers = jnp.concatenate([self._flat_slot(empty=E * C), jnp.full((G, 1, K), E * C, jnp.int32)],
-                              axis=1) if self.gather_backward else None
-    if self.gather_backward:  # per group (G a batch dimension for the partitioner), placed at axis 1
-      return jax.vmap(self._take, out_axes=1)(x_padded, token_of_slot.reshape(G, E, C), readers)
+    token_of_slot = jnp.minimum(self._position_of_slot() // K, S - 1).reshape(G, E, C)  # s, or S - 1 if empty
+    if self.gather_backward:  # a token's gradient gathers its K slots'; per group (G a batch dimension), at axis 1
+      return jax.vmap(self._take, out_axes=1)(x, token_of_slot, self._flat_slot(empty=E * C))
     # One gather over all groups with G as its batch dimension: the rows come out E-major, as the all-to-all sends
     # them (the per-group vmap writes G-major rows, which XLA then transposes in HBM).
-    index = token_of_slot.reshape(G, E, C).transpose(1, 0, 2)[..., None]  # EGC1
     dnums = jax.lax.GatherDimensionNumbers(offset_dims=(3,), collapsed_slice_dims=(1,), start_index_map=(1,),
                                            operand_batching_dims=(0,), start_indices_batching_dims=(1,))
-    return jax.lax.gather(x_padded, index, dnums, slice_sizes=(1, 1, M), mode="promise_in_bounds")
+    index = token_of_slot.transpose(1, 0, 2)[..., None]  # EGC1
+    return jax.lax.gather(x, index, dnums, slice_sizes=(1, 1, M), mode="promise_in_bounds")
 
   def combine(self, y: jax.Array) -> jax.Array:
     """[E, G, C, M] -> [G, S, M]; dropped assignments carry weight 0."""

@@ -12,16 +12,17 @@ import pytest
 from gshard_mt.moe import gating
 from gshard_mt.moe.dispatch import EinsumDispatcher, GroupedDispatcher, IndexDispatcher, make_dispatcher, take_rows
 
-G, S, E, C, M = 3, 20, 5, 3, 6  # C = 3 < 2S/E: some assignments are dropped
+G, S, E, C, M = 3, 20, 5, 3, 6  # C = 3 < 2S/E: some assignments are dropped, every slot is filled
+ROOMY = 7  # a capacity with some assignments dropped and some slots left empty
 GATHER_BACKWARD = functools.partial(IndexDispatcher, gather_backward=True)  # moe.dispatch='index_gather'
 
 
 @functools.cache
-def routing_and_inputs():
+def routing_and_inputs(capacity=C):
   logits = jax.random.normal(jax.random.key(2), (G, S, E)) * 2
-  routing = jax.jit(gating.top2_gating, static_argnums=1)(logits, C)  # one compilation, not op by op
+  routing = jax.jit(gating.top2_gating, static_argnums=1)(logits, capacity)  # one compilation, not op by op
   x = jax.random.normal(jax.random.key(3), (G, S, M))
-  y = jax.random.normal(jax.random.key(4), (E, G, C, M))
+  y = jax.random.normal(jax.random.key(4), (E, G, capacity, M))
   return routing, x, y
 
 
@@ -30,7 +31,7 @@ def reference(routing, x, y):
   expert, slot, weight, kept = (np.asarray(a) for a in (routing.expert_index, routing.slot, routing.weight,
                                                          routing.kept))
   x, y = np.asarray(x), np.asarray(y)
-  dispatched, combined = np.zeros((E, G, C, M)), np.zeros((G, S, M))
+  dispatched, combined = np.zeros((E, G, routing.capacity, M)), np.zeros((G, S, M))
   for g in range(G):
     for s in range(S):
       for k in range(2):
@@ -42,35 +43,53 @@ def reference(routing, x, y):
   return dispatched, combined
 
 
+def occupied(routing) -> np.ndarray:
+  """bool [E, G, C]: the slots a kept assignment fills."""
+  expert, slot, kept = (np.asarray(a) for a in (routing.expert_index, routing.slot, routing.kept))
+  filled = np.zeros((E, G, routing.capacity), bool)
+  for g, s, k in zip(*np.nonzero(kept)):
+    filled[expert[g, s, k], g, slot[g, s, k]] = True
+  return filled
+
+
+@pytest.mark.parametrize("capacity", [C, ROOMY])
 @pytest.mark.parametrize("dispatcher", [EinsumDispatcher, IndexDispatcher, GATHER_BACKWARD])
-def test_tokens_go_to_their_slots_and_come_back_weighted(dispatcher):
-  routing, x, y = routing_and_inputs()
+def test_tokens_go_to_their_slots_and_come_back_weighted(dispatcher, capacity):
+  routing, x, y = routing_and_inputs(capacity)
   kept = np.asarray(routing.kept)
   assert 0 < kept.sum() < kept.size  # some assignments kept, some dropped
   dispatched, combined = reference(routing, x, y)
+  filled = occupied(routing)
+  assert (filled.all() if capacity == C else 0 < filled.sum() < filled.size)  # ROOMY: some slots empty
+  if dispatcher is not EinsumDispatcher:  # the index dispatchers leave their group's last token in an empty slot
+    dispatched = np.where(filled[..., None], dispatched, np.asarray(x)[None, :, None, S - 1])
   np.testing.assert_allclose(dispatcher(routing).dispatch(x), dispatched, atol=1e-6)
   np.testing.assert_allclose(dispatcher(routing).combine(y), combined, atol=1e-5)
 
 
-def test_dispatchers_agree_on_dispatched_buffers():
-  routing, x, y = routing_and_inputs()
-  np.testing.assert_allclose(IndexDispatcher(routing).dispatch(x), EinsumDispatcher(routing).dispatch(x), atol=1e-6)
+def test_dispatchers_agree_on_filled_slots():
+  routing, x, y = routing_and_inputs(ROOMY)
+  filled = occupied(routing)[..., None]
+  np.testing.assert_allclose(IndexDispatcher(routing).dispatch(x) * filled, EinsumDispatcher(routing).dispatch(x),
+                             atol=1e-6)
   np.testing.assert_allclose(IndexDispatcher(routing).combine(y), EinsumDispatcher(routing).combine(y), atol=1e-6)
 
 
+@pytest.mark.parametrize("capacity", [C, ROOMY])
 @pytest.mark.parametrize("dispatcher", [EinsumDispatcher, IndexDispatcher, GATHER_BACKWARD])
-def test_gradients_go_back_to_their_tokens_and_slots(dispatcher):
+def test_gradients_go_back_to_their_tokens_and_slots(dispatcher, capacity):
   """The gradients of dispatch and combine by loops over the assignments: a kept assignment's slot sends its
   gradient to its token, and a token's gradient reaches its slots weighted; dropped assignments and empty slots
   get none."""
-  routing, x, y = routing_and_inputs()
-  u = jax.random.normal(jax.random.key(5), (E, G, C, M))
+  routing, x, y = routing_and_inputs(capacity)
+  # An empty slot's cotangent is zero, as in the layer (no assignment reads it back with a nonzero weight).
+  u = jax.random.normal(jax.random.key(5), (E, G, capacity, M)) * occupied(routing)[..., None]
   v = jax.random.normal(jax.random.key(6), (G, S, M))
   dx = jax.grad(lambda x: jnp.sum(dispatcher(routing).dispatch(x) * u))(x)
   dy = jax.grad(lambda y: jnp.sum(dispatcher(routing).combine(y) * v))(y)
   expert, slot, weight, kept = (np.asarray(a) for a in (routing.expert_index, routing.slot, routing.weight,
                                                          routing.kept))
-  want_dx, want_dy = np.zeros((G, S, M)), np.zeros((E, G, C, M))
+  want_dx, want_dy = np.zeros((G, S, M)), np.zeros((E, G, capacity, M))
   for g, s, k in zip(*np.nonzero(kept)):
     e, c = expert[g, s, k], slot[g, s, k]
     want_dx[g, s] += np.asarray(u)[e, g, c]
