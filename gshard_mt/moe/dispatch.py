@@ -53,6 +53,41 @@ def _take_rows_backward(readers, dout):
 take_rows.defvjp(_take_rows_forward, _take_rows_backward)
 
 
+def _by_group(a: jax.Array, index: jax.Array, batch: int) -> jax.Array:
+  """Rows of a [..., M] picked per group: G is dimension `batch` of `a` and dimension 1 of index [P, G, Q, n],
+  whose last dimension indexes a's other dimensions but M; the gather keeps G as its batch dimension (so the
+  partitioner keeps it sharded) -> [P, G, Q, M]."""
+  others = tuple(d for d in range(a.ndim - 1) if d != batch)
+  dnums = jax.lax.GatherDimensionNumbers(offset_dims=(3,), collapsed_slice_dims=others, start_index_map=others,
+                                         operand_batching_dims=(batch,), start_indices_batching_dims=(1,))
+  return jax.lax.gather(a, index, dnums, slice_sizes=(1,) * (a.ndim - 1) + (a.shape[-1],),
+                        mode="promise_in_bounds")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def take_slots(y: jax.Array, slot: jax.Array, num_experts: int, capacity: int) -> jax.Array:
+  """y [E, G, C, M] read in place, slot int32 [K, G, S] = e * C + c of each assignment -> [K, G, S, M].
+
+  The backward pass scatter-adds into G-major buffers [G, E, C, M] and then transposes them: with G not the
+  leading dimension of the scatter's operand, XLA's TPU compiler turns the scatter-add into a loop at some shapes.
+  """
+  return _by_group(y, jnp.stack([slot // capacity, slot % capacity], -1), batch=1)
+
+
+def _take_slots_forward(y, slot, num_experts, capacity):
+  return take_slots(y, slot, num_experts, capacity), slot
+
+
+def _take_slots_backward(num_experts, capacity, slot, dout):
+  _, G, _, M = dout.shape
+  add = lambda d, s: jnp.zeros((num_experts * capacity, M), d.dtype).at[s.reshape(-1)].add(d.reshape(-1, M))  # noqa: E731
+  buffers = jax.vmap(add, in_axes=(1, 1))(dout, slot).reshape(G, num_experts, capacity, M)
+  return buffers.transpose(1, 0, 2, 3), None
+
+
+take_slots.defvjp(_take_slots_forward, _take_slots_backward)
+
+
 @struct.dataclass
 class EinsumDispatcher:
   """GShard Algorithm 2's dispatch and combine einsums."""
@@ -71,9 +106,9 @@ class EinsumDispatcher:
 @struct.dataclass
 class IndexDispatcher:
   """Gather/scatter by slot index: O(G·E·C·M) data movement, no dense one-hot. With gather_backward=True
-  (moe.dispatch='index_gather') the gathers' backward passes are gathers too (`take_rows`: a slot holds at most
-  one token, a token sits in at most K slots) instead of XLA's scatter-adds, which were the MoE layer's longest
-  kernels in the H100 profile; on the TPU estimate they cost more (bench/RESULTS.md)."""
+  (moe.dispatch='index_gather') the dispatch's backward pass is a gather too (`take_rows`: a token sits in at most
+  K slots) instead of XLA's scatter-add, which was the MoE layer's longest kernel in the H100 profile; on the TPU
+  estimate it costs more (bench/RESULTS.md)."""
 
   routing: Routing
   gather_backward: bool = struct.field(pytree_node=False, default=False)
@@ -108,27 +143,13 @@ class IndexDispatcher:
       return jax.vmap(self._take, out_axes=1)(x, token_of_slot, self._flat_slot(empty=E * C))
     # One gather over all groups with G as its batch dimension: the rows come out E-major, as the all-to-all sends
     # them (the per-group vmap writes G-major rows, which XLA then transposes in HBM).
-    dnums = jax.lax.GatherDimensionNumbers(offset_dims=(3,), collapsed_slice_dims=(1,), start_index_map=(1,),
-                                           operand_batching_dims=(0,), start_indices_batching_dims=(1,))
-    index = token_of_slot.transpose(1, 0, 2)[..., None]  # EGC1
-    return jax.lax.gather(x, index, dnums, slice_sizes=(1, 1, M), mode="promise_in_bounds")
+    return _by_group(x, token_of_slot.transpose(1, 0, 2)[..., None], batch=0)
 
   def combine(self, y: jax.Array) -> jax.Array:
-    """[E, G, C, M] -> [G, S, M]; dropped assignments carry weight 0."""
-    E, G, C, M = y.shape
-    S, K = self.routing.slot.shape[1:]
-    flat = self._flat_slot(empty=0)  # GSK; a dropped assignment reads any slot, weighted 0
-    if self.gather_backward:  # a slot's gradient is its one kept assignment's, at k*S + s in the K-major rows
-      p = self._position_of_slot()
-      readers = jnp.where(p < S * K, p % K * S + p // K, K * S)[..., None]
-      y = y.transpose(1, 0, 2, 3).reshape(G, E * C, M)
-      picked = jax.vmap(self._take, out_axes=1)(y, flat.transpose(0, 2, 1), readers)
-    else:  # read in place from E-major buffers (as the all-to-all delivers them): G is the gather's batch
-      dnums = jax.lax.GatherDimensionNumbers(offset_dims=(3,), collapsed_slice_dims=(0, 2), start_index_map=(0, 2),
-                                             operand_batching_dims=(1,), start_indices_batching_dims=(1,))
-      flat = flat.transpose(2, 0, 1)
-      index = jnp.stack([flat // C, flat % C], axis=-1)  # KGS2: (e, c)
-      picked = jax.lax.gather(y, index, dnums, slice_sizes=(1, 1, 1, M), mode="promise_in_bounds")
+    """[E, G, C, M] -> [G, S, M], read in place from E-major buffers (as the all-to-all delivers them); dropped
+    assignments carry weight 0."""
+    flat = self._flat_slot(empty=0).transpose(2, 0, 1)  # KGS; a dropped assignment reads any slot, weighted 0
+    picked = take_slots(y, flat, self.routing.num_experts, self.routing.capacity)
     # K-major [K, G, S, M]: the gathered rows are laid out as the sum over K reads them (K next to M: a relayout).
     return jnp.einsum("GSK,KGSM->GSM", self.routing.weight.astype(y.dtype), picked)
 
