@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from gshard_mt.training.optimizer import learning_rate_schedule, make_optimizer
+from gshard_mt.training.optimizer import ADAFACTOR, learning_rate_schedule, make_optimizer
 
 
 def opt_config(**kw):
@@ -126,8 +126,6 @@ def test_adafactor_settings_are_the_papers():
   """Each of optax.adafactor's settings is given, none left to optax's defaults."""
   import inspect
 
-  from gshard_mt.training.optimizer import ADAFACTOR
-
   assert ADAFACTOR == dict(factored=True, min_dim_size_to_factor=128, decay_rate=0.8, clipping_threshold=1.0,
                            multiply_by_parameter_scale=True, momentum=None, eps=1e-30)
   given = set(ADAFACTOR) | {"learning_rate", "weight_decay_rate"}
@@ -146,3 +144,33 @@ def test_adafactor_keeps_factored_second_moments_and_no_first_moment():
   assert factored[0].v["b"].shape == (128,)  # too small to factor: a full second moment
   with pytest.raises(StopIteration):
     adam_state(state)
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_adafactor_equals_clip_then_optax_adafactor(weight_decay):
+  """make_optimizer's Adafactor (its own RMS(X) link) against optax.clip_by_global_norm then optax.adafactor, over
+  steps whose gradients are clipped (norm 40x the limit) and not: the same updates and state, factored leaves with
+  the largest dim last and first, a 3-D one and a vector."""
+  config = opt_config(name="adafactor", learning_rate=0.01, warmup="constant", warmup_steps=1, grad_clip_norm=1.0,
+                      weight_decay=weight_decay)
+  ours = make_optimizer(config)
+  theirs = optax.chain(optax.clip_by_global_norm(1.0), optax.adafactor(
+      learning_rate_schedule(config), weight_decay_rate=weight_decay or None, **ADAFACTOR))
+  shapes = {"last": (130, 160), "first": (200, 3, 140), "deep": (4, 130, 200), "vector": (96,)}
+  keys = iter(jax.random.split(jax.random.key(0), 20))
+  params = {k: 0.05 * jax.random.normal(next(keys), s) for k, s in shapes.items()}
+  unclipped = make_optimizer(opt_config(**{**vars(config), "grad_clip_norm": 0.0}))
+  for tx in (ours, unclipped):  # checkpoints restore, from optax's chain and across the clipping setting
+    assert jax.tree.structure(tx.init(params)) == jax.tree.structure(theirs.init(params))
+  state_ours = state_theirs = ours.init(params)
+  p_ours = p_theirs = params
+  for scale in (0.1, 0.001, 0.3):  # global norms about 40, 0.4, 120
+    grads = {k: scale * jax.random.normal(next(keys), s) for k, s in shapes.items()}
+    u_ours, state_ours = ours.update(grads, state_ours, p_ours)
+    u_theirs, state_theirs = theirs.update(grads, state_theirs, p_theirs)
+    for a, b in zip(jax.tree.leaves((u_ours, state_ours)), jax.tree.leaves((u_theirs, state_theirs))):
+      np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-9)  # updates are 1e-6 to 1e-3
+    p_ours, p_theirs = optax.apply_updates(p_ours, u_ours), optax.apply_updates(p_theirs, u_theirs)
+  factored = [s for s in jax.tree.leaves(state_ours, is_leaf=lambda x: isinstance(x, optax.FactoredState))
+              if isinstance(s, optax.FactoredState)]
+  assert factored[0].v_row["first"].shape == (3, 140) and factored[0].v_col["first"].shape == (200, 3)
