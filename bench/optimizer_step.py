@@ -1,0 +1,64 @@
+"""The optimizer's update alone, as the training step runs it, on the TPU compiler's estimate (not a measurement):
+the compiler's optimal_seconds and the per-instruction roofline of one update of every weight of a config, with
+its real shapes and shardings.
+
+  python bench/optimizer_step.py --config configs/dense_base.py --topology v5p:2x2x1
+  python bench/optimizer_step.py --config configs/base.py --topology v5p:2x2x1 --config.mesh.data=1 \
+      --config.mesh.expert=4
+
+The update is `training.step`'s: the global norm and the finite check, `make_optimizer`'s transformation, the new
+parameters and state kept only when finite. --optax compiles optax's own chain instead
+(optax.clip_by_global_norm then optax.adafactor with the same settings), for the comparison in bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+from gshard_mt import cli
+from gshard_mt import config as config_lib
+from gshard_mt.errors import UserError
+
+
+def main(argv):
+  args, overrides = config_lib.split_overrides(argv)
+  parser = cli.parser(__doc__, config=True)
+  parser.add_argument("--topology", default="v5p:2x2x1")
+  parser.add_argument("--optax", action="store_true", help="optax's chain instead of make_optimizer's")
+  parsed = parser.parse_args(args)
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  from gshard_mt.compiler import roofline, tpu
+  from gshard_mt.tools import dryrun
+  from gshard_mt.training import optimizer
+  from gshard_mt.training.setup import build
+
+  devices = tpu.topology_devices(parsed.topology)
+  config = dryrun.load_for(parsed.config, overrides, len(devices))
+  setup = build(config, config.data.vocab_size, devices=devices)
+  state = setup.abstract_target()
+  opt = config.optimizer
+  tx = optimizer.make_optimizer(opt)
+  if parsed.optax:
+    if opt.name != "adafactor":
+      raise UserError("--optax compares Adafactor: the config's optimizer.name is not 'adafactor'")
+    tx = optax.chain(optax.clip_by_global_norm(opt.grad_clip_norm) if opt.grad_clip_norm else optax.identity(),
+                     optax.adafactor(optimizer.learning_rate_schedule(opt), **optimizer.ADAFACTOR))
+
+  def update(params, grads, opt_state):
+    finite = jnp.isfinite(optax.tree.norm(grads))
+    updates, new_state = tx.update(grads, opt_state, params)
+    new = optax.apply_updates(params, updates)
+    return jax.tree.map(lambda n, o: jnp.where(finite, n, o), (new, new_state), (params, opt_state))
+
+  with jax.set_mesh(setup.mesh):
+    program = jax.jit(update, donate_argnums=(0, 2)).lower(state.params, state.params, state.opt_state).compile()
+  rows = roofline.instruction_costs(program.as_text(), *roofline.compiler_roofline(devices[0]))
+  optimal = tpu.compiler_cost(program)["optimal_seconds"]
+  print(f"{parsed.config} on {parsed.topology}, {'optax' if parsed.optax else 'make_optimizer'}: "
+        f"compiler's optimal_seconds {optimal * 1e3:.3f} ms, per-instruction sum "
+        f"{sum(r['seconds'] for r in rows) * 1e3:.3f} ms, HBM bytes {sum(r['bytes'] for r in rows) / 2**30:.2f} GiB")
+
+
+if __name__ == "__main__":
+  cli.run(main, prog="python bench/optimizer_step.py")
