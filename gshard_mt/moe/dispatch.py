@@ -106,9 +106,9 @@ class EinsumDispatcher:
 @struct.dataclass
 class IndexDispatcher:
   """Gather/scatter by slot index: O(G·E·C·M) data movement, no dense one-hot. With gather_backward=True
-  (moe.dispatch='index_gather') the dispatch's backward pass is a gather too (`take_rows`: a token sits in at most
-  K slots) instead of XLA's scatter-add, which was the MoE layer's longest kernel in the H100 profile; on the TPU
-  estimate it costs more (bench/RESULTS.md)."""
+  (moe.dispatch='index_gather') the gathers' backward passes are gathers too (`take_rows`: a slot holds at most
+  one token, a token sits in at most K slots) instead of XLA's scatter-adds, which were the MoE layer's longest
+  kernels in the H100 profile; on the TPU estimate they cost more (bench/RESULTS.md)."""
 
   routing: Routing
   gather_backward: bool = struct.field(pytree_node=False, default=False)
@@ -148,8 +148,16 @@ class IndexDispatcher:
   def combine(self, y: jax.Array) -> jax.Array:
     """[E, G, C, M] -> [G, S, M], read in place from E-major buffers (as the all-to-all delivers them); dropped
     assignments carry weight 0."""
-    flat = self._flat_slot(empty=0).transpose(2, 0, 1)  # KGS; a dropped assignment reads any slot, weighted 0
-    picked = take_slots(y, flat, self.routing.num_experts, self.routing.capacity)
+    flat = self._flat_slot(empty=0)  # GSK; a dropped assignment reads any slot, weighted 0
+    if self.gather_backward:  # a slot's gradient is its one kept assignment's, at k*S + s in the K-major rows
+      E, G, C, M = y.shape
+      S, K = flat.shape[1:]
+      p = self._position_of_slot()
+      readers = jnp.where(p < S * K, p % K * S + p // K, K * S)[..., None]
+      rows = y.transpose(1, 0, 2, 3).reshape(G, E * C, M)  # per group: G-major
+      picked = jax.vmap(self._take, out_axes=1)(rows, flat.transpose(0, 2, 1), readers)
+    else:
+      picked = take_slots(y, flat.transpose(2, 0, 1), self.routing.num_experts, self.routing.capacity)
     # K-major [K, G, S, M]: the gathered rows are laid out as the sum over K reads them (K next to M: a relayout).
     return jnp.einsum("GSK,KGSM->GSM", self.routing.weight.astype(y.dtype), picked)
 
