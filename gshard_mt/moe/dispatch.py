@@ -3,8 +3,9 @@
 The capacity-buffer dispatchers fill each expert's slots, `dispatch -> [E, G, C, M]`, and `combine(y: [E, G, C,
 M]) -> [G, S, M]` returns the weighted expert outputs to their tokens. Both keep E the major dimension, the layout
 in which the G -> E and E -> G all-to-alls (when E is split over devices) send and deliver the buffers: the index
-dispatcher's gathers write and read that layout directly (G as the gather's batch dimension), so no transpose of
-the buffers goes through HBM beside the all-to-alls (bench/RESULTS.md, "The MoE buffers E-major").
+dispatcher's gathers write and read that layout directly (G as the gather's batch dimension). So the forward pass
+moves no transpose of the buffers through HBM beside the all-to-alls, and the backward pass one, in the combine's
+scatter-add (`take_slots`; bench/RESULTS.md, "The MoE buffers E-major").
 
 - EinsumDispatcher: the paper's one-hot einsums over the dense [G, S, E, C] tensors (the readable reference).
 - IndexDispatcher: gathers by slot index; never builds the [G, S, E, C] one-hot (same outputs and gradients);
