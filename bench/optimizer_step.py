@@ -6,8 +6,8 @@ its real shapes and shardings.
   python bench/optimizer_step.py --config configs/base.py --topology v5p:2x2x1 --config.mesh.data=1 \
       --config.mesh.expert=4
 
-The update is `training.step`'s: the global norm and the finite check, `make_optimizer`'s transformation, the new
-parameters and state kept only when finite. --optax compiles optax's own chain instead
+The update is `training.step.apply_update` with `make_optimizer`'s transformation, behind the finite check of the
+gradient's global norm. --optax compiles optax's own chain instead
 (optax.clip_by_global_norm then optax.adafactor with the same settings), for the comparison in bench/RESULTS.md.
 """
 
@@ -30,7 +30,7 @@ def main(argv):
 
   from gshard_mt.compiler import roofline, tpu
   from gshard_mt.tools import dryrun
-  from gshard_mt.training import optimizer
+  from gshard_mt.training import optimizer, step
   from gshard_mt.training.setup import build
 
   devices = tpu.topology_devices(parsed.topology)
@@ -45,14 +45,11 @@ def main(argv):
     tx = optax.chain(optax.clip_by_global_norm(opt.grad_clip_norm) if opt.grad_clip_norm else optax.identity(),
                      optax.adafactor(optimizer.learning_rate_schedule(opt), **optimizer.ADAFACTOR))
 
-  def update(params, grads, opt_state):
-    finite = jnp.isfinite(optax.tree.norm(grads))
-    updates, new_state = tx.update(grads, opt_state, params)
-    new = optax.apply_updates(params, updates)
-    return jax.tree.map(lambda n, o: jnp.where(finite, n, o), (new, new_state), (params, opt_state))
+  def update(state, grads):
+    return step.apply_update(state, grads, tx, jnp.isfinite(optax.tree.norm(grads)))
 
   with jax.set_mesh(setup.mesh):
-    program = jax.jit(update, donate_argnums=(0, 2)).lower(state.params, state.params, state.opt_state).compile()
+    program = jax.jit(update, donate_argnums=0).lower(state, state.params).compile()
   rows = roofline.instruction_costs(program.as_text(), *roofline.compiler_roofline(devices[0]))
   optimal = tpu.compiler_cost(program)["optimal_seconds"]
   print(f"{parsed.config} on {parsed.topology}, {'optax' if parsed.optax else 'make_optimizer'}: "

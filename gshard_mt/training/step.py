@@ -70,6 +70,17 @@ def _microbatch_loss(params, batch, rng, *, model: Transformer, config, num_toke
                                                            "means": (aux, z, stats, dict(biases))}
 
 
+def apply_update(state: TrainState, grads, tx, finite: jax.Array, biases=None) -> TrainState:
+  """The state after one update of its parameters by `tx` with `grads` (and the MoE selection biases set to
+  `biases`), kept only where `finite`: skipping keeps the old parameters and optimizer state but still advances
+  the step (and the data)."""
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  # The selection biases are set by their rule (moe.balance), not by the optimizer (their gradient is zero).
+  params = balance.with_updated_biases(optax.apply_updates(state.params, updates), biases)
+  new = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+  return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state.replace(step=state.step + 1))
+
+
 def train_step(state: TrainState, batch: dict, *, model: Transformer, tx, config):
   """One update; returns (state, metrics). A non-finite loss or gradient leaves the state unchanged.
 
@@ -102,12 +113,7 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer, tx, config
   (nll, correct), (aux, z, stats, biases) = out["sums"], out["means"]
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  # The selection biases are set by their rule (moe.balance), not by the optimizer (their gradient is zero).
-  params = balance.with_updated_biases(optax.apply_updates(state.params, updates), biases.get(balance.COLLECTION))
-  new = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-  # Skipping keeps the old parameters and optimizer state but still advances the step (and the data).
-  new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state.replace(step=state.step + 1))
+  new = apply_update(state, grads, tx, finite, biases.get(balance.COLLECTION))
   metrics = {"loss": loss, "nll": nll / num_tokens, "accuracy": correct / num_tokens, "aux_loss": aux,
              "z_loss": z, "grad_norm": grad_norm, "learning_rate": learning_rate_schedule(config.optimizer)(
                  state.step), "finite": finite, "target_tokens": weights.sum(),
