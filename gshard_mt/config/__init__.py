@@ -38,6 +38,7 @@ CHOICES = {
     "model.remat": tuple(REMAT_POLICIES),
     "model.attention": ATTENTIONS,
     "optimizer.name": ("adafactor", "adam"),
+    "optimizer.kernel": ("xla", "pallas"),
     "optimizer.schedule": ("rsqrt", "constant"),
     "optimizer.warmup": ("linear", "constant"),
     "partitioning": ("data", "expert", "expert_model"),
@@ -186,6 +187,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
     raise ConfigError(f"model.attention={config.model.attention!r} has no attention dropout: it needs "
                       f"model.attention_dropout_rate=0, "
                       f"not {config.model.attention_dropout_rate}")
+  if config.optimizer.kernel == "pallas" and config.optimizer.name != "adafactor":
+    raise ConfigError(f"optimizer.kernel='pallas' is Adafactor's update: it needs optimizer.name='adafactor', not "
+                      f"{config.optimizer.name!r}")
   if config.batch_size % config.num_microbatches:
     raise ConfigError(f"num_microbatches={config.num_microbatches} does not divide batch_size={config.batch_size}")
   if not config.data.temperature > 0:

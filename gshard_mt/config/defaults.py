@@ -84,6 +84,9 @@ def get_config():
   c.optimizer.warmup_steps = 1000
   c.optimizer.grad_clip_norm = 1.0  # the gradient's global norm is clipped to this; 0 = no clipping
   c.optimizer.weight_decay = 0.0
+  # 'xla': the optax chain as XLA compiles it; 'pallas': Adafactor's update as Pallas kernels for TPUs, three
+  # passes over each weight (training.fused_adafactor; interpret mode elsewhere, for tests); same state
+  c.optimizer.kernel = "xla"
   c.optimizer.label_smoothing = 0.1
 
   c.mesh = ml_collections.ConfigDict()

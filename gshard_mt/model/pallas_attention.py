@@ -189,7 +189,7 @@ def _forward(xs, params, q_segments, k_segments, heads: int, causal: bool, dtype
                                            vmem_limit_bytes=pallas_vmem.vmem_budget(vmem)),
       cost_estimate=_cost(xs, params, q_segments, k_segments, heads, FORWARD_MATMULS, y.size * y.dtype.itemsize),
       interpret=interpret)
-  return _on_tpu(run, *xs, *params, q_segments, k_segments)
+  return on_tpu(run, *xs, *params, q_segments, k_segments)
 
 
 def _backward(xs, params, dy, q_segments, k_segments, heads: int, causal: bool, dtype, vmem: int | None):
@@ -214,11 +214,11 @@ def _backward(xs, params, dy, q_segments, k_segments, heads: int, causal: bool, 
       cost_estimate=_cost((*xs, dy), params, q_segments, k_segments, heads, BACKWARD_MATMULS,
                           sum(x.nbytes for x in xs) + sum(4 * p.size for p in partials)),
       interpret=interpret)
-  grads = _on_tpu(run, *xs, *params, dy, q_segments, k_segments)
+  grads = on_tpu(run, *xs, *params, dy, q_segments, k_segments)
   return tuple(grads[:len(xs)]), tuple(g.sum(0) for g in grads[len(xs):])
 
 
-def _on_tpu(run, *args):
+def on_tpu(run, *args):
   """`run(interpret=False)` compiled for a TPU, Pallas's interpret mode for any other platform: chosen where the
   program is lowered, not by the host's default backend (a TPU program compiled ahead of time on a CPU host gets
   the kernels)."""

@@ -24,6 +24,12 @@ def updated_bias(bias: jax.Array, load: jax.Array, rate: float) -> jax.Array:
   return bias + rate * jnp.sign(jnp.mean(load) - load)
 
 
+def biases_of(params: dict, balance: dict) -> dict:
+  """The parameters at `balance`'s paths, in its structure (what `with_updated_biases` would replace)."""
+  flat = traverse_util.flatten_dict(params)
+  return traverse_util.unflatten_dict({path: flat[path] for path in traverse_util.flatten_dict(balance)})
+
+
 def with_updated_biases(params: dict, balance: dict) -> dict:
   """`params` with each leaf of `balance` (the COLLECTION a training apply returned, mirroring the parameters'
   paths) in place of the parameter at the same path; `balance` empty: `params` unchanged."""

@@ -17,14 +17,20 @@ E and H, so one [U, M, H] column statistic is shared by all experts and held who
 code, which also factors the two largest dims).
 
 The chain is optax.adafactor's, with the same state, except that RMS(X) is one reduction over X where optax's
-takes two (`scale_by_param_rms`); tested equal to optax.clip_by_global_norm then optax.adafactor.
+takes two (`scale_by_param_rms`); tested equal to optax.clip_by_global_norm then optax.adafactor. With
+optimizer.kernel='pallas' the same update runs as Pallas kernels for TPUs (`fused_adafactor`; tested equal too).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import optax
+
+from gshard_mt.training import fused_adafactor
 
 # optax.adafactor's arguments, each set to the value above (not left to optax's defaults).
 ADAFACTOR = dict(
@@ -36,6 +42,18 @@ ADAFACTOR = dict(
     momentum=None,  # beta1 = 0: no first moment
     eps=1e-30,
 )
+PARAM_SCALE_FLOOR = 1e-3  # max(1e-3, RMS(X))
+
+
+class FusedAdafactor(NamedTuple):
+  """optimizer.kernel='pallas': the optax chain's init and update (the state and the reference), and `apply`,
+  (grads, state, params, loss_finite) -> (params, state, the gradient's global norm, finite): the same step in
+  `fused_adafactor`'s kernels, which write the parameters in place and keep everything as it was unless the loss
+  and the norm are finite."""
+
+  init: Callable
+  update: Callable
+  apply: Callable
 
 
 def learning_rate_schedule(opt_config):
@@ -53,7 +71,7 @@ def learning_rate_schedule(opt_config):
   return schedule
 
 
-def scale_by_param_rms(min_scale: float = 1e-3) -> optax.GradientTransformation:
+def scale_by_param_rms(min_scale: float = PARAM_SCALE_FLOOR) -> optax.GradientTransformation:
   """optax.scale_by_param_block_rms: U x max(min_scale, RMS(X)), with one reduction over X where optax takes two
   (its second keeps the RMS differentiable at 0, which an optimizer step never needs)."""
 
@@ -64,9 +82,10 @@ def scale_by_param_rms(min_scale: float = 1e-3) -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def make_optimizer(opt_config) -> optax.GradientTransformation:
+def make_optimizer(opt_config, param_specs=None) -> optax.GradientTransformation | FusedAdafactor:
   """The configured optimizer behind global-norm clipping (opt_config.grad_clip_norm; 0 = none). The state has one
-  structure whatever the clipping, so a checkpoint restores with either setting (tested)."""
+  structure whatever the clipping and opt_config.kernel, so a checkpoint restores with any setting (tested).
+  param_specs: the parameters' PartitionSpecs on the mesh, for kernel='pallas' (None: nothing split)."""
   schedule = learning_rate_schedule(opt_config)
   clip = optax.clip_by_global_norm(opt_config.grad_clip_norm) if opt_config.grad_clip_norm else optax.identity()
   if opt_config.name == "adafactor":  # optax.adafactor(schedule, **ADAFACTOR)'s chain (tested equal)
@@ -76,5 +95,27 @@ def make_optimizer(opt_config) -> optax.GradientTransformation:
              optax.scale_by_learning_rate(schedule, flip_sign=False), scale_by_param_rms()]
     if opt_config.weight_decay:
       links.append(optax.add_decayed_weights(opt_config.weight_decay))
-    return optax.chain(clip, optax.chain(*links, optax.scale(-1)))
+    chain = optax.chain(clip, optax.chain(*links, optax.scale(-1)))
+    if opt_config.kernel == "pallas":
+      return FusedAdafactor(chain.init, chain.update, lambda grads, state, params, loss_finite: _fused_apply(
+          grads, state, params, loss_finite, opt_config, schedule, param_specs))
+    return chain
   return optax.chain(clip, optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=opt_config.weight_decay))
+
+
+def _fused_apply(grads, state, params, loss_finite, opt_config, schedule, param_specs):
+  """FusedAdafactor.apply: the step of make_optimizer's chain, its state read and written in the chain's structure
+  (clipping, (factored moments, update clipping, learning rate, parameter scale, ...))."""
+  clip_state, links = state
+  moments, rate = links[0], links[2]  # optax's FactoredState, ScaleByScheduleState
+  d = 1.0 - (moments.count.astype(jnp.float32) + 1.0) ** -ADAFACTOR["decay_rate"]
+  settings = dict(eps=ADAFACTOR["eps"], min_dim_size_to_factor=ADAFACTOR["min_dim_size_to_factor"],
+                  clipping_threshold=ADAFACTOR["clipping_threshold"], min_scale=PARAM_SCALE_FLOOR)
+  params, v_row, v_col, v, norm, finite = fused_adafactor.update(
+      grads, params, moments.v_row, moments.v_col, moments.v, param_specs, d=d, lr=schedule(rate.count),
+      keep=1.0 - opt_config.weight_decay, clip_norm=opt_config.grad_clip_norm, loss_finite=loss_finite,
+      settings=settings)
+  count = lambda c: jnp.where(finite, optax.safe_increment(c), c)  # noqa: E731
+  links = (moments._replace(count=count(moments.count), v_row=v_row, v_col=v_col, v=v), links[1],
+           rate._replace(count=count(rate.count)), *links[3:])
+  return params, (clip_state, links), norm, finite

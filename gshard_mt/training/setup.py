@@ -88,12 +88,13 @@ def build(config, vocab_size: int, devices=None) -> Setup:
   if model_cfg.attention == "pallas":
     model_cfg = _pallas_config(config, model_cfg, mesh.devices.flat[0])
   rules = rules_lib.rules(config)
-  tx = make_optimizer(config.optimizer)
-  boxed = jax.eval_shape(functools.partial(_init_state, model_cfg, tx, 0, True)).params
+  boxed = jax.eval_shape(functools.partial(_init_state, model_cfg, None, 0, True)).params
+  param_shardings = shardings.param_shardings(boxed, mesh, rules)
+  tx = make_optimizer(config.optimizer, jax.tree.map(lambda s: s.spec, param_shardings))
   abstract = jax.eval_shape(functools.partial(_init_state, model_cfg, tx, 0))
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   state_shardings = TrainState(
-      step=replicated, params=shardings.param_shardings(boxed, mesh, rules), rng=replicated,
+      step=replicated, params=param_shardings, rng=replicated,
       opt_state=shardings.optimizer_shardings(tx, abstract.opt_state, boxed, mesh, rules))
   return Setup(model_cfg, mesh, rules, tx, abstract, state_shardings)
 

@@ -14,7 +14,7 @@ from gshard_mt.model.layers import DROPOUT_KEYS
 from gshard_mt.model.transformer import Transformer
 from gshard_mt.moe import balance
 from gshard_mt.training import metrics as metrics_lib
-from gshard_mt.training.optimizer import learning_rate_schedule
+from gshard_mt.training.optimizer import FusedAdafactor, learning_rate_schedule
 
 
 @struct.dataclass
@@ -70,15 +70,24 @@ def _microbatch_loss(params, batch, rng, *, model: Transformer, config, num_toke
                                                            "means": (aux, z, stats, dict(biases))}
 
 
-def apply_update(state: TrainState, grads, tx, finite: jax.Array, biases=None) -> TrainState:
-  """The state after one update of its parameters by `tx` with `grads` (and the MoE selection biases set to
-  `biases`), kept only where `finite`: skipping keeps the old parameters and optimizer state but still advances
-  the step (and the data)."""
+def apply_update(state: TrainState, grads, tx, loss_finite: jax.Array, biases=None):
+  """(the state after one update of its parameters by `tx` with `grads` (and the MoE selection biases set to
+  `biases`), the gradient's global norm, finite), the update kept only where `finite`: the loss and the norm
+  finite. Skipping keeps the old parameters and optimizer state but still advances the step (and the data)."""
+  kept = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+  if isinstance(tx, FusedAdafactor):  # its kernels take the norm and keep the weights and moments themselves
+    params, opt_state, grad_norm, finite = tx.apply(grads, state.opt_state, state.params, loss_finite)
+    if biases:
+      biases = kept(biases, balance.biases_of(state.params, biases))
+    return state.replace(step=state.step + 1, params=balance.with_updated_biases(params, biases),
+                         opt_state=opt_state), grad_norm, finite
+  grad_norm = optax.tree.norm(grads)
+  finite = loss_finite & jnp.isfinite(grad_norm)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   # The selection biases are set by their rule (moe.balance), not by the optimizer (their gradient is zero).
   params = balance.with_updated_biases(optax.apply_updates(state.params, updates), biases)
   new = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-  return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state.replace(step=state.step + 1))
+  return kept(new, state.replace(step=state.step + 1)), grad_norm, finite
 
 
 def train_step(state: TrainState, batch: dict, *, model: Transformer, tx, config):
@@ -111,9 +120,7 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer, tx, config
     out = {"sums": jax.tree.map(lambda x: x.sum(0), outs["sums"]),
            "means": jax.tree.map(lambda x: x.mean(0), outs["means"])}
   (nll, correct), (aux, z, stats, biases) = out["sums"], out["means"]
-  grad_norm = optax.tree.norm(grads)
-  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  new = apply_update(state, grads, tx, finite, biases.get(balance.COLLECTION))
+  new, grad_norm, finite = apply_update(state, grads, tx, jnp.isfinite(loss), biases.get(balance.COLLECTION))
   metrics = {"loss": loss, "nll": nll / num_tokens, "accuracy": correct / num_tokens, "aux_loss": aux,
              "z_loss": z, "grad_norm": grad_norm, "learning_rate": learning_rate_schedule(config.optimizer)(
                  state.step), "finite": finite, "target_tokens": weights.sum(),

@@ -13,7 +13,7 @@ from gshard_mt.training.optimizer import ADAFACTOR, learning_rate_schedule, make
 
 def opt_config(**kw):
   values = dict(name="adam", learning_rate=0.5, schedule="rsqrt", warmup="linear", warmup_steps=100,
-                grad_clip_norm=1.0, weight_decay=0.0)
+                grad_clip_norm=1.0, weight_decay=0.0, kernel="xla")
   return types.SimpleNamespace(**{**values, **kw})
 
 
