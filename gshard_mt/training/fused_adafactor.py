@@ -1,27 +1,27 @@
 """optimizer.kernel='pallas': Adafactor's update (`optimizer`) with every weight read in three passes, as Pallas
 kernels for TPUs, behind the same state as the optax chain (so a checkpoint restores with either setting).
 
-XLA compiles the chain into many passes over each weight, some with a scalar reduced in the same program, which
-the TPU charges twice (bench/RESULTS.md, "Adafactor in three passes"). Here, for a weight X with gradient G,
-global clipping scale s, decay d and step size lr:
+XLA compiles the chain into more passes over each weight, and it copies weights into VMEM ahead of the passes
+that follow a reduction, which the TPU compiler's estimate charges at about twice the pass (bench/RESULTS.md,
+"Adafactor in three passes"). Here, for a weight X with gradient G, decay d, step size lr and weight decay wd:
 
-  factored (the two largest dims are its last two, S and L):
-    1. sums of G^2 over L and over S, and of X^2      -> V_row, V_col, RMS(X)
-    2. sum of (G R C)^2, R and C the row and column factors from V_row, V_col   -> RMS(U), U = s G R C
-    3. X <- (1 - wd) X - a G R C,  a = lr max(1e-3, RMS(X)) s / max(1, RMS(U))
-  not factored (V as big as X):
-    1. V' = d V + (1 - d)(s^2 G^2 + eps), U = s G / sqrt(V'): sums of U^2 and X^2
-    2. V <- V', X <- (1 - wd) X - a U
+  1. sums of G^2 (over L and over S for a factored weight) and of X^2: the global norm, hence the clipping scale
+     s; V_row, V_col; RMS(X)
+  2. factored: the sum of (G R C)^2, R and C the row and column factors from V_row, V_col: RMS(U), U = s G R C;
+     not factored (V as big as X): V' = d V + (1 - d)(s^2 G^2 + eps), U = s G / sqrt(V'): the sum of U^2
+  3. X <- (1 - wd) X - a U,  a = lr max(1e-3, RMS(X)) / max(1, RMS(U)); V <- V' (not factored)
 
-each pass one kernel over [T, L] blocks of the weight's 2-D view [N, L] (N its leading dims flattened; T divides
-its second-last dim S, so that a block lies in one [S, L] matrix). A weight too small to be worth a kernel, or one
-whose factored dims are not its last two, or whose factored dims are sharded, takes the same passes as plain jnp
-over the whole array (`_run` with kernel=False), which is also what the kernels compute off a TPU in tests.
-Where nothing is finite the state is kept, inside the last pass (no second copy of the weights).
+each pass one kernel over [T, L] blocks of the weight's [B, S, L] view (`_order`: a factored weight's S and L are
+its factored dims; T divides S, so that a block lies in one [S, L] matrix), its operands pinned to HBM. A weight too
+small to be worth a kernel, or whose factored dims are not its last two or are split over devices, takes the same
+passes as jnp over the whole array (`_run` with T=None), which is also what the kernels compute off a TPU in
+tests. So does pass 1 of a weight split over devices (the experts'): their gradients come out of the expert
+matmuls in a layout the kernels do not read, and XLA folds the sums into the copy it makes anyway (measured, in
+RESULTS). Where the step is not finite everything is kept, inside the last pass (no second copy of the weights).
 
-On a mesh each kernel weight runs per device under `shard_map` with its own PartitionSpec (from `optimizer`'s
-caller, the state's shardings); only the sums over the whole weight cross devices (psum over its axes).
-Each kernel declares its bytes (`pl.CostEstimate`), which is what the TPU compiler's estimate charges it.
+On a mesh each kernel weight runs per device under `shard_map` with its PartitionSpec (from `optimizer`'s caller,
+the state's shardings); only the sums over the whole weight cross devices (psum over its axes). Each kernel
+declares its bytes (`pl.CostEstimate`), which is what the TPU compiler's estimate charges it.
 """
 
 from __future__ import annotations
@@ -119,21 +119,14 @@ def _run(body, scalars, ins, outs, T: int | None):
     for ref, y in zip(refs[len(ins):], results):
       ref[...] = y.astype(ref.dtype)
 
-  call = lambda interpret: pl.pallas_call(  # noqa: E731
+  run = lambda interpret: pl.pallas_call(  # noqa: E731
       kernel, grid=(n,), in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)] + [spec[k] for k in kinds],
       out_specs=out_specs, out_shape=out_shapes, input_output_aliases=aliases,
       compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
       cost_estimate=pl.CostEstimate(flops=8 * B * S * L, transcendentals=0, bytes_accessed=nbytes),
       interpret=interpret)
 
-  def run(interpret):
-    if interpret:
-      return call(True)
-    # Pinned to HBM: the blocks stream from there. Otherwise the compiler copies whole weights into VMEM ahead
-    # of the call, which its estimate charges at twice the call (bench/RESULTS.md, "Adafactor in three passes").
-    return lambda *args: call(False)(args[0], *(pltpu.with_memory_space_constraint(x, pltpu.HBM) for x in args[1:]))
-
-  results = on_tpu(run, sc, *(x.reshape(flat[k]) for x, k in zip(ins, kinds)))
+  results = on_tpu(run, sc, *(x.reshape(flat[k]) for x, k in zip(ins, kinds)), pin_from=1)  # not the scalars
   return [y.reshape(B, per_b, L).sum(1, keepdims=True) if k == "col" else y.reshape((B, S, L) if k == "tile"
           else (B, S, 1)) for y, k in zip(results, outs)]
 
@@ -175,8 +168,10 @@ class _Plan(NamedTuple):
 
 def _squares(g, x, v_row, v_col, plan: _Plan, axes: tuple):
   """Pass 1, before the clipping scale is known -> (the means of G^2 in V_row's and V_col's shapes (factored;
-  placeholders otherwise), the sums of G^2 and of X^2 over the whole weight)."""
-  g_rows, g_cols, x2 = _run(_stats, (), [plan.view(g), plan.view(x)], ["row", "col", "row"], plan.rows)
+  placeholders otherwise), the sums of G^2 and of X^2 over the whole weight). In jnp for a weight split over
+  devices (see the module's docstring)."""
+  g_rows, g_cols, x2 = _run(_stats, (), [plan.view(g), plan.view(x)], ["row", "col", "row"],
+                            None if axes else plan.rows)
   row_mean = col_mean = jnp.zeros((1,), jnp.float32)
   if plan.factored is not None:  # a mean of G^2 over L (g_rows) or over S (g_cols), as V_row and V_col are kept
     _, S, L = plan.dims
