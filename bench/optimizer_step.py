@@ -6,9 +6,10 @@ its real shapes and shardings.
   python bench/optimizer_step.py --config configs/base.py --topology v5p:2x2x1 --config.mesh.data=1 \
       --config.mesh.expert=4
 
-The update is `training.step.apply_update` with `make_optimizer`'s transformation, behind the finite check of the
-gradient's global norm. --optax compiles optax's own chain instead
-(optax.clip_by_global_norm then optax.adafactor with the same settings), for the comparison in bench/RESULTS.md.
+The update is `training.step.apply_update` with the training setup's optimizer (`make_optimizer`; with
+--config.optimizer.kernel=pallas, Adafactor's update as Pallas kernels), behind the finite check of the gradient's
+global norm. --optax compiles optax's own chain instead (optax.clip_by_global_norm then optax.adafactor with the
+same settings), for the comparison in bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def main(argv):
     program = jax.jit(update, donate_argnums=0).lower(state, state.params).compile()
   rows = roofline.instruction_costs(program.as_text(), *roofline.compiler_roofline(devices[0]))
   optimal = tpu.compiler_cost(program)["optimal_seconds"]
-  print(f"{parsed.config} on {parsed.topology}, {'optax' if parsed.optax else 'make_optimizer'}: "
+  which = "optax" if parsed.optax else f"make_optimizer, optimizer.kernel={opt.kernel}"
+  print(f"{parsed.config} on {parsed.topology}, {which}: "
         f"compiler's optimal_seconds {optimal * 1e3:.3f} ms, per-instruction sum "
         f"{sum(r['seconds'] for r in rows) * 1e3:.3f} ms, HBM bytes {sum(r['bytes'] for r in rows) / 2**30:.2f} GiB")
 

@@ -13,6 +13,7 @@ uses the cached einsum path.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -125,6 +126,30 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array) 
   return jnp.einsum("ABQK,ABKD->ABQD", probs, v).transpose(1, 2, 0, 3)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def weight_einsum(equation: str, x: jax.Array, w: jax.Array) -> jax.Array:
+  """einsum(equation, x, w) with the float32 weight w cast to x's dtype, as jnp.einsum computes it; but its
+  gradient in w comes out of the matmul in float32 (its accumulator), not rounded to x's dtype and then cast: one
+  pass less over every weight's gradient, and a more precise one. `equation` 'x,w->y' where every letter of x and
+  w is in the other or in y (a matmul: its transposes are einsums of the same letters)."""
+  return jnp.einsum(equation, x, w.astype(x.dtype))
+
+
+def _weight_einsum_forward(equation, x, w):
+  return weight_einsum(equation, x, w), (x, w)
+
+
+def _weight_einsum_backward(equation, residuals, dy):
+  x, w = residuals
+  xs, rest = equation.split(",")
+  ws, ys = rest.split("->")
+  return (jnp.einsum(f"{ys},{ws}->{xs}", dy, w.astype(x.dtype)),
+          jnp.einsum(f"{xs},{ys}->{ws}", x, dy, preferred_element_type=w.dtype))
+
+
+weight_einsum.defvjp(_weight_einsum_forward, _weight_einsum_backward)
+
+
 def param(module: nn.Module, name: str, shape: tuple, names: tuple, init=None):
   """A float32 parameter with logical axis names (LeCun normal unless `init` is given)."""
   init = init or nn.initializers.lecun_normal()
@@ -201,8 +226,8 @@ class Attention(nn.Module):
                               dtype=dt, vmem=self.kernel_vmem)
     x = normalize(x, *norm)
     kv = kv if self.is_cross else x
-    q = jnp.einsum("BQM,MAD->BQAD", x.astype(dt), wq.astype(dt)) * D ** -0.5
-    project = lambda w: jnp.einsum("BKM,MAD->BKAD", kv.astype(dt), w.astype(dt))  # noqa: E731
+    q = weight_einsum("BQM,MAD->BQAD", x.astype(dt), wq) * D ** -0.5
+    project = lambda w: weight_einsum("BKM,MAD->BKAD", kv.astype(dt), w)  # noqa: E731
     if self.decode and self.is_cross:
       k = self.variable("memory", "key", lambda: jnp.einsum("BKM,MAD->ABDK", kv.astype(dt), wk.astype(dt))).value
       v = self.variable("memory", "value", lambda: jnp.einsum("BKM,MAD->ABKD", kv.astype(dt), wv.astype(dt))).value
@@ -215,7 +240,7 @@ class Attention(nn.Module):
       k, v = project(wk), project(wv)
       probs = nn.Dropout(self.dropout_rate)(attention_probs(q, k, bias), deterministic=deterministic)
       out = jnp.einsum("BAQK,BKAD->BQAD", probs.astype(dt), v)
-    return jnp.einsum("BQAD,ADM->BQM", out, wo.astype(dt))
+    return weight_einsum("BQAD,ADM->BQM", out.astype(dt), wo)
 
   def _decode_step(self, q, k, v, bias, step):
     """q, k, v [N, 1, A, D] of one step for N = B x R rows (a sentence's beams adjacent), bias [B, 1, R, L*R] ->
@@ -248,7 +273,7 @@ class DenseFFN(nn.Module):
     M, F, dt = x.shape[-1], self.mlp_dim, self.dtype
     wi = param(self, "wi", (M, F), ("embed", "mlp"))
     wo = param(self, "wo", (F, M), ("mlp", "embed"))
-    h = jax.nn.relu(jnp.einsum("BLM,MF->BLF", x.astype(dt), wi.astype(dt)))
+    h = jax.nn.relu(weight_einsum("BLM,MF->BLF", x.astype(dt), wi))
     h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
-    return jnp.einsum("BLF,FM->BLM", h, wo.astype(dt))
+    return weight_einsum("BLF,FM->BLM", h, wo)

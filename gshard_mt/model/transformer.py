@@ -259,7 +259,7 @@ class Transformer(nn.Module):
     kernel = self.tgt_embed.embedding.T * self._scales[2] if self.cfg.tied_logits else self.logits_kernel  # [M, V]
     # In the computation dtype, as every other matmul: float32 [B, L, V] logits would be the largest tensor of a
     # bfloat16 step, and the loss reads them in float32 anyway (training.step.cross_entropy).
-    logits = jnp.einsum("BLM,MV->BLV", y.astype(self.cfg.dtype), kernel.astype(self.cfg.dtype))
+    logits = layers.weight_einsum("BLM,MV->BLV", y.astype(self.cfg.dtype), kernel)
     return nn.with_logical_constraint(logits, ("batch", "length", "vocab")), stats
 
   def __call__(self, batch):

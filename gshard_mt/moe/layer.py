@@ -14,6 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from gshard_mt.model.layers import weight_einsum
 from gshard_mt.moe import balance, gating, grouped, manual, routers
 from gshard_mt.moe import dispatch as dispatch_lib
 from gshard_mt.moe.config import MoeConfig
@@ -43,9 +44,9 @@ def expert_ffn(expert_in: jax.Array, wi: jax.Array, wo: jax.Array, activation: s
   G-sharded buffers in the einsum itself lets XLA all-gather wo instead). constrain=False leaves out the sharding
   constraints (inside shard_map, where each device sees its own shards).
   """
-  h = ACTIVATIONS[activation](jnp.einsum("EGCM,EMH->EGCH", expert_in, wi))
+  h = ACTIVATIONS[activation](weight_einsum("EGCM,EMH->EGCH", expert_in, wi))
   h = nn.with_logical_constraint(h, EGCH if constrain else None)
-  return nn.with_logical_constraint(jnp.einsum("EGCH,EHM->EGCM", h, wo), EGCM if constrain else None)
+  return nn.with_logical_constraint(weight_einsum("EGCH,EHM->EGCM", h, wo), EGCM if constrain else None)
 
 
 def groups_of(num_tokens: int, group_size: int, pad: bool = False) -> tuple[int, int]:
@@ -148,8 +149,7 @@ class MoeFeedForward(nn.Module):
       y = manual.moe_shard_map(x, routing, wi.astype(self.dtype), wo.astype(self.dtype),
                                functools.partial(expert_ffn, activation=cfg.activation, constrain=False),
                                group_spec=nn.logical_to_mesh_axes(GSM), expert_spec=nn.logical_to_mesh_axes(EMH))
-    else:
-      wi, wo = wi.astype(self.dtype), wo.astype(self.dtype)
+    else:  # the float32 weights as they are: weight_einsum casts them, and keeps their gradients float32
       dispatcher = dispatch_lib.make_dispatcher(cfg.dispatch, routing)
       expert_in = nn.with_logical_constraint(dispatcher.dispatch(x), EGCM)  # G -> E reshard: an all-to-all
       expert_out = expert_ffn(expert_in, wi, wo, cfg.activation)

@@ -87,6 +87,9 @@ def build(config, vocab_size: int, devices=None) -> Setup:
   mesh = mesh_lib.make_mesh(config, devices)
   if model_cfg.attention == "pallas":
     model_cfg = _pallas_config(config, model_cfg, mesh.devices.flat[0])
+  if config.optimizer.kernel == "pallas" and mesh.devices.flat[0].platform != "tpu":
+    log.warning("optimizer.kernel='pallas' runs its kernels in Pallas's interpret mode off a TPU (%s): for tests, "
+                "far too slow to train with", mesh.devices.flat[0].platform)
   rules = rules_lib.rules(config)
   boxed = jax.eval_shape(functools.partial(_init_state, model_cfg, None, 0, True)).params
   param_shardings = shardings.param_shardings(boxed, mesh, rules)

@@ -6,6 +6,7 @@ which weights take kernels; per device under shard_map on a mesh; the training s
 them for a v5p, pinned to HBM, charged their declared bytes."""
 
 import functools
+import logging
 import os
 import subprocess
 import sys
@@ -144,6 +145,14 @@ def test_the_training_step_takes_either_path(monkeypatch):
   for a, b in zip(jax.tree.leaves((ours.params, ours.opt_state)), jax.tree.leaves((xla.params, xla.opt_state))):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
   assert int(ours.step) == 1
+
+
+def test_build_warns_that_it_is_interpreted_off_a_tpu(caplog):
+  from gshard_mt.training.setup import build
+
+  with caplog.at_level(logging.WARNING, logger="gshard_mt.training.setup"):
+    build(small_config(**{"optimizer.name": "adafactor", "optimizer.kernel": "pallas"}), 600)
+  assert "optimizer.kernel='pallas' runs its kernels in Pallas's interpret mode off a TPU (cpu)" in caplog.text
 
 
 def test_pallas_needs_adafactor():

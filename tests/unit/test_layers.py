@@ -4,6 +4,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from gshard_mt.model import layers
 
@@ -76,3 +77,33 @@ def test_normalize_is_the_layer_norm_module_and_norm_params_its_parameters():
     got = layers.normalize(x, scale, bias)
     assert got.dtype == want.dtype == jnp.float32
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("equation, x_shape, w_shape", [
+    ("BLM,MF->BLF", (2, 3, 8), (8, 16)), ("EGCM,EMH->EGCH", (4, 2, 3, 8), (4, 8, 16)),
+    ("BQM,MAD->BQAD", (2, 3, 8), (8, 2, 4)), ("BQAD,ADM->BQM", (2, 3, 2, 4), (2, 4, 8))])
+def test_weight_einsum_is_the_einsum_with_a_float32_weight_gradient(equation, x_shape, w_shape):
+  """float32: the einsum's value and gradients. bf16 x: the same value and x gradient as jnp.einsum with the weight
+  cast, and a float32 weight gradient at least as close to the float64 one as the einsum's bf16-rounded one."""
+  rng = np.random.default_rng(0)
+  x, w = rng.normal(size=x_shape), rng.normal(size=w_shape)
+  dy = rng.normal(size=jax.eval_shape(lambda: jnp.einsum(equation, x, w)).shape)
+
+  def value_and_grads(f, x):
+    y, vjp = jax.vjp(f, x, jnp.asarray(w, jnp.float32))
+    return (y, *vjp(jnp.asarray(dy, y.dtype)))
+
+  ours = lambda x: value_and_grads(lambda x, w: layers.weight_einsum(equation, x, w), x)  # noqa: E731
+  theirs = lambda x: value_and_grads(lambda x, w: jnp.einsum(equation, x, w.astype(x.dtype)), x)  # noqa: E731
+  for a, b in zip(ours(jnp.asarray(x, jnp.float32)), theirs(jnp.asarray(x, jnp.float32))):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+  (y, dx, dw), (y_ref, dx_ref, dw_ref) = ours(jnp.asarray(x, jnp.bfloat16)), theirs(jnp.asarray(x, jnp.bfloat16))
+  np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(y_ref, np.float32))
+  np.testing.assert_allclose(np.asarray(dx, np.float32), np.asarray(dx_ref, np.float32), rtol=1e-2, atol=1e-2)
+  assert dw.dtype == jnp.float32
+  xs, rest = equation.split(",")
+  exact = np.einsum(f"{xs},{rest.split('->')[1]}->{rest.split('->')[0]}",
+                    np.asarray(jnp.asarray(x, jnp.bfloat16), np.float64), np.asarray(jnp.asarray(dy, jnp.bfloat16),
+                                                                                       np.float64))
+  assert np.abs(np.asarray(dw) - exact).max() <= np.abs(np.asarray(dw_ref, np.float64) - exact).max()
+  assert np.abs(np.asarray(dw) - exact).max() < 1e-4
