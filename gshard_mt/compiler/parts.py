@@ -18,14 +18,17 @@ from gshard_mt.compiler import hlo, roofline
 # random bits included) comes before attention and the dense FFN, which hold dropouts of their own.
 PARTS = (
     ("collectives", lambda f, op, code: code.startswith(("all-", "reduce-scatter", "collective-"))),
-    ("logits and cross-entropy", lambda f, op, code: "decode_logits/BLM,MV" in op or f == "step.py:cross_entropy"),
+    # The logits' matmul and its transposes (layers.weight_einsum's backward: 'BLV,MV->BLM', 'BLM,BLV->MV').
+    ("logits and cross-entropy", lambda f, op, code: re.search(r"decode_logits/[A-Z,>\-]*MV\b", op) is not None
+     or f == "step.py:cross_entropy"),
     # No JAX operation: what XLA adds itself (a loop's buffers and their set-up, layout copies).
     ("XLA's own: loop buffers, copies", lambda f, op, code: not op and not f.strip(":")),
     ("optimizer, gradient norm, finite check", lambda f, op, code: "Transformer" not in op
      or f.split(":")[0] in ("numerics.py", "_clipping.py", "_tree_math.py", "factorized.py")),
-    # The capacity paths' einsums, and the grouped dispatch's matmuls (their frames in moe/grouped.py: XLA's
-    # ragged_dot in its lambdas, the Mosaic GPU kernels, named only 'body', in by_weights and by_rows).
-    ("MoE expert matmuls", lambda f, op, code: "/moe/" in op and ("EGCM,EMH" in op or "EGCH,EHM" in op or f in (
+    # The capacity paths' einsums with the expert weights (EMH, EHM) and their transposes, and the grouped
+    # dispatch's matmuls (their frames in moe/grouped.py: XLA's ragged_dot in its lambdas, the Mosaic GPU kernels,
+    # named only 'body', in by_weights and by_rows).
+    ("MoE expert matmuls", lambda f, op, code: "/moe/" in op and ("EMH" in op or "EHM" in op or f in (
         "grouped.py:<lambda>", "grouped.py:by_weights", "grouped.py:by_rows"))),
     ("MoE router, gating, dispatch, combine", lambda f, op, code: "/moe/" in op),
     ("dropout", lambda f, op, code: "Dropout" in op or "/dropout/" in op),

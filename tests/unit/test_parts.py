@@ -18,6 +18,17 @@ STEP = "jit(train_step)/jvp(Transformer)/Transformer.encode/encoder/while/body/e
     ("jit(train_step)/jvp(Transformer)/Transformer.encode/Transformer._embed/dropout/select_n", "dropout"),
     (f"{STEP}/layer_1/moe/jit(_uniform)/while", "MoE router, gating, dispatch, combine"),  # random routing's bits
     (f"{STEP}/layer_1/moe/EGCM,EMH->EGCH/dot_general", "MoE expert matmuls"),
+    # weight_einsum's backward: the input's and the weight's gradients
+    (f"{STEP}/layer_1/moe/EGCH,EMH->EGCM/dot_general", "MoE expert matmuls"),
+    (f"{STEP}/layer_1/moe/EGCH,EGCM->EHM/dot_general", "MoE expert matmuls"),
+    (f"{STEP}/layer_1/moe/GSM,ME->GSE/dot_general", "MoE router, gating, dispatch, combine"),
+    ("jit(train_step)/jvp(Transformer)/Transformer.decode_logits/BLM,MV->BLV/dot_general", "logits and cross-entropy"),
+    ("jit(train_step)/transpose(jvp(Transformer))/Transformer.decode_logits/BLV,MV->BLM/dot_general",
+     "logits and cross-entropy"),
+    ("jit(train_step)/transpose(jvp(Transformer))/Transformer.decode_logits/BLM,BLV->MV/dot_general",
+     "logits and cross-entropy"),
+    ("jit(train_step)/transpose(jvp(Transformer))/Transformer.decode_logits/decoder/final_norm/mul",
+     "layer norms, residuals, embeddings, rest"),
     (f"{STEP}/layer_0/self_attention/BLHD,BKHD->BHLK/dot_general", "attention"),
     (f"{STEP}/layer_0/ffn/BLM,MF->BLF/dot_general", "dense FFN"),
     (f"{STEP}/layer_0/pre_ffn_norm/rsqrt", "layer norms, residuals, embeddings, rest"),
