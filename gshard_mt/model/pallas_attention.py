@@ -218,16 +218,16 @@ def _backward(xs, params, dy, q_segments, k_segments, heads: int, causal: bool, 
   return tuple(grads[:len(xs)]), tuple(g.sum(0) for g in grads[len(xs):])
 
 
-def on_tpu(run, *args, pin_from: int = 0):
-  """`run(interpret=False)` compiled for a TPU, Pallas's interpret mode for any other platform: chosen where the
-  program is lowered, not by the host's default backend (a TPU program compiled ahead of time on a CPU host gets
-  the kernels). On a TPU the args from `pin_from` on stay in HBM, where the kernel's blocks stream from: left to
-  it, the compiler copies whole operands into VMEM ahead of a call, which its estimate charges at about twice the
-  call (bench/RESULTS.md, "Adafactor in three passes")."""
+def on_tpu(run, *args, pin_from: int = 0, elsewhere=None):
+  """`run(interpret=False)` compiled for a TPU; for any other platform `elsewhere` (default: Pallas's interpret
+  mode, `run(True)`): chosen where the program is lowered, not by the host's default backend (a TPU program
+  compiled ahead of time on a CPU host gets the kernels). On a TPU the args from `pin_from` on stay in HBM, where
+  the kernel's blocks stream from: left to it, the compiler copies whole operands into VMEM ahead of a call,
+  which its estimate charges at about twice the call (bench/RESULTS.md, "Adafactor in three passes")."""
   def pinned(*args):
     return run(False)(*args[:pin_from], *(pltpu.with_memory_space_constraint(x, pltpu.HBM)
                                           for x in args[pin_from:]))
-  return jax.lax.platform_dependent(*args, tpu=pinned, default=run(True))
+  return jax.lax.platform_dependent(*args, tpu=pinned, default=elsewhere or run(True))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))

@@ -14,6 +14,7 @@ from gshard_mt.model.layers import DROPOUT_KEYS
 from gshard_mt.model.transformer import Transformer
 from gshard_mt.moe import balance
 from gshard_mt.training import metrics as metrics_lib
+from gshard_mt.training.logit_stats import logit_stats
 from gshard_mt.training.optimizer import FusedAdafactor, learning_rate_schedule
 
 
@@ -29,21 +30,20 @@ class TrainState:
 
 def cross_entropy(logits, targets, weights, label_smoothing: float):
   """(smoothed loss sum, nll sum, correct count) over the weighted positions; logits [B, L, V] in any float dtype,
-  read in float32. Written with per-position reductions only (log-sum-exp, target logit, logit sum), so that no
-  float32 [B, L, V] log-probabilities are materialised."""
+  read in float32. Written with per-position reductions only (`logit_stats`: log-sum-exp, target logit, logit
+  sum, argmax), so that no float32 [B, L, V] log-probabilities are materialised."""
   V = logits.shape[-1]
-  z = logits.astype(jnp.float32)
-  lse = jax.nn.logsumexp(z, axis=-1)  # [B, L]
-  nll = lse - jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]
+  lse, target_logit, logit_sum, argmax = logit_stats(logits, targets)  # [B, L] each, one pass on a TPU
+  nll = lse - target_logit
   if label_smoothing > 0:
     confidence, low = 1.0 - label_smoothing, label_smoothing / (V - 1)
     # Subtracting the entropy of the smoothed target makes a perfect prediction score 0.
     floor = -(confidence * np.log(confidence) + (V - 1) * low * np.log(low + 1e-20))
-    sum_log_probs = jnp.sum(z, -1) - V * lse
+    sum_log_probs = logit_sum - V * lse
     loss = confidence * nll - low * (sum_log_probs + nll) - floor
   else:
     loss = nll
-  correct = jnp.argmax(logits, -1) == targets
+  correct = argmax == targets
   return jnp.sum(loss * weights), jnp.sum(nll * weights), jnp.sum(correct * weights)
 
 
