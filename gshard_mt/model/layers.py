@@ -126,17 +126,25 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array) 
   return jnp.einsum("ABQK,ABKD->ABQD", probs, v).transpose(1, 2, 0, 3)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def weight_einsum(equation: str, x: jax.Array, w: jax.Array) -> jax.Array:
   """einsum(equation, x, w) with the float32 weight w cast to x's dtype, as jnp.einsum computes it; but its
   gradient in w comes out of the matmul in float32 (its accumulator), not rounded to x's dtype and then cast: one
   pass less over every weight's gradient, and a more precise one. `equation` 'x,w->y' where every letter of x and
-  w is in the other or in y (a matmul: its transposes are einsums of the same letters)."""
+  w is in the other or in y (a matmul: its transposes are einsums of the same letters). Inside shard_map, each
+  operand is first marked as varying over the mesh axes the other varies over, as jnp.einsum does implicitly, so
+  that the transpose of the mark sums its gradient over those axes."""
+  x_axes, w_axes = (jax.typeof(a).manual_axis_type.varying for a in (x, w))
+  spread = lambda a, axes: jax.lax.pcast(a, tuple(sorted(axes)), to="varying") if axes else a  # noqa: E731
+  return _weight_einsum(equation, spread(x, w_axes - x_axes), spread(w, x_axes - w_axes))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _weight_einsum(equation: str, x: jax.Array, w: jax.Array) -> jax.Array:
   return jnp.einsum(equation, x, w.astype(x.dtype))
 
 
 def _weight_einsum_forward(equation, x, w):
-  return weight_einsum(equation, x, w), (x, w)
+  return _weight_einsum(equation, x, w), (x, w)
 
 
 def _weight_einsum_backward(equation, residuals, dy):
@@ -147,7 +155,7 @@ def _weight_einsum_backward(equation, residuals, dy):
           jnp.einsum(f"{xs},{ys}->{ws}", x, dy, preferred_element_type=w.dtype))
 
 
-weight_einsum.defvjp(_weight_einsum_forward, _weight_einsum_backward)
+_weight_einsum.defvjp(_weight_einsum_forward, _weight_einsum_backward)
 
 
 def param(module: nn.Module, name: str, shape: tuple, names: tuple, init=None):

@@ -87,12 +87,12 @@ def logit_stats(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, ...]:
     return tuple(s.reshape(t.shape[::-1]).T for s in stats)
 
   mesh = jax.sharding.get_abstract_mesh()
-  axes = nn.logical_to_mesh_axes(("batch", "length", "vocab")) if not mesh.empty else None
-  if axes is None or axes[0] is None:
+  if mesh.empty:
     return per_device(logits, targets)
+  axes = nn.logical_to_mesh_axes(("batch", "length", "vocab"))
   if any(axes[1:]):  # the length or the vocabulary split: each device would see part of a row
     return tuple(s.reshape(B, L) for s in reference(logits.reshape(-1, V), targets.reshape(-1)))
-  rows = P(axes[0])
+  rows = P(axes[0])  # XLA does not partition Mosaic kernels: per device, even with the rows whole on each
   return jax.shard_map(per_device, mesh=mesh, in_specs=(rows, rows), out_specs=(rows,) * 4,
                        check_vma=False)(logits, targets)
 

@@ -107,3 +107,24 @@ def test_weight_einsum_is_the_einsum_with_a_float32_weight_gradient(equation, x_
                                                                                        np.float64))
   assert np.abs(np.asarray(dw) - exact).max() <= np.abs(np.asarray(dw_ref, np.float64) - exact).max()
   assert np.abs(np.asarray(dw) - exact).max() < 1e-4
+
+
+@pytest.mark.parametrize("split", ["rows", "weight"])
+def test_weight_einsum_under_shard_map_sums_gradients_as_autodiff_does(split):
+  """Rows split over a mesh axis and the weight whole (invariant), or the other way round: the whole operand's
+  gradient is summed over the axis, as jnp.einsum's autodiff sums it (the gradient's type must match its
+  operand's for shard_map's checks)."""
+  from jax.sharding import PartitionSpec as P
+
+  specs = (P("data"), P()) if split == "rows" else (P(), P(None, "data"))
+  mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  rng = np.random.default_rng(0)
+  x, w = jnp.asarray(rng.normal(size=(4, 8)), jnp.float32), jnp.asarray(rng.normal(size=(8, 3)), jnp.float32)
+
+  def grads(einsum):
+    loss = jax.shard_map(lambda x, w: jax.lax.psum(jnp.sum(einsum("BM,MF->BF", x, w) ** 2), "data"), mesh=mesh,
+                         in_specs=specs, out_specs=P())
+    return jax.grad(loss, (0, 1))(x, w)
+
+  for ours, theirs in zip(grads(layers.weight_einsum), grads(jnp.einsum)):
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6)
