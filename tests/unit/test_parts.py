@@ -38,6 +38,13 @@ def test_part_of(op_name, part):
   assert parts.part_of(("/x/gshard_mt/model/layers.py", "f"), op_name, "fusion") == part
 
 
+@pytest.mark.parametrize("function", ["kernel", "_backward", "reference"])
+def test_the_losss_reductions_are_the_loss(function):
+  # training.logit_stats, whose kernel runs under shard_map outside the model's operations
+  assert parts.part_of(("/x/gshard_mt/training/logit_stats.py", function), "jit(train_step)/shard_map/pallas_call",
+                       "custom-call") == "logits and cross-entropy"
+
+
 @pytest.mark.parametrize("frame", [("/x/gshard_mt/moe/grouped.py", "<lambda>"), ("/x/gshard_mt/moe/grouped.py",
                                                                                 "by_rows")])
 def test_the_grouped_matmuls_are_expert_matmuls(frame):
