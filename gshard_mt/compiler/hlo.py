@@ -24,6 +24,9 @@ _COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = (.*?) (" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
 _CALLEE = re.compile(r"(?:body|condition|to_apply|calls)=%?([\w.\-]+)")
 _WHILE = re.compile(r" while\(%?([\w.\-]+)\), condition=%?([\w.\-]+), body=%?([\w.\-]+)")
+# The cost a Pallas kernel declares (pl.CostEstimate), in its custom call's backend config.
+DECLARED = re.compile(r'"cost_estimate":\{"flops":"(?P<flops>\d+)","transcendentals":"(?P<transcendentals>\d+)",'
+                      r'"bytes_accessed":"(?P<bytes>\d+)"')
 _NAME = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = ")
 _CONSTANT = re.compile(r" constant\((-?\d+)\)")
 _FORWARD = re.compile(r" (?:copy|bitcast|convert)\(%?([\w.\-]+)\)")  # ops that pass a loop counter on
@@ -151,7 +154,8 @@ def costs(hlo: str) -> dict[str, float]:
   """{'flops', 'bytes accessed', 'transcendentals'} of one execution of the program, each loop body counted as
   often as it runs (XLA's own analysis counts it once). XLA's cost analysis runs on the program with each loop
   body in turn as its entry: a computation's true cost is its analysed cost plus, for each loop it holds,
-  (trip count x the body's true cost - the body's analysed cost)."""
+  (trip count x the body's true cost - the body's analysed cost). XLA's analysis counts no FLOPs in a custom call:
+  those a Pallas kernel declares are added (its bytes XLA counts as the call's operands and results)."""
   import jax
   from jax._src.lib import _jax
   from jaxlib import _hlo
@@ -167,24 +171,30 @@ def costs(hlo: str) -> dict[str, float]:
     moved = re.sub(r"^ENTRY ", "", text, count=1, flags=re.MULTILINE)
     moved = re.sub(rf"^%?{re.escape(name)} ", lambda m: "ENTRY " + m.group(0), moved, count=1, flags=re.MULTILINE)
     c = _jax.hlo_module_cost_analysis(client, _hlo.hlo_module_from_text(f"HloModule {name}\n{moved}"))
-    return np.array([float(c.get(k, 0.0)) for k in keys])
+    kernels = [DECLARED.search(line) for line in scope(name)[1]]
+    return np.array([float(c.get(k, 0.0)) for k in keys]) + sum(
+        (np.array([float(m["flops"]), 0.0, float(m["transcendentals"])]) for m in kernels if m), np.zeros(len(keys)))
 
-  def scope(name):  # loops run by `name`, directly or through calls, fusions and branches (not through loops)
-    found, order, seen = [], [name], {name}
+  @functools.cache
+  def scope(name):
+    """(the loops run by `name`, the lines of `name` and of what it calls), directly or through calls, fusions
+    and branches, not through loops."""
+    found, lines, order, seen = [], [], [name], {name}
     while order:
       for line in comps.get(order.pop(), []):
         if loop := _WHILE.search(line):
           found.append(loop.group(3))
           continue
+        lines.append(line)
         for callee in _callees(line):
           if callee not in seen:
             seen.add(callee)
             order.append(callee)
-    return found
+    return found, lines
 
   @functools.cache
   def true_cost(name):
-    return analysed(name) + sum(((trips[body] or 1) * true_cost(body) - analysed(body) for body in scope(name)),
+    return analysed(name) + sum(((trips[body] or 1) * true_cost(body) - analysed(body) for body in scope(name)[0]),
                                 np.zeros(len(keys)))
 
   return dict(zip(keys, (float(v) for v in true_cost(entry))))

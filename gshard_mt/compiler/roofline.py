@@ -31,7 +31,6 @@ _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*)$")
 _OPCODE = re.compile(r"([\w\-]+)\(")
 _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "copy-start", "copy-done", "after-all",
          "partition-id", "replica-id"}
-_DECLARED = re.compile(r'"cost_estimate":\{"flops":"(\d+)","transcendentals":"\d+","bytes_accessed":"(\d+)"')
 _MOVES = ("gather", "scatter", "sort", "dynamic-slice", "dynamic-update-slice")
 
 
@@ -176,8 +175,8 @@ def instruction_costs(text: str, flops_per_s: float, bytes_per_s: float) -> list
       if opcode in _FREE or opcode.endswith("-start") or opcode.endswith("-update"):
         continue
       flops = 0
-      if declared := _DECLARED.search(line):
-        flops, nbytes = int(declared.group(1)), int(declared.group(2))
+      if declared := hlo.DECLARED.search(line):
+        flops, nbytes = int(declared["flops"]), int(declared["bytes"])
       elif opcode.endswith("-done"):
         nbytes = 2 * hlo.shape_bytes(result)
       else:

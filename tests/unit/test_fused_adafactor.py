@@ -164,7 +164,7 @@ def test_the_kernels_compile_for_a_tpu_and_are_charged_their_bytes():
   """On a v5p (libtpu's compile-only device), dense_base's FFN weights: one Mosaic kernel per pass, neither weight
   copied into VMEM ahead of them, and the compiler's estimate within 1.5x the bytes they declare: 1.31x here, the
   rest the small sums between the passes (weights that XLA prefetches into VMEM are charged about twice that)."""
-  from gshard_mt.compiler import roofline, tpu
+  from gshard_mt.compiler import hlo, roofline, tpu
 
   device = tpu.topology_devices("v5p:1x1x1")[0]
   sharding = jax.sharding.SingleDeviceSharding(device)
@@ -179,6 +179,6 @@ def test_the_kernels_compile_for_a_tpu_and_are_charged_their_bytes():
   assert text.count('custom_call_target="tpu_custom_call"') == 3 * len(shapes)
   prefetched = [line for line in text.splitlines() if "copy-start(" in line and "S(1)" in line]
   assert not [line for line in prefetched if any(f"f32[{a},{b}]" in line for a, b in shapes.values())]
-  declared = sum(int(nbytes) for _, nbytes in roofline._DECLARED.findall(text))
+  declared = sum(int(m["bytes"]) for m in hlo.DECLARED.finditer(text))
   _, bandwidth = roofline.compiler_roofline(device)
   assert tpu.compiler_cost(program)["optimal_seconds"] < 1.5 * declared / bandwidth
