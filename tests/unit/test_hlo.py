@@ -164,3 +164,22 @@ def test_costs_count_each_loop_body_as_often_as_it_runs():
   assert "known_trip_count" not in without
   assert list(hlo.loops(without).values()) == list(hlo.loops(text).values()) == [5]
   assert hlo.costs(without) == costs
+
+
+def test_costs_count_the_flops_a_pallas_kernel_declares():
+  """XLA's analysis counts no FLOPs in a custom call; `costs` adds what a Mosaic kernel declares (here the loss's
+  one-pass reductions, compiled for a v5p), as the TPU compiler's own count does."""
+  import jax
+  import jax.numpy as jnp
+
+  from gshard_mt.compiler import tpu
+  from gshard_mt.training import logit_stats
+
+  sharding = jax.sharding.SingleDeviceSharding(tpu.topology_devices("v5p:1x1x1")[0])
+  z = jax.ShapeDtypeStruct((64, 1024), jnp.bfloat16, sharding=sharding)
+  t = jax.ShapeDtypeStruct((64, 1), jnp.int32, sharding=sharding)
+  program = jax.jit(lambda z, t: logit_stats.kernel(z, t, interpret=False)).lower(z, t).compile()
+  declared = [int(m["flops"]) for m in hlo.DECLARED.finditer(program.as_text())]
+  assert declared == [8 * 64 * 1024]
+  # (XLA's analysis counts the custom call itself as -1 FLOP)
+  assert hlo.costs(program.as_text())["flops"] == pytest.approx(tpu.compiler_cost(program)["flops"], abs=1)
