@@ -1,6 +1,7 @@
 """What the Pallas attention kernels (`pallas_attention`) hold in VMEM, the rows per block that fit a TPU, and
 whether they fit at all: the training setup's check before compiling (bench/RESULTS.md, "The whole attention
-block in one Pallas kernel"). Letters as in `layers`: Q, K positions, M model dim, A·D the heads' width.
+block in one Pallas kernel"). Letters as in `layers`: Q, K positions, M model dim, A·D the heads' width. Also
+Mosaic's rule for the row blocks of the other kernels (`divisor_rows`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ def vmem_bytes(rows: int, Q: int, K: int, M: int, AD: int, residual: int, itemsi
   per_row = (2 * (3 * Q + 2 * K) * M * itemsize + 4 * Q * M * (residual - itemsize) + 4 * K * M
              + 2 * (Q + K) * AD * (8 + itemsize))
   return 4 * M * AD * (itemsize + 4) + rows * per_row
+
+
+def divisor_rows(S: int, total: int, cap: int) -> int | None:
+  """The most rows T <= cap per block of a kernel over rows in runs of S (a block within one run): a divisor of
+  S that is a multiple of 8 or all `total` rows (Mosaic's block rule); None where there is none."""
+  return next((t for t in range(min(S, cap), 0, -1) if S % t == 0 and (t % 8 == 0 or t == total)), None)
 
 
 def vmem_budget(vmem: int | None) -> int:

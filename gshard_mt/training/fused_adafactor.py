@@ -38,6 +38,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 from optax._src.factorized import _factored_dims  # the rule that laid out the state (optax's, not ours to copy)
 
+from gshard_mt.model import pallas_vmem
 from gshard_mt.model.pallas_attention import on_tpu
 
 BLOCK_BYTES = 1 << 20  # one [T, L] float32 block: four operands, double-buffered, stay well inside VMEM
@@ -89,9 +90,7 @@ def _unfactored_step(sc, g, v, x, eps):
 def _rows_per_block(B: int, S: int, L: int) -> int | None:
   """T: a divisor of S with a [T, L] float32 block within BLOCK_BYTES and T a multiple of 8 (or all B·S rows);
   None where there is none."""
-  cap = BLOCK_BYTES // (4 * L)
-  fits = [t for t in range(min(S, cap), 0, -1) if S % t == 0 and (t % 8 == 0 or t == B * S)]
-  return fits[0] if fits else None
+  return pallas_vmem.divisor_rows(S, B * S, BLOCK_BYTES // (4 * L))
 
 
 def _run(body, scalars, ins, outs, T: int | None):
@@ -236,6 +235,11 @@ def _dims(shape: tuple, factored) -> tuple[int, int, int]:
   return 1, size // shape[-1], shape[-1]
 
 
+def _entries(spec: P, ndim: int) -> tuple:
+  """A PartitionSpec's entries for each of a weight's `ndim` dims (None for the dims it leaves out)."""
+  return tuple(spec) + (None,) * (ndim - len(spec))
+
+
 def _axes(spec: P) -> tuple[str, ...]:
   """The mesh axes a PartitionSpec splits over, in order."""
   return tuple(a for e in spec if e is not None for a in ((e,) if isinstance(e, str) else e))
@@ -243,8 +247,7 @@ def _axes(spec: P) -> tuple[str, ...]:
 
 def _local_shape(shape: tuple, spec: P, mesh) -> tuple:
   """A weight's shape on one device."""
-  entries = tuple(spec) + (None,) * (len(shape) - len(spec))
-  return tuple(n // math.prod(mesh.shape[a] for a in _axes(P(e))) for n, e in zip(shape, entries))
+  return tuple(n // math.prod(mesh.shape[a] for a in _axes(P(e))) for n, e in zip(shape, _entries(spec, len(shape))))
 
 
 def _plan(x, spec: P, mesh, min_dim_size_to_factor: int) -> _Plan:
@@ -252,9 +255,8 @@ def _plan(x, spec: P, mesh, min_dim_size_to_factor: int) -> _Plan:
   each device, and blocks tile it there."""
   factored = _factored_dims(x.shape, True, min_dim_size_to_factor)
   dims = _dims(x.shape if mesh.empty else _local_shape(x.shape, spec, mesh), factored)
-  entries = tuple(spec) + (None,) * (x.ndim - len(spec))
   kernel = x.size >= MIN_KERNEL_SIZE and x.ndim >= 2 and (
-      factored is None or (set(factored) == {x.ndim - 2, x.ndim - 1} and entries[-2:] == (None, None)))
+      factored is None or (set(factored) == {x.ndim - 2, x.ndim - 1} and _entries(spec, x.ndim)[-2:] == (None, None)))
   return _Plan(factored, _order(x.shape, factored), dims, _rows_per_block(*dims) if kernel else None)
 
 
@@ -279,8 +281,7 @@ def update(grads, params, v_row, v_col, v, specs, *, d, lr, keep, clip_norm: flo
                          out_specs=out_specs, check_vma=False)(*args)
 
   def stat_specs(x, spec, plan):  # V_row's and V_col's: the weight's less the dim each is reduced over
-    entries = tuple(spec) + (None,) * (x.ndim - len(spec))
-    drop = lambda i: P(*(e for j, e in enumerate(entries) if j != i))  # noqa: E731
+    drop = lambda i: P(*(e for j, e in enumerate(_entries(spec, x.ndim)) if j != i))  # noqa: E731
     return (drop(plan.factored[1]), drop(plan.factored[0])) if plan.factored else (P(), P())
 
   stats = [stat_specs(x, spec, plan) for (_, x, _, _, _, spec), plan in zip(leaves, plans)]

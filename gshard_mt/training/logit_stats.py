@@ -21,6 +21,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
+from gshard_mt.model import pallas_vmem
 from gshard_mt.model.pallas_attention import on_tpu
 
 BLOCK_BYTES = 4 << 20  # one [T, V] block in float32: the double-buffered input and the working copies fit VMEM
@@ -46,9 +47,7 @@ def _kernel(z_ref, t_ref, lse_ref, target_ref, sum_ref, argmax_ref):
 
 def _rows_per_block(N: int, V: int) -> int | None:
   """T: a divisor of N, a multiple of 8 (or N itself), with a float32 [T, V] block within BLOCK_BYTES."""
-  cap = max(1, BLOCK_BYTES // (4 * V))
-  fits = [t for t in range(min(N, cap), 0, -1) if N % t == 0 and (t % 8 == 0 or t == N)]
-  return fits[0] if fits else None
+  return pallas_vmem.divisor_rows(N, N, max(1, BLOCK_BYTES // (4 * V)))
 
 
 def kernel(z: jax.Array, targets: jax.Array, interpret: bool) -> tuple[jax.Array, ...]:

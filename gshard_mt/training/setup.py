@@ -63,12 +63,16 @@ def _init_state(model_cfg, tx, seed, boxed=False):
                     rng=jax.random.key_data(jax.random.fold_in(key, 1)))
 
 
+def _warn_interpreted(key: str, platform: str):
+  log.warning("%s='pallas' runs its kernels in Pallas's interpret mode off a TPU (%s): for tests, far too slow to "
+              "train with", key, platform)
+
+
 def _pallas_config(config, model_cfg, device):
   """model.attention='pallas': on a TPU, the model told the TPU's VMEM, or a one-line error where the kernels
   would not compile (before any compiling); elsewhere a warning that they run interpreted."""
   if device.platform != "tpu":
-    log.warning("model.attention='pallas' runs its kernels in Pallas's interpret mode off a TPU (%s): for tests, "
-                "far too slow to train with", device.platform)
+    _warn_interpreted("model.attention", device.platform)
     return model_cfg
   chip = chips.chip_of(device.device_kind)
   if chip is None:  # a TPU the table does not know: the compiler decides
@@ -88,8 +92,7 @@ def build(config, vocab_size: int, devices=None) -> Setup:
   if model_cfg.attention == "pallas":
     model_cfg = _pallas_config(config, model_cfg, mesh.devices.flat[0])
   if config.optimizer.kernel == "pallas" and mesh.devices.flat[0].platform != "tpu":
-    log.warning("optimizer.kernel='pallas' runs its kernels in Pallas's interpret mode off a TPU (%s): for tests, "
-                "far too slow to train with", mesh.devices.flat[0].platform)
+    _warn_interpreted("optimizer.kernel", mesh.devices.flat[0].platform)
   rules = rules_lib.rules(config)
   boxed = jax.eval_shape(functools.partial(_init_state, model_cfg, None, 0, True)).params
   param_shardings = shardings.param_shardings(boxed, mesh, rules)
