@@ -13,8 +13,9 @@ HBM per device: the chip's (gshard_mt/compiler/chips.py) with --topology, else -
 --remat_policies compiles the step again with each other model.remat policy and reports its peak memory (and,
 for a TPU topology, its estimated step time) beside the configured one's.
 
-The step time is the TPU compiler's estimate, a lower bound on time, not a measurement, taken from more compiles
-with unrolled layers (gshard_mt.tools.step_cost); --no_step_time skips them.
+The step time is the TPU compiler's estimate, a lower bound on time, not a measurement: that of the configured
+program when its layers are unrolled, else taken from more compiles with unrolled layers
+(gshard_mt.tools.step_cost); --no_step_time skips them.
 
 The CPU backend's all-to-all decomposer is switched off: it rewrites each all-to-all into one operand per device
 (a CPU-runtime detail the accelerators do not have), which makes the program, and the compile time, grow with the
@@ -132,6 +133,8 @@ def remat_policies(config, devices, report: dict, policies: list[str], with_time
 
 
 def markdown(report: dict, config_path: str) -> str:
+  from gshard_mt.tools import step_cost
+
   gib = lambda b: f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"  # noqa: E731
   m = report["per_device_bytes"]
   where = report.get("topology") or f"{report['devices']} fake CPU devices"
@@ -165,10 +168,7 @@ def markdown(report: dict, config_path: str) -> str:
                 f"| tokens/s | {est['tokens_per_second']:,.0f} |",
                 f"| MFU, upper bound: model FLOPs / (time x {est['peak_flops_per_device'] / 1e12:g} TFLOP/s x "
                 f"{report['devices']}) | {est['mfu_bound']:.1%} |", "",
-                f"Step time: the compiler's cost of the model with 1 and 2 unrolled layer units per stack "
-                f"({est['time_compiles']} more compiles), extended linearly to the configured depth; their FLOPs, so "
-                f"extended, are {est['step_flops_per_device']:.4g} per device (loops left uncounted: "
-                f"{sum(p['uncounted_loops'] for p in est['depth_points'].values())})."]
+                step_cost.step_time_note(est)]
   if policies := report.get("remat_policies"):
     lines += ["", "| model.remat | peak per device | temporaries | step time (compiler's estimate) | compile s |",
               "|---|---|---|---|---|"]

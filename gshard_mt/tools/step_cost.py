@@ -2,8 +2,10 @@
 layer counted: the dry run's library (gshard_mt.tools.dryrun is the command).
 
 The compiler's estimate (its cost model's `optimal_seconds`) is a lower bound on time, not a measurement, and it
-counts a loop body once; so the step time is taken from two or three more compiles of the same model with one and
-two unrolled layer units per stack, extended linearly to the configured depth (every unit costs the same).
+counts a loop body once. A configured program without loops (unrolled layers, one microbatch) is its own step
+time. Otherwise the step time is taken from two or three more compiles of the same model with one and two unrolled
+layer units per stack, extended linearly to the configured depth (every unit costs the same): the estimate of a
+deeper program grows faster than linearly, so an extension from shallow points understates it.
 """
 
 from __future__ import annotations
@@ -72,11 +74,11 @@ def extend_to_depth(costs: dict[tuple[int, int], float], units: tuple[int, int])
 
 
 def step_time(config, devices, program, points: dict | None = None) -> dict:
-  """The TPU compiler's cost of one step with every layer unit counted: unrolled compiles at `depth_points`,
-  extended to the configured depth (with one unit per stack, `program`, the configured model compiled, is the
-  only one). `points` keeps the costs compiled, by depth point, for a config that differs from this one only in
-  depth (e.g. the paper's 12L and 36L models). {'seconds', 'flops' (per device), 'compiles' (new ones),
-  'points': {'<encoder units>+<decoder units>': {'seconds', 'flops', 'uncounted_loops'}}}, where
+  """The TPU compiler's cost of one step with every layer unit counted: that of `program`, the configured model
+  compiled, when it has no loops left uncounted or one unit per stack; otherwise that of unrolled compiles at
+  `depth_points`, extended to the configured depth. `points` keeps the costs compiled, by depth point, for a
+  config that differs from this one only in depth (e.g. the paper's 12L and 36L models). {'seconds', 'flops' (per device), 'compiles' (new ones),
+  'points': {'<encoder units>+<decoder units>' or 'configured': {'seconds', 'flops', 'uncounted_loops'}}}, where
   uncounted_loops are the loops of more than one iteration left in that program, whose bodies the compiler
   counted once (0 when exact)."""
   from gshard_mt.compiler import hlo as hlo_lib
@@ -87,13 +89,14 @@ def step_time(config, devices, program, points: dict | None = None) -> dict:
     loops = sum(1 for t in hlo_lib.loops(program.as_text()).values() if t != 1)
     return {"seconds": c["optimal_seconds"], "flops": c["flops"], "uncounted_loops": loops}
 
+  configured = cost(program)
   units, unit = unit_counts(config), unit_size(config)
+  if configured["uncounted_loops"] == 0 or units == (1, 1):
+    return {"seconds": configured["seconds"], "flops": configured["flops"], "compiles": 0,
+            "points": {"configured": configured}}
   points = {} if points is None else points
   costs, compiles = {}, 0
   for ne, nd in depth_points(units):
-    if units == (1, 1):  # otherwise the configured program's loops would count their bodies once
-      costs[(ne, nd)] = cost(program)
-      continue
     if (ne, nd) not in points:
       compiles += 1
       print(f"step time: compiling {ne} + {nd} unrolled layer units", file=sys.stderr, flush=True)
@@ -104,6 +107,18 @@ def step_time(config, devices, program, points: dict | None = None) -> dict:
   return {"seconds": extend_to_depth({p: c["seconds"] for p, c in costs.items()}, units),
           "flops": extend_to_depth({p: c["flops"] for p, c in costs.items()}, units),
           "compiles": compiles, "points": {f"{ne}+{nd}": c for (ne, nd), c in costs.items()}}
+
+
+def step_time_note(est: dict) -> str:
+  """One sentence on how the step time of `tpu_estimates`'s result `est` was found."""
+  loops = sum(p["uncounted_loops"] for p in est["depth_points"].values())
+  if "configured" in est["depth_points"]:
+    how = "the compiler's cost of the configured program"
+  else:
+    how = (f"the compiler's cost of the model with 1 and 2 unrolled layer units per stack ({est['time_compiles']} "
+           "more compiles), extended linearly to the configured depth")
+  return (f"Step time: {how}; its FLOPs are {est['step_flops_per_device']:.4g} per device (loops left uncounted: "
+          f"{loops}).")
 
 
 def tpu_estimates(config, devices, program, params, with_time: bool, points: dict | None = None) -> dict:

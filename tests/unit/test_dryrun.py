@@ -61,6 +61,46 @@ def test_step_cost_extends_linearly_from_one_and_two_units(units, points):
   assert step_cost.extend_to_depth({p: cost(*p) for p in points}, units) == cost(*units)
 
 
+class _Program:
+  """A compiled CPU program standing in for a TPU one, with a given optimal_seconds."""
+
+  def __init__(self, fn, seconds):
+    import jax
+    import jax.numpy as jnp
+
+    self.text, self.seconds = jax.jit(fn).lower(jnp.ones(4)).compile().as_text(), seconds
+
+  def as_text(self):
+    return self.text
+
+  def cost_analysis(self):
+    return {"optimal_seconds": self.seconds, "flops": 8.0}
+
+
+def test_step_time_of_a_program_without_loops_is_its_own():
+  """Unrolled layers: the configured program is the whole step; nothing is extended or compiled."""
+  config = config_lib.load(TINY, {"model.num_encoder_layers": "4", "model.num_decoder_layers": "4"})
+  t = step_cost.step_time(config, [], _Program(lambda x: x * 2, 0.25), points={})
+  assert t["seconds"] == 0.25 and t["compiles"] == 0 and t["points"]["configured"]["uncounted_loops"] == 0
+  assert "the configured program" in step_cost.step_time_note({"depth_points": t["points"], **{
+      "step_flops_per_device": 8.0, "time_compiles": 0}})
+
+
+def test_step_time_of_a_program_with_loops_is_extended():
+  """Scanned layers (a loop of 2 units per stack): the loop body is counted once, so the step time comes from the
+  1- and 2-unit points (here given, as a sweep shares them), not from the program."""
+  import jax
+
+  config = config_lib.load(TINY, {"model.num_encoder_layers": "4", "model.num_decoder_layers": "4"})
+  looped = _Program(lambda x: jax.lax.fori_loop(0, 2, lambda i, y: y * 2, x), 0.25)
+  points = {(1, 1): {"seconds": 1.0, "flops": 4.0, "uncounted_loops": 0},
+            (2, 2): {"seconds": 1.5, "flops": 6.0, "uncounted_loops": 0}}
+  t = step_cost.step_time(config, [], looped, points=points)
+  assert t["seconds"] == 1.5 and t["flops"] == 6.0 and t["compiles"] == 0 and list(t["points"]) == ["1+1", "2+2"]
+  assert "extended linearly" in step_cost.step_time_note({"depth_points": t["points"], **{
+      "step_flops_per_device": 6.0, "time_compiles": 0}})
+
+
 def test_unit_counts():
   assert step_cost.unit_counts(config_lib.load(TINY)) == (1, 1)  # 2 + 2 layers, a MoE layer every 2nd
   dense = config_lib.load(TINY, {"model.moe_interval": "0", "model.num_decoder_layers": "3"})
