@@ -77,10 +77,11 @@ def step_time(config, devices, program, points: dict | None = None) -> dict:
   """The TPU compiler's cost of one step with every layer unit counted: that of `program`, the configured model
   compiled, when it has no loops left uncounted or one unit per stack; otherwise that of unrolled compiles at
   `depth_points`, extended to the configured depth. `points` keeps the costs compiled, by depth point, for a
-  config that differs from this one only in depth (e.g. the paper's 12L and 36L models). {'seconds', 'flops' (per device), 'compiles' (new ones),
-  'points': {'<encoder units>+<decoder units>' or 'configured': {'seconds', 'flops', 'uncounted_loops'}}}, where
-  uncounted_loops are the loops of more than one iteration left in that program, whose bodies the compiler
-  counted once (0 when exact)."""
+  config that differs from this one only in depth (e.g. the paper's 12L and 36L models).
+
+  Returns {'seconds', 'flops' (per device), 'compiles' (new ones), 'points': {'<encoder units>+<decoder units>'
+  or 'configured': {'seconds', 'flops', 'uncounted_loops'}}}, where uncounted_loops are the loops of more than
+  one iteration left in that program, whose bodies the compiler counted once (0 when exact)."""
   from gshard_mt.compiler import hlo as hlo_lib
   from gshard_mt.compiler import tpu
 
