@@ -25,11 +25,13 @@ PARTS = (
     ("XLA's own: loop buffers, copies", lambda f, op, code: not op and not f.strip(":")),
     ("optimizer, gradient norm, finite check", lambda f, op, code: "Transformer" not in op
      or f.split(":")[0] in ("numerics.py", "_clipping.py", "_tree_math.py", "factorized.py")),
-    # The capacity paths' einsums with the expert weights (EMH, EHM) and their transposes, and the grouped
-    # dispatch's matmuls (their frames in moe/grouped.py: XLA's ragged_dot in its lambdas, the Mosaic GPU kernels,
-    # named only 'body', in by_weights and by_rows).
-    ("MoE expert matmuls", lambda f, op, code: "/moe/" in op and ("EMH" in op or "EHM" in op or f in (
-        "grouped.py:<lambda>", "grouped.py:by_weights", "grouped.py:by_rows"))),
+    # The capacity paths' einsums with the expert weights (EMH, EHM) and their transposes, their Pallas kernels
+    # (moe.expert_kernel, the layer's only Pallas calls), and the grouped dispatch's matmuls (their frames in
+    # moe/grouped.py: XLA's ragged_dot in its lambdas, the Mosaic GPU kernels, named only 'body', in by_weights
+    # and by_rows).
+    ("MoE expert matmuls", lambda f, op, code: "/moe/" in op and (
+        "EMH" in op or "EHM" in op or op.endswith("/pallas_call")
+        or f in ("grouped.py:<lambda>", "grouped.py:by_weights", "grouped.py:by_rows"))),
     ("MoE router, gating, dispatch, combine", lambda f, op, code: "/moe/" in op),
     ("dropout", lambda f, op, code: "Dropout" in op or "/dropout/" in op),
     # The layer norm before attention is applied inside the Attention module (layers.norm_terms, normalize).

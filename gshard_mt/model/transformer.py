@@ -70,7 +70,9 @@ class TransformerConfig:
   dropout_rng: str = "threefry"  # a key of layers.DROPOUT_KEYS (the training step makes the dropout key)
   attention_dropout_rate: float = 0.0
   attention: str = "xla"  # a value of layers.ATTENTIONS
-  kernel_vmem: int | None = None  # 'pallas': the TPU's VMEM in bytes, set by the training setup (None: not known)
+  # model.attention or moe.expert_kernel 'pallas': the TPU's VMEM in bytes, set by the training setup (None: not
+  # known)
+  kernel_vmem: int | None = None
   dtype: Any = jnp.float32
   residual_dtype: Any = jnp.float32  # the stream the layers add to (layer norms compute in float32)
   remat: str = "none"  # a key of REMAT_POLICIES
@@ -131,8 +133,8 @@ class Layer(nn.Module):
     h = layer_norm("pre_ffn")(x)
     stats = {}
     if self.use_moe:
-      h, stats = MoeFeedForward(cfg.moe, dtype=cfg.dtype, decoder=self.is_decoder, name="moe")(
-          h, inputs.token_mask, deterministic=deterministic, language=inputs.language)
+      moe = MoeFeedForward(cfg.moe, dtype=cfg.dtype, decoder=self.is_decoder, kernel_vmem=cfg.kernel_vmem, name="moe")
+      h, stats = moe(h, inputs.token_mask, deterministic=deterministic, language=inputs.language)
     else:
       h = DenseFFN(cfg.mlp_dim, cfg.dtype, cfg.dropout_rate, name="ffn")(h, deterministic=deterministic)
     x = x + drop(h, deterministic=deterministic).astype(x.dtype)

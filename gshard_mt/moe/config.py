@@ -19,6 +19,8 @@ SECOND_EXPERT_POLICIES = ("all", "random")
 DISPATCHES = ("einsum", "index", "index_gather", "grouped", "shard_map")
 ACTIVATIONS = ("relu", "gelu")
 GROUPED_KERNELS = ("ragged_dot", "mosaic_gpu")  # the grouped dispatch's matmuls (moe/grouped.py)
+EXPERT_KERNELS = ("xla", "pallas")  # the capacity buffers' expert FFN (moe/layer.py, moe/expert_kernel.py)
+KERNEL_DISPATCHES = ("einsum", "index", "index_gather")  # the automatic paths with capacity buffers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +45,9 @@ class MoeConfig:
   # of 'grouped': 'ragged_dot' (XLA's jax.lax.ragged_dot; a Mosaic kernel on TPU) or 'mosaic_gpu' (JAX's Pallas
   # Mosaic GPU kernels on a Hopper GPU, bf16; 'ragged_dot' elsewhere)
   grouped_kernel: str = "ragged_dot"
+  # the expert FFN on the capacity buffers: 'xla' (einsums) or 'pallas' (moe.expert_kernel: two Pallas kernels for
+  # TPUs, ReLU only, H whole on each device; interpreted elsewhere)
+  expert_kernel: str = "xla"
   activation: str = "relu"
   jitter_noise: float = 0.0  # multiplicative router-input noise while training
   router_logit_cap: float = 0.0  # cap * tanh(logits / cap) when > 0
@@ -71,7 +76,8 @@ class MoeConfig:
     """Raises ConfigError naming the `moe.*` key; `used=False` (a dense model) checks only the choices."""
     for key, allowed in (("router", ROUTERS), ("decoder_router", ("",) + ROUTERS), ("balance", BALANCES),
                          ("second_expert_policy", SECOND_EXPERT_POLICIES), ("dispatch", DISPATCHES),
-                         ("activation", ACTIVATIONS), ("grouped_kernel", GROUPED_KERNELS)):
+                         ("activation", ACTIVATIONS), ("grouped_kernel", GROUPED_KERNELS),
+                         ("expert_kernel", EXPERT_KERNELS)):
       if getattr(self, key) not in allowed:
         raise ConfigError(f"moe.{key}={getattr(self, key)!r}: expected one of {allowed}")
     for key in ("num_experts", "hidden_dim", "group_size", "min_capacity"):
@@ -104,6 +110,10 @@ class MoeConfig:
     if self.grouped_kernel != "ragged_dot" and self.dispatch != "grouped":
       raise ConfigError(f"moe.grouped_kernel={self.grouped_kernel!r} is the grouped dispatch's: it needs "
                         f"moe.dispatch='grouped', not {self.dispatch!r}")
+    if self.expert_kernel == "pallas" and (self.dispatch not in KERNEL_DISPATCHES or self.activation != "relu"):
+      raise ConfigError(f"moe.expert_kernel='pallas' computes relu(x wi) wo on capacity buffers: it needs "
+                        f"moe.activation='relu' and moe.dispatch in {KERNEL_DISPATCHES}, not "
+                        f"{self.activation!r} and {self.dispatch!r}")
     if self.balance == "bias" and self.aux_loss_weight > 0:
       raise ConfigError(f"moe.balance='bias' balances without the auxiliary loss (DeepSeek-V3): set "
                         f"moe.aux_loss_weight=0, not {self.aux_loss_weight}")

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from gshard_mt.model.layers import weight_einsum
-from gshard_mt.moe import balance, gating, grouped, manual, routers
+from gshard_mt.moe import balance, expert_kernel, gating, grouped, manual, routers
 from gshard_mt.moe import dispatch as dispatch_lib
 from gshard_mt.moe.config import MoeConfig
 
@@ -89,6 +89,7 @@ class MoeFeedForward(nn.Module):
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   decoder: bool = False  # routes with moe.decoder_router
+  kernel_vmem: int | None = None  # moe.expert_kernel='pallas': the TPU's VMEM in bytes (None: not known)
 
   @nn.compact
   def __call__(self, x: jax.Array, padding_mask: jax.Array | None = None, *, deterministic: bool = True,
@@ -152,7 +153,10 @@ class MoeFeedForward(nn.Module):
     else:  # the float32 weights as they are: weight_einsum casts them, and keeps their gradients float32
       dispatcher = dispatch_lib.make_dispatcher(cfg.dispatch, routing)
       expert_in = nn.with_logical_constraint(dispatcher.dispatch(x), EGCM)  # G -> E reshard: an all-to-all
-      expert_out = expert_ffn(expert_in, wi, wo, cfg.activation)
+      if cfg.expert_kernel == "pallas":
+        expert_out = expert_kernel.expert_ffn(expert_in, wi, wo, EGCM, EMH, self.kernel_vmem)
+      else:
+        expert_out = expert_ffn(expert_in, wi, wo, cfg.activation)
       expert_out = nn.with_logical_constraint(expert_out, EGCM_BY_GROUP)  # E -> G: an all-to-all
       y = nn.with_logical_constraint(dispatcher.combine(expert_out), GSM)
     if cfg.shared_experts:

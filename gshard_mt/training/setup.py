@@ -17,6 +17,7 @@ from gshard_mt.data import packing
 from gshard_mt.errors import ConfigError
 from gshard_mt.model import pallas_vmem
 from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch
+from gshard_mt.moe import expert_kernel
 from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.parallel import rules as rules_lib
 from gshard_mt.parallel import shardings
@@ -69,19 +70,28 @@ def _warn_interpreted(key: str, platform: str):
 
 
 def _pallas_config(config, model_cfg, device):
-  """model.attention='pallas': on a TPU, the model told the TPU's VMEM, or a one-line error where the kernels
-  would not compile (before any compiling); elsewhere a warning that they run interpreted."""
+  """model.attention or moe.expert_kernel 'pallas': on a TPU, the model told the TPU's VMEM, or a one-line error
+  where the kernels would not compile (before any compiling); elsewhere a warning that they run interpreted."""
+  keys = [key for key, value in (("model.attention", model_cfg.attention),
+                                 ("moe.expert_kernel", model_cfg.moe.expert_kernel if model_cfg.moe_interval else ""))
+          if value == "pallas"]
   if device.platform != "tpu":
-    _warn_interpreted("model.attention", device.platform)
+    for key in keys:
+      _warn_interpreted(key, device.platform)
     return model_cfg
   chip = chips.chip_of(device.device_kind)
   if chip is None:  # a TPU the table does not know: the compiler decides
     return model_cfg
-  problem = pallas_vmem.tpu_problem(chip.vmem_bytes, packing.row_lengths(config), model_cfg.emb_dim,
-                                    model_cfg.num_heads * model_cfg.head_dim,
-                                    jnp.dtype(model_cfg.residual_dtype).itemsize, jnp.dtype(model_cfg.dtype).itemsize)
-  if problem:
-    raise ConfigError(f"model.attention='pallas' on {device.device_kind}: {problem}; use model.attention='xla'")
+  itemsize = jnp.dtype(model_cfg.dtype).itemsize
+  problems = {
+      "model.attention": lambda: pallas_vmem.tpu_problem(
+          chip.vmem_bytes, packing.row_lengths(config), model_cfg.emb_dim, model_cfg.num_heads * model_cfg.head_dim,
+          jnp.dtype(model_cfg.residual_dtype).itemsize, itemsize),
+      "moe.expert_kernel": lambda: expert_kernel.tpu_problem(chip.vmem_bytes, model_cfg.emb_dim,
+                                                             model_cfg.moe.hidden_dim, itemsize)}
+  for key in keys:
+    if problem := problems[key]():
+      raise ConfigError(f"{key}='pallas' on {device.device_kind}: {problem}; use {key}='xla'")
   return dataclasses.replace(model_cfg, kernel_vmem=chip.vmem_bytes)
 
 
@@ -89,8 +99,7 @@ def build(config, vocab_size: int, devices=None) -> Setup:
   """Model, optimizer, mesh and the shardings of the train state, all without allocating anything."""
   model_cfg = TransformerConfig.from_config(config, vocab_size)
   mesh = mesh_lib.make_mesh(config, devices)
-  if model_cfg.attention == "pallas":
-    model_cfg = _pallas_config(config, model_cfg, mesh.devices.flat[0])
+  model_cfg = _pallas_config(config, model_cfg, mesh.devices.flat[0])
   if config.optimizer.kernel == "pallas" and mesh.devices.flat[0].platform != "tpu":
     _warn_interpreted("optimizer.kernel", mesh.devices.flat[0].platform)
   rules = rules_lib.rules(config)

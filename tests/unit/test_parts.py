@@ -21,6 +21,7 @@ STEP = "jit(train_step)/jvp(Transformer)/Transformer.encode/encoder/while/body/e
     # weight_einsum's backward: the input's and the weight's gradients
     (f"{STEP}/layer_1/moe/EGCH,EMH->EGCM/dot_general", "MoE expert matmuls"),
     (f"{STEP}/layer_1/moe/EGCH,EGCM->EHM/dot_general", "MoE expert matmuls"),
+    (f"{STEP}/layer_1/moe/shard_map/cond/branch_0_fun/pallas_call", "MoE expert matmuls"),  # moe.expert_kernel
     (f"{STEP}/layer_1/moe/GSM,ME->GSE/dot_general", "MoE router, gating, dispatch, combine"),
     ("jit(train_step)/jvp(Transformer)/Transformer.decode_logits/BLM,MV->BLV/dot_general", "logits and cross-entropy"),
     ("jit(train_step)/transpose(jvp(Transformer))/Transformer.decode_logits/BLV,MV->BLM/dot_general",

@@ -1,0 +1,186 @@
+"""moe.expert_kernel='pallas': the experts' FFN on their capacity buffers, relu(x wi) wo per expert, as Pallas
+kernels for TPUs, one per direction.
+
+What XLA's fusions of the same matmuls are charged for on the TPU estimate, and these kernels are not: the ReLU
+mask packed into bits along G inside the first matmul, the float32 weights converted to bf16 inside every matmul
+that reads them, and row tiles of the buffers' C slots (bench/RESULTS.md, "The experts' FFN in two Pallas
+kernels"). Here each expert's weights are cast once into VMEM, where they stay over its blocks of rows, and the
+hidden activation goes through HBM once: the forward writes h = relu(x wi) [E, R, H] (R = G·C rows), from which
+the backward reads both the ReLU's mask (h > 0) and dwo's operand. The backward accumulates dwi and dwo in float32
+over an expert's rows, in VMEM.
+
+Each kernel declares its cost (`pl.CostEstimate`): its matmuls' FLOPs (2 forward, 4 backward, 2·R·M·H each) and
+the bytes of its operands and outputs, which is what the TPU compiler's estimate charges for it. On a mesh the
+kernels run per device under `shard_map`, experts and groups split as the partitioning rules place the buffers;
+H must be whole on each device. Off a TPU they run in Pallas's interpret mode (for tests). Letters: E experts,
+G groups, C capacity, R = G·C rows of an expert, M model dim, H expert hidden dim, T rows per block.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from gshard_mt.model import pallas_vmem
+from gshard_mt.model.pallas_attention import on_tpu
+
+_NN = (((1,), (0,)), ((), ()))  # x y
+_NT = (((1,), (1,)), ((), ()))  # x y^T
+_TN = (((0,), (0,)), ((), ()))  # x^T y
+MAX_ROWS = 1024  # rows per block at most: past that a block only holds more VMEM
+
+
+def _dot(x, y, dims=_NN):
+  return jax.lax.dot_general(x, y, dims, preferred_element_type=jnp.float32)
+
+
+def vmem_bytes(rows: int, M: int, H: int, itemsize: int) -> int:
+  """The backward kernel's VMEM (the larger of the two) with blocks of `rows` rows: the float32 weights and the
+  float32 gradients' accumulators, one buffer each, the weights cast to the computation dtype (`itemsize` bytes);
+  two buffers of each row block of x, dy, dx and h; the float32 dh and its masked cast."""
+  return M * H * (4 * 4 + 2 * itemsize) + rows * (2 * (3 * M + H) * itemsize + H * (4 + itemsize))
+
+
+def block_rows(R: int, M: int, H: int, itemsize: int, vmem: int | None) -> int | None:
+  """Rows per block: the most that divides R, is a multiple of 8 (or all R) and fits `vmem_budget(vmem)`; None
+  where even the weights do not fit."""
+  budget = pallas_vmem.SPARE * pallas_vmem.vmem_budget(vmem)
+  cap = next((t for t in range(min(R, MAX_ROWS), 0, -8) if vmem_bytes(t, M, H, itemsize) <= budget), None)
+  return None if cap is None else pallas_vmem.divisor_rows(R, R, cap)
+
+
+def tpu_problem(vmem_capacity: int | None, M: int, H: int, itemsize: int) -> str | None:
+  """Why the kernels would not compile for a TPU with `vmem_capacity` bytes of VMEM (None: a generation they do
+  not support) at M and H, or None."""
+  if vmem_capacity is None:
+    return "its Mosaic kernels need a TPU v4 or newer"
+  if block_rows(8, M, H, itemsize, vmem_capacity) is None:
+    return (f"it holds each expert's weights and their gradients in VMEM: {vmem_bytes(8, M, H, itemsize) / 2**20:.0f} "
+            f"MiB at M={M}, H={H}, more than the {pallas_vmem.vmem_budget(vmem_capacity) / 2**20:.0f} MiB it may use")
+  return None
+
+
+def _cast_weights(wi_ref, wo_ref, wi_c, wo_c):
+  """Each expert's weights, cast into VMEM at its first block of rows (the row blocks run in order)."""
+  @pl.when(pl.program_id(1) == 0)
+  def _():
+    wi_c[...] = wi_ref[0].astype(wi_c.dtype)
+    wo_c[...] = wo_ref[0].astype(wo_c.dtype)
+
+
+def _forward_kernel(x_ref, wi_ref, wo_ref, y_ref, h_ref, wi_c, wo_c):
+  _cast_weights(wi_ref, wo_ref, wi_c, wo_c)
+  h = jnp.maximum(_dot(x_ref[0], wi_c[...]), 0).astype(h_ref.dtype)  # [T, H]
+  h_ref[0] = h
+  y_ref[0] = _dot(h, wo_c[...]).astype(y_ref.dtype)  # [T, M]
+
+
+def _backward_kernel(x_ref, h_ref, dy_ref, wi_ref, wo_ref, dx_ref, dwi_ref, dwo_ref, wi_c, wo_c):
+  _cast_weights(wi_ref, wo_ref, wi_c, wo_c)
+
+  @pl.when(pl.program_id(1) == 0)
+  def _():
+    dwi_ref[...] = jnp.zeros_like(dwi_ref)
+    dwo_ref[...] = jnp.zeros_like(dwo_ref)
+
+  x, h, dy = x_ref[0], h_ref[0], dy_ref[0]
+  da = jnp.where(h > 0, _dot(dy, wo_c[...], _NT), 0).astype(x.dtype)  # [T, H]: the ReLU's backward
+  dx_ref[0] = _dot(da, wi_c[...], _NT).astype(dx_ref.dtype)
+  dwo_ref[0] += _dot(h, dy, _TN)
+  dwi_ref[0] += _dot(x, da, _TN)
+
+
+def _specs(E: int, R: int, M: int, H: int, rows: int):
+  """Block specs over the grid (E, R / rows): a block of an expert's rows [1, rows, width], and an expert's whole
+  [1, a, b] weight or gradient, one buffer (its block changes with the expert only)."""
+  row_block = lambda width: pl.BlockSpec((1, rows, width), lambda e, r: (e, r, 0))  # noqa: E731
+  expert = lambda a, b: pl.BlockSpec((1, a, b), lambda e, r: (e, 0, 0), pipeline_mode=pl.Buffered(1))  # noqa: E731
+  return row_block, expert
+
+
+def _call(kernel, in_specs, out_specs, out_shape, E, R, rows, M, H, dtype, vmem, flops, nbytes):
+  return lambda interpret: pl.pallas_call(  # noqa: E731
+      kernel, grid=(E, R // rows), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+      scratch_shapes=[pltpu.VMEM((M, H), dtype), pltpu.VMEM((H, M), dtype)],
+      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"),
+                                           vmem_limit_bytes=pallas_vmem.vmem_budget(vmem)),
+      cost_estimate=pl.CostEstimate(flops=flops, transcendentals=0, bytes_accessed=nbytes), interpret=interpret)
+
+
+def _rows(x, wi, vmem):
+  (E, R, M), H = x.shape, wi.shape[2]
+  rows = block_rows(R, M, H, x.dtype.itemsize, vmem) or R  # None only where setup refused the config on a TPU
+  return E, R, M, H, rows
+
+
+def _forward(x, wi, wo, vmem):
+  """x [E, R, M], wi [E, M, H], wo [E, H, M] (float32) -> (y [E, R, M], h [E, R, H]) in x's dtype."""
+  E, R, M, H, rows = _rows(x, wi, vmem)
+  row_block, expert = _specs(E, R, M, H, rows)
+  out_shape = [jax.ShapeDtypeStruct((E, R, M), x.dtype), jax.ShapeDtypeStruct((E, R, H), x.dtype)]
+  nbytes = sum(a.nbytes for a in (x, wi, wo)) + sum(s.size * s.dtype.itemsize for s in out_shape)
+  run = _call(_forward_kernel, [row_block(M), expert(M, H), expert(H, M)], [row_block(M), row_block(H)], out_shape,
+              E, R, rows, M, H, x.dtype, vmem, 2 * 2 * E * R * M * H, nbytes)
+  return tuple(on_tpu(run, x, wi, wo))
+
+
+def _backward(x, h, dy, wi, wo, vmem):
+  """-> (dx [E, R, M] in x's dtype, dwi, dwo in float32)."""
+  E, R, M, H, rows = _rows(x, wi, vmem)
+  row_block, expert = _specs(E, R, M, H, rows)
+  out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(wi.shape, jnp.float32),
+               jax.ShapeDtypeStruct(wo.shape, jnp.float32)]
+  nbytes = sum(a.nbytes for a in (x, h, dy, wi, wo)) + sum(s.size * s.dtype.itemsize for s in out_shape)
+  run = _call(_backward_kernel, [row_block(M), row_block(H), row_block(M), expert(M, H), expert(H, M)],
+              [row_block(M), expert(M, H), expert(H, M)], out_shape, E, R, rows, M, H, x.dtype, vmem,
+              4 * 2 * E * R * M * H, nbytes)
+  return tuple(on_tpu(run, x, h, dy, wi, wo))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _ffn(x, wi, wo, vmem):
+  return _forward(x, wi, wo, vmem)[0]
+
+
+def _ffn_forward(x, wi, wo, vmem):
+  y, h = _forward(x, wi, wo, vmem)
+  return y, (x, h, wi, wo)
+
+
+def _ffn_backward(vmem, residuals, dy):
+  x, h, wi, wo = residuals
+  dx, dwi, dwo = _backward(x, h, dy.astype(x.dtype), wi, wo, vmem)
+  return dx, dwi.astype(wi.dtype), dwo.astype(wo.dtype)
+
+
+_ffn.defvjp(_ffn_forward, _ffn_backward)
+
+
+def expert_ffn(expert_in: jax.Array, wi: jax.Array, wo: jax.Array, buffer_axes: tuple, weight_axes: tuple,
+               vmem: int | None = None) -> jax.Array:
+  """relu(expert_in wi) wo per expert: [E, G, C, M] x wi [E, M, H] x wo [E, H, M] (float32; bf16 in the
+  matmuls when expert_in is) -> [E, G, C, M] in expert_in's dtype, what `moe.layer.expert_ffn` computes with a
+  ReLU. buffer_axes, weight_axes: the logical axes of the buffers and of wi (`moe.layer.EGCM`, `EMH`), which place
+  the kernels' shards on a mesh. `vmem`: the TPU's VMEM in bytes (None: not known), which sets the rows per
+  block."""
+  def per_device(x, wi, wo):
+    E, G, C, M = x.shape
+    return _ffn(x.reshape(E, G * C, M), wi, wo, vmem).reshape(E, G, C, M)
+
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return per_device(expert_in, wi, wo)
+  buffers, w_in = nn.logical_to_mesh_axes(buffer_axes), nn.logical_to_mesh_axes(weight_axes)
+  if w_in[2] is not None:
+    raise ValueError(f"moe.expert_kernel='pallas' needs each expert's H whole on a device; the rules place it on "
+                     f"{w_in[2]!r}")
+  w_out = jax.sharding.PartitionSpec(w_in[0], None, None)
+  # check_vma=False: the kernels' outputs vary as their inputs do, which Pallas cannot infer; shard_map's
+  # transpose then sums the weights' per-device gradients over the axes that split the groups.
+  return jax.shard_map(per_device, mesh=mesh, in_specs=(buffers, w_in, w_out), out_specs=buffers,
+                       check_vma=False)(expert_in, wi, wo)
