@@ -28,6 +28,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from gshard_mt.model import pallas_vmem
 from gshard_mt.model.pallas_attention import on_tpu
+from gshard_mt.moe.manual import axes_of
 
 _NN = (((1,), (0,)), ((), ()))  # x y
 _NT = (((1,), (1,)), ((), ()))  # x y^T
@@ -65,9 +66,14 @@ def tpu_problem(vmem_capacity: int | None, M: int, H: int, itemsize: int) -> str
   return None
 
 
+def _first_block():
+  """Whether this is an expert's first block of rows (the grid (E, S, R / rows) runs an expert's in order)."""
+  return (pl.program_id(1) == 0) & (pl.program_id(2) == 0)
+
+
 def _cast_weights(wi_ref, wo_ref, wi_c, wo_c):
-  """Each expert's weights, cast into VMEM at its first block of rows (the row blocks run in order)."""
-  @pl.when(pl.program_id(1) == 0)
+  """Each expert's weights, cast into VMEM at its first block of rows (an expert's row blocks run in order)."""
+  @pl.when(_first_block())
   def _():
     wi_c[...] = wi_ref[0].astype(wi_c.dtype)
     wo_c[...] = wo_ref[0].astype(wo_c.dtype)
@@ -75,70 +81,70 @@ def _cast_weights(wi_ref, wo_ref, wi_c, wo_c):
 
 def _forward_kernel(x_ref, wi_ref, wo_ref, y_ref, h_ref, wi_c, wo_c):
   _cast_weights(wi_ref, wo_ref, wi_c, wo_c)
-  h = jnp.maximum(_dot(x_ref[0], wi_c[...]), 0).astype(h_ref.dtype)  # [T, H]
-  h_ref[0] = h
-  y_ref[0] = _dot(h, wo_c[...]).astype(y_ref.dtype)  # [T, M]
+  h = jnp.maximum(_dot(x_ref[0, 0], wi_c[...]), 0).astype(h_ref.dtype)  # [T, H]
+  h_ref[0, 0] = h
+  y_ref[0, 0] = _dot(h, wo_c[...]).astype(y_ref.dtype)  # [T, M]
 
 
 def _backward_kernel(x_ref, h_ref, dy_ref, wi_ref, wo_ref, dx_ref, dwi_ref, dwo_ref, wi_c, wo_c):
   _cast_weights(wi_ref, wo_ref, wi_c, wo_c)
 
-  @pl.when(pl.program_id(1) == 0)
+  @pl.when(_first_block())
   def _():
     dwi_ref[...] = jnp.zeros_like(dwi_ref)
     dwo_ref[...] = jnp.zeros_like(dwo_ref)
 
-  x, h, dy = x_ref[0], h_ref[0], dy_ref[0]
+  x, h, dy = x_ref[0, 0], h_ref[0, 0], dy_ref[0, 0]
   da = jnp.where(h > 0, _dot(dy, wo_c[...], _NT), 0).astype(x.dtype)  # [T, H]: the ReLU's backward
-  dx_ref[0] = _dot(da, wi_c[...], _NT).astype(dx_ref.dtype)
+  dx_ref[0, 0] = _dot(da, wi_c[...], _NT).astype(dx_ref.dtype)
   dwo_ref[0] += _dot(h, dy, _TN)
   dwi_ref[0] += _dot(x, da, _TN)
 
 
-def _specs(E: int, R: int, M: int, H: int, rows: int):
-  """Block specs over the grid (E, R / rows): a block of an expert's rows [1, rows, width], and an expert's whole
-  [1, a, b] weight or gradient, one buffer (its block changes with the expert only)."""
-  row_block = lambda width: pl.BlockSpec((1, rows, width), lambda e, r: (e, r, 0))  # noqa: E731
-  expert = lambda a, b: pl.BlockSpec((1, a, b), lambda e, r: (e, 0, 0), pipeline_mode=pl.Buffered(1))  # noqa: E731
+def _specs(rows: int):
+  """Block specs over the grid (E, S, R / rows): a block of an expert's rows [1, 1, rows, width] of [S, E, R,
+  width] (its rows from S sources, R from each), and an expert's whole [1, a, b] weight or gradient, one buffer
+  (its block changes with the expert only)."""
+  row_block = lambda width: pl.BlockSpec((1, 1, rows, width), lambda e, s, r: (s, e, r, 0))  # noqa: E731
+  expert = lambda a, b: pl.BlockSpec((1, a, b), lambda e, s, r: (e, 0, 0), pipeline_mode=pl.Buffered(1))  # noqa: E731
   return row_block, expert
 
 
-def _call(kernel, in_specs, out_specs, out_shape, E, R, rows, M, H, dtype, vmem, flops, nbytes):
+def _call(kernel, in_specs, out_specs, out_shape, grid, M, H, dtype, vmem, flops, nbytes):
   return lambda interpret: pl.pallas_call(  # noqa: E731
-      kernel, grid=(E, R // rows), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+      kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
       scratch_shapes=[pltpu.VMEM((M, H), dtype), pltpu.VMEM((H, M), dtype)],
-      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"),
+      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary", "arbitrary"),
                                            vmem_limit_bytes=pallas_vmem.vmem_budget(vmem)),
       cost_estimate=pl.CostEstimate(flops=flops, transcendentals=0, bytes_accessed=nbytes), interpret=interpret)
 
 
-def _rows(x, wi, vmem):
-  (E, R, M), H = x.shape, wi.shape[2]
+def _layout(x, wi, vmem):
+  """x [S, E, R, M], wi [E, M, H] -> (S, E, R, M, H, the grid, the block specs)."""
+  (S, E, R, M), H = x.shape, wi.shape[2]
   rows = block_rows(R, M, H, x.dtype.itemsize, vmem) or R  # None only where setup refused the config on a TPU
-  return E, R, M, H, rows
+  return S, E, R, M, H, (E, S, R // rows), _specs(rows)
 
 
 def _forward(x, wi, wo, vmem):
-  """x [E, R, M], wi [E, M, H], wo [E, H, M] (float32) -> (y [E, R, M], h [E, R, H]) in x's dtype."""
-  E, R, M, H, rows = _rows(x, wi, vmem)
-  row_block, expert = _specs(E, R, M, H, rows)
-  out_shape = [jax.ShapeDtypeStruct((E, R, M), x.dtype), jax.ShapeDtypeStruct((E, R, H), x.dtype)]
+  """x [S, E, R, M], wi [E, M, H], wo [E, H, M] (float32) -> (y [S, E, R, M], h [S, E, R, H]) in x's dtype."""
+  S, E, R, M, H, grid, (row_block, expert) = _layout(x, wi, vmem)
+  out_shape = [jax.ShapeDtypeStruct((S, E, R, M), x.dtype), jax.ShapeDtypeStruct((S, E, R, H), x.dtype)]
   nbytes = sum(a.nbytes for a in (x, wi, wo)) + sum(s.size * s.dtype.itemsize for s in out_shape)
   run = _call(_forward_kernel, [row_block(M), expert(M, H), expert(H, M)], [row_block(M), row_block(H)], out_shape,
-              E, R, rows, M, H, x.dtype, vmem, 2 * 2 * E * R * M * H, nbytes)
+              grid, M, H, x.dtype, vmem, 2 * 2 * S * E * R * M * H, nbytes)
   return tuple(on_tpu(run, x, wi, wo))
 
 
 def _backward(x, h, dy, wi, wo, vmem):
-  """-> (dx [E, R, M] in x's dtype, dwi, dwo in float32)."""
-  E, R, M, H, rows = _rows(x, wi, vmem)
-  row_block, expert = _specs(E, R, M, H, rows)
+  """-> (dx [S, E, R, M] in x's dtype, dwi, dwo in float32)."""
+  S, E, R, M, H, grid, (row_block, expert) = _layout(x, wi, vmem)
   out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(wi.shape, jnp.float32),
                jax.ShapeDtypeStruct(wo.shape, jnp.float32)]
   nbytes = sum(a.nbytes for a in (x, h, dy, wi, wo)) + sum(s.size * s.dtype.itemsize for s in out_shape)
   run = _call(_backward_kernel, [row_block(M), row_block(H), row_block(M), expert(M, H), expert(H, M)],
-              [row_block(M), expert(M, H), expert(H, M)], out_shape, E, R, rows, M, H, x.dtype, vmem,
-              4 * 2 * E * R * M * H, nbytes)
+              [row_block(M), expert(M, H), expert(H, M)], out_shape, grid, M, H, x.dtype, vmem,
+              4 * 2 * S * E * R * M * H, nbytes)
   return tuple(on_tpu(run, x, h, dy, wi, wo))
 
 
@@ -161,26 +167,51 @@ def _ffn_backward(vmem, residuals, dy):
 _ffn.defvjp(_ffn_forward, _ffn_backward)
 
 
-def expert_ffn(expert_in: jax.Array, wi: jax.Array, wo: jax.Array, buffer_axes: tuple, weight_axes: tuple,
+def expert_ffn(buffers: jax.Array, wi: jax.Array, wo: jax.Array, buffer_axes: tuple, weight_axes: tuple,
                vmem: int | None = None) -> jax.Array:
-  """relu(expert_in wi) wo per expert: [E, G, C, M] x wi [E, M, H] x wo [E, H, M] (float32; bf16 in the
-  matmuls when expert_in is) -> [E, G, C, M] in expert_in's dtype, what `moe.layer.expert_ffn` computes with a
-  ReLU. buffer_axes, weight_axes: the logical axes of the buffers and of wi (`moe.layer.EGCM`, `EMH`), which place
-  the kernels' shards on a mesh. `vmem`: the TPU's VMEM in bytes (None: not known), which sets the rows per
-  block."""
-  def per_device(x, wi, wo):
-    E, G, C, M = x.shape
-    return _ffn(x.reshape(E, G * C, M), wi, wo, vmem).reshape(E, G, C, M)
+  """relu(buffers wi) wo per expert: [E, G, C, M] x wi [E, M, H] x wo [E, H, M] (float32; bf16 in the matmuls
+  when the buffers are) -> [E, G, C, M] in the buffers' dtype, what `moe.layer.expert_ffn` computes with a ReLU.
 
+  buffer_axes, weight_axes: the logical axes of the buffers, split by groups as the dispatch writes them
+  (`moe.layer.EGCM_BY_GROUP`), and of wi (`EMH`). With the experts split over a mesh axis, which must split the
+  groups too, the G -> E and E -> G all-to-alls over it happen here: each device sends the slots of each peer's
+  experts and keeps what it receives as it arrives, source-major ([n, E/n, G'·C, M]), which the kernels read as
+  they are (XLA's all-to-all for the EGCM constraint delivers the same and transposes it to [E/n, n·G', C, M] in
+  HBM, and back, forward and backward). `vmem`: the TPU's VMEM in bytes (None: not known), which sets the rows per
+  block.
+  """
   mesh = jax.sharding.get_abstract_mesh()
+  sizes = {} if mesh.empty else dict(mesh.shape)
   if mesh.empty:
-    return per_device(expert_in, wi, wo)
-  buffers, w_in = nn.logical_to_mesh_axes(buffer_axes), nn.logical_to_mesh_axes(weight_axes)
-  if w_in[2] is not None:
+    buffer_spec = weight_spec = (None, None, None)
+  else:
+    buffer_spec, weight_spec = nn.logical_to_mesh_axes(buffer_axes), nn.logical_to_mesh_axes(weight_axes)
+  if weight_spec[2] is not None:
     raise ValueError(f"moe.expert_kernel='pallas' needs each expert's H whole on a device; the rules place it on "
-                     f"{w_in[2]!r}")
-  w_out = jax.sharding.PartitionSpec(w_in[0], None, None)
+                     f"{weight_spec[2]!r}")
+  expert_axes = axes_of(weight_spec[0])
+  if len(expert_axes) > 1 or set(expert_axes) - set(axes_of(buffer_spec[1])) or buffer_spec[0] is not None:
+    raise ValueError(f"moe.expert_kernel='pallas' needs the experts on at most one mesh axis that splits the "
+                     f"groups too, and buffers split by groups only: the rules give E {weight_spec[0]!r}, the "
+                     f"buffers {buffer_spec!r}")
+  axis = expert_axes[0] if expert_axes and sizes.get(expert_axes[0], 1) > 1 else None
+
+  def per_device(x, wi, wo):
+    """x [E, G', C, M] (every expert's slots of this device's groups), wi [E', M, H], wo [E', H, M]."""
+    E, G, C, M = x.shape
+    n = E // wi.shape[0]
+    x = x.reshape(n, E // n, G * C, M)  # [n, E', G'·C, M]: peer i's experts' slots at i
+    if axis:  # -> [n, E', G'·C, M]: this device's experts' slots from peer i at i
+      x = jax.lax.all_to_all(x, axis, 0, 0, tiled=True)
+    y = _ffn(x, wi, wo, vmem)
+    if axis:
+      y = jax.lax.all_to_all(y, axis, 0, 0, tiled=True)
+    return y.reshape(E, G, C, M)
+
+  if mesh.empty:
+    return per_device(buffers, wi, wo)
+  w_out = jax.sharding.PartitionSpec(weight_spec[0], None, None)
   # check_vma=False: the kernels' outputs vary as their inputs do, which Pallas cannot infer; shard_map's
-  # transpose then sums the weights' per-device gradients over the axes that split the groups.
-  return jax.shard_map(per_device, mesh=mesh, in_specs=(buffers, w_in, w_out), out_specs=buffers,
-                       check_vma=False)(expert_in, wi, wo)
+  # transpose then sums the weights' per-device gradients over the mesh axes that split only the groups.
+  return jax.shard_map(per_device, mesh=mesh, in_specs=(buffer_spec, weight_spec, w_out), out_specs=buffer_spec,
+                       check_vma=False)(buffers, wi, wo)

@@ -152,10 +152,11 @@ class MoeFeedForward(nn.Module):
                                group_spec=nn.logical_to_mesh_axes(GSM), expert_spec=nn.logical_to_mesh_axes(EMH))
     else:  # the float32 weights as they are: weight_einsum casts them, and keeps their gradients float32
       dispatcher = dispatch_lib.make_dispatcher(cfg.dispatch, routing)
-      expert_in = nn.with_logical_constraint(dispatcher.dispatch(x), EGCM)  # G -> E reshard: an all-to-all
-      if cfg.expert_kernel == "pallas":
-        expert_out = expert_kernel.expert_ffn(expert_in, wi, wo, EGCM, EMH, self.kernel_vmem)
+      if cfg.expert_kernel == "pallas":  # the all-to-alls inside, around the kernels
+        expert_in = nn.with_logical_constraint(dispatcher.dispatch(x), EGCM_BY_GROUP)
+        expert_out = expert_kernel.expert_ffn(expert_in, wi, wo, EGCM_BY_GROUP, EMH, self.kernel_vmem)
       else:
+        expert_in = nn.with_logical_constraint(dispatcher.dispatch(x), EGCM)  # G -> E reshard: an all-to-all
         expert_out = expert_ffn(expert_in, wi, wo, cfg.activation)
       expert_out = nn.with_logical_constraint(expert_out, EGCM_BY_GROUP)  # E -> G: an all-to-all
       y = nn.with_logical_constraint(dispatcher.combine(expert_out), GSM)

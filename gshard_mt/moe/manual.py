@@ -25,7 +25,7 @@ from gshard_mt.moe.dispatch import IndexDispatcher
 from gshard_mt.moe.gating import Routing
 
 
-def _axes(entry) -> tuple[str, ...]:
+def axes_of(entry) -> tuple[str, ...]:
   """The mesh axes of one PartitionSpec entry (None, a name or a tuple of names)."""
   return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
@@ -46,9 +46,9 @@ def moe_shard_map(x: jax.Array, routing: Routing, wi: jax.Array, wo: jax.Array,
     y: [G, S, M], placed like x.
   """
   mesh = jax.sharding.get_abstract_mesh()
-  group_axes, expert_axes, model_axes = _axes(group_spec[0]), _axes(expert_spec[0]), _axes(expert_spec[2])
+  group_axes, expert_axes, model_axes = axes_of(group_spec[0]), axes_of(expert_spec[0]), axes_of(expert_spec[2])
   sizes = {} if mesh.empty else dict(mesh.shape)
-  _check_specs(group_axes, expert_axes, model_axes, _axes(expert_spec[1]), sizes)
+  _check_specs(group_axes, expert_axes, model_axes, axes_of(expert_spec[1]), sizes)
   expert_axis = expert_axes[0] if expert_axes and sizes.get(expert_axes[0], 1) > 1 else None
   model_axis = model_axes[0] if model_axes and sizes.get(model_axes[0], 1) > 1 else None
 
@@ -74,7 +74,7 @@ def moe_shard_map(x: jax.Array, routing: Routing, wi: jax.Array, wo: jax.Array,
   def spec(*entries):
     """A PartitionSpec over the manual axes only: size-1 axes stay automatic (a psum over one device is still an
     all-reduce in the HLO)."""
-    return P(*(tuple(a for a in _axes(e) if a in manual_axes) or None for e in entries))
+    return P(*(tuple(a for a in axes_of(e) if a in manual_axes) or None for e in entries))
 
   G = x.shape[0]
   shards = math.prod(sizes[a] for a in group_axes)
