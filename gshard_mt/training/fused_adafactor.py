@@ -15,9 +15,7 @@ each pass one kernel over [T, L] blocks of the weight's [B, S, L] view (`_order`
 its factored dims; T divides S, so that a block lies in one [S, L] matrix), its operands pinned to HBM. A weight too
 small to be worth a kernel, or whose factored dims are not its last two or are split over devices, takes the same
 passes as jnp over the whole array (`_run` with T=None), which is also what the kernels compute off a TPU in
-tests. So does pass 1 of a weight split over devices (the experts'), which the compiler's estimate charges less
-that way, though why is not visible in the program (base's step at 2+2 layers, RESULTS). Where the step is not
-finite everything is kept, inside the last pass (no second copy of the weights).
+tests. Where the step is not finite everything is kept, inside the last pass (no second copy of the weights).
 
 On a mesh each kernel weight runs per device under `shard_map` with its PartitionSpec (from `optimizer`'s caller,
 the state's shardings); only the sums over the whole weight cross devices (psum over its axes). Each kernel
@@ -167,10 +165,8 @@ class _Plan(NamedTuple):
 
 def _squares(g, x, v_row, v_col, plan: _Plan, axes: tuple):
   """Pass 1, before the clipping scale is known -> (the means of G^2 in V_row's and V_col's shapes (factored;
-  placeholders otherwise), the sums of G^2 and of X^2 over the whole weight). In jnp for a weight split over
-  devices (see the module's docstring)."""
-  g_rows, g_cols, x2 = _run(_stats, (), [plan.view(g), plan.view(x)], ["row", "col", "row"],
-                            None if axes else plan.rows)
+  placeholders otherwise), the sums of G^2 and of X^2 over the whole weight)."""
+  g_rows, g_cols, x2 = _run(_stats, (), [plan.view(g), plan.view(x)], ["row", "col", "row"], plan.rows)
   row_mean = col_mean = jnp.zeros((1,), jnp.float32)
   if plan.factored is not None:  # a mean of G^2 over L (g_rows) or over S (g_cols), as V_row and V_col are kept
     _, S, L = plan.dims
