@@ -39,6 +39,18 @@ def fresh_env(**extra) -> dict[str, str]:
   return {**env, **extra}
 
 
+def run_on_cpu_devices(module: str, function: str, devices: int = 4):
+  """Runs `module.function()` in a fresh process with `devices` CPU devices (JAX fixes the count at start); the
+  function prints OK when its checks pass."""
+  import subprocess
+  import sys
+
+  env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices), PYTHONPATH=str(ROOT))
+  code = f"from {module} import {function}; {function}()"
+  proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
 def initialised_run(workdir, tokenizer_dir, **config_json):
   """A work directory (with the session's tokenizer) holding the checkpoint, at step 1, of an initialised model of
   `small_config()`: what eval.py and translate.py need, without compiling a train step. `config_json` overrides

@@ -3,9 +3,6 @@ the einsum path, outputs and gradients, in float32 and bf16, in one block of row
 with either, on one device and under shard_map on a 4-device mesh; the rows per block and the VMEM check; the
 config's refusals; Mosaic compiles both kernels for a v5p, charged what they declare."""
 
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +13,7 @@ from gshard_mt.errors import ConfigError
 from gshard_mt.moe import expert_kernel
 from gshard_mt.moe.config import MoeConfig
 from gshard_mt.moe.layer import expert_ffn
-from tests.helpers import ROOT
+from tests.helpers import run_on_cpu_devices
 
 
 def buffers(E=2, G=3, C=8, M=16, H=32, dtype=jnp.float32, seed=0):
@@ -149,10 +146,7 @@ def shard_map_check():
 
 @pytest.mark.slow
 def test_kernels_run_per_device_under_shard_map():
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES="4", PYTHONPATH=str(ROOT))
-  code = "from tests.unit.test_expert_kernel import shard_map_check; shard_map_check()"
-  proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout[-2000:] + proc.stderr[-3000:]
+  run_on_cpu_devices("tests.unit.test_expert_kernel", "shard_map_check")
 
 
 def test_the_kernels_compile_for_a_tpu_charged_what_they_declare():

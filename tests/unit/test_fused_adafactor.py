@@ -7,9 +7,6 @@ them for a v5p, pinned to HBM, charged their declared bytes."""
 
 import functools
 import logging
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +21,7 @@ from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError
 from gshard_mt.training import fused_adafactor
 from gshard_mt.training.optimizer import FusedAdafactor, make_optimizer
-from tests.helpers import ROOT, small_config
+from tests.helpers import run_on_cpu_devices, small_config
 
 # name -> (shape, whether it takes kernels). Factored over its last two dims with the largest last ("wide") or
 # first ("tall"), stacked ([E, M, H] and [E, H, M]); not factored with a last dim under 128 (viewed as the TPU
@@ -104,10 +101,7 @@ def test_which_weights_take_kernels_and_their_views():
 
 
 def test_the_kernels_run_per_device_on_a_mesh():
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES="4", PYTHONPATH=str(ROOT))
-  code = "from tests.unit.test_fused_adafactor import mesh_check; mesh_check()"
-  proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout[-2000:] + proc.stderr[-3000:]
+  run_on_cpu_devices("tests.unit.test_fused_adafactor", "mesh_check")
 
 
 def mesh_check():

@@ -6,9 +6,6 @@ kernels' declared cost; the rows per block that fit a TPU's VMEM and the trainin
 compiles for v4 and v5p; the config's refusal of attention dropout."""
 
 import logging
-import os
-import subprocess
-import sys
 
 import jax
 import jax.extend
@@ -20,7 +17,7 @@ from jax.experimental import pallas as pl
 from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError
 from gshard_mt.model import pallas_attention, pallas_vmem
-from tests.helpers import ROOT, small_config
+from tests.helpers import ROOT, run_on_cpu_devices, small_config
 from tests.unit.test_fused_attention import (
   attention_outputs_and_gradients,
   packed_batch,
@@ -83,10 +80,7 @@ def shard_map_check():
 
 @pytest.mark.slow
 def test_kernels_run_per_device_under_shard_map():
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES="4", PYTHONPATH=str(ROOT))
-  code = "from tests.unit.test_pallas_attention import shard_map_check; shard_map_check()"
-  proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout[-2000:] + proc.stderr[-3000:]
+  run_on_cpu_devices("tests.unit.test_pallas_attention", "shard_map_check")
 
 
 def block_of(cross: bool, causal: bool, vmem=None):
