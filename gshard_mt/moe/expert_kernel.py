@@ -3,17 +3,18 @@ kernels for TPUs, one per direction.
 
 What XLA's fusions of the same matmuls are charged for on the TPU estimate, and these kernels are not: the ReLU
 mask packed into bits along G inside the first matmul, the float32 weights converted to bf16 inside every matmul
-that reads them, and row tiles of the buffers' C slots (bench/RESULTS.md, "The experts' FFN in two Pallas
-kernels"). Here each expert's weights are cast once into VMEM, where they stay over its blocks of rows, and the
-hidden activation goes through HBM once: the forward writes h = relu(x wi) [E, R, H] (R = G·C rows), from which
-the backward reads both the ReLU's mask (h > 0) and dwo's operand. The backward accumulates dwi and dwo in float32
-over an expert's rows, in VMEM.
+that reads them, and the transposes of the buffers around the all-to-alls (bench/RESULTS.md, "The experts' FFN in
+two Pallas kernels"). Here each expert's weights are cast once into VMEM, where they stay over its blocks of rows,
+and the hidden activation goes through HBM once: the forward writes h = relu(x wi), from which the backward reads
+both the ReLU's mask (h > 0) and dwo's operand. The backward accumulates dwi and dwo in float32 over an expert's
+rows, in VMEM.
 
-Each kernel declares its cost (`pl.CostEstimate`): its matmuls' FLOPs (2 forward, 4 backward, 2·R·M·H each) and
-the bytes of its operands and outputs, which is what the TPU compiler's estimate charges for it. On a mesh the
-kernels run per device under `shard_map`, experts and groups split as the partitioning rules place the buffers;
-H must be whole on each device. Off a TPU they run in Pallas's interpret mode (for tests). Letters: E experts,
-G groups, C capacity, R = G·C rows of an expert, M model dim, H expert hidden dim, T rows per block.
+Each kernel declares its cost (`pl.CostEstimate`): its matmuls' FLOPs (2 forward, 4 backward, 2·R·M·H each per
+expert and peer) and the bytes of its operands and outputs, which is what the TPU compiler's estimate charges for
+it. On a mesh the kernels run per device under `shard_map`, with the all-to-alls of the experts' mesh axis; H must
+be whole on each device. Off a TPU they run in Pallas's interpret mode (for tests). Letters: E experts (E' on one
+device), G groups (G' on one device), C capacity, M model dim, H expert hidden dim; P peers along the experts' mesh
+axis (1 without one), R = G'·C rows of an expert from each peer, T rows per block.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def tpu_problem(vmem_capacity: int | None, M: int, H: int, itemsize: int) -> str
 
 
 def _first_block():
-  """Whether this is an expert's first block of rows (the grid (E, S, R / rows) runs an expert's in order)."""
+  """Whether this is an expert's first block of rows (the grid (E', P, R / T) runs an expert's in order)."""
   return (pl.program_id(1) == 0) & (pl.program_id(2) == 0)
 
 
@@ -102,11 +103,11 @@ def _backward_kernel(x_ref, h_ref, dy_ref, wi_ref, wo_ref, dx_ref, dwi_ref, dwo_
 
 
 def _specs(rows: int):
-  """Block specs over the grid (E, S, R / rows): a block of an expert's rows [1, 1, rows, width] of [S, E, R,
-  width] (its rows from S sources, R from each), and an expert's whole [1, a, b] weight or gradient, one buffer
-  (its block changes with the expert only)."""
-  row_block = lambda width: pl.BlockSpec((1, 1, rows, width), lambda e, s, r: (s, e, r, 0))  # noqa: E731
-  expert = lambda a, b: pl.BlockSpec((1, a, b), lambda e, s, r: (e, 0, 0), pipeline_mode=pl.Buffered(1))  # noqa: E731
+  """Block specs over the grid (E', P, R / T): a block of T of an expert's rows [1, 1, T, width] of [P, E', R,
+  width] (R rows from each of P peers), and an expert's whole [1, a, b] weight or gradient, one buffer (its block
+  changes with the expert only)."""
+  row_block = lambda width: pl.BlockSpec((1, 1, rows, width), lambda e, p, r: (p, e, r, 0))  # noqa: E731
+  expert = lambda a, b: pl.BlockSpec((1, a, b), lambda e, p, r: (e, 0, 0), pipeline_mode=pl.Buffered(1))  # noqa: E731
   return row_block, expert
 
 
@@ -120,31 +121,32 @@ def _call(kernel, in_specs, out_specs, out_shape, grid, M, H, dtype, vmem, flops
 
 
 def _layout(x, wi, vmem):
-  """x [S, E, R, M], wi [E, M, H] -> (S, E, R, M, H, the grid, the block specs)."""
-  (S, E, R, M), H = x.shape, wi.shape[2]
+  """x [P, E', R, M], wi [E', M, H] -> (P, E', R, M, H, the grid, the block specs)."""
+  (P, E, R, M), H = x.shape, wi.shape[2]
   rows = block_rows(R, M, H, x.dtype.itemsize, vmem) or R  # None only where setup refused the config on a TPU
-  return S, E, R, M, H, (E, S, R // rows), _specs(rows)
+  return P, E, R, M, H, (E, P, R // rows), _specs(rows)
 
 
 def _forward(x, wi, wo, vmem):
-  """x [S, E, R, M], wi [E, M, H], wo [E, H, M] (float32) -> (y [S, E, R, M], h [S, E, R, H]) in x's dtype."""
-  S, E, R, M, H, grid, (row_block, expert) = _layout(x, wi, vmem)
-  out_shape = [jax.ShapeDtypeStruct((S, E, R, M), x.dtype), jax.ShapeDtypeStruct((S, E, R, H), x.dtype)]
+  """x [P, E', R, M], wi [E', M, H], wo [E', H, M] (float32) -> (y [P, E', R, M], h [P, E', R, H]) in x's
+  dtype."""
+  P, E, R, M, H, grid, (row_block, expert) = _layout(x, wi, vmem)
+  out_shape = [jax.ShapeDtypeStruct((P, E, R, M), x.dtype), jax.ShapeDtypeStruct((P, E, R, H), x.dtype)]
   nbytes = sum(a.nbytes for a in (x, wi, wo)) + sum(s.size * s.dtype.itemsize for s in out_shape)
   run = _call(_forward_kernel, [row_block(M), expert(M, H), expert(H, M)], [row_block(M), row_block(H)], out_shape,
-              grid, M, H, x.dtype, vmem, 2 * 2 * S * E * R * M * H, nbytes)
+              grid, M, H, x.dtype, vmem, 2 * 2 * P * E * R * M * H, nbytes)
   return tuple(on_tpu(run, x, wi, wo))
 
 
 def _backward(x, h, dy, wi, wo, vmem):
-  """-> (dx [S, E, R, M] in x's dtype, dwi, dwo in float32)."""
-  S, E, R, M, H, grid, (row_block, expert) = _layout(x, wi, vmem)
+  """-> (dx [P, E', R, M] in x's dtype, dwi, dwo in float32)."""
+  P, E, R, M, H, grid, (row_block, expert) = _layout(x, wi, vmem)
   out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(wi.shape, jnp.float32),
                jax.ShapeDtypeStruct(wo.shape, jnp.float32)]
   nbytes = sum(a.nbytes for a in (x, h, dy, wi, wo)) + sum(s.size * s.dtype.itemsize for s in out_shape)
   run = _call(_backward_kernel, [row_block(M), row_block(H), row_block(M), expert(M, H), expert(H, M)],
               [row_block(M), expert(M, H), expert(H, M)], out_shape, grid, M, H, x.dtype, vmem,
-              4 * 2 * S * E * R * M * H, nbytes)
+              4 * 2 * P * E * R * M * H, nbytes)
   return tuple(on_tpu(run, x, h, dy, wi, wo))
 
 
@@ -175,8 +177,8 @@ def expert_ffn(buffers: jax.Array, wi: jax.Array, wo: jax.Array, buffer_axes: tu
   buffer_axes, weight_axes: the logical axes of the buffers, split by groups as the dispatch writes them
   (`moe.layer.EGCM_BY_GROUP`), and of wi (`EMH`). With the experts split over a mesh axis, which must split the
   groups too, the G -> E and E -> G all-to-alls over it happen here: each device sends the slots of each peer's
-  experts and keeps what it receives as it arrives, source-major ([n, E/n, G'·C, M]), which the kernels read as
-  they are (XLA's all-to-all for the EGCM constraint delivers the same and transposes it to [E/n, n·G', C, M] in
+  experts and keeps what it receives as it arrives, peer-major ([P, E', G'·C, M]), which the kernels read as
+  they are (XLA's all-to-all for the EGCM constraint delivers the same and transposes it to [E', P·G', C, M] in
   HBM, and back, forward and backward). `vmem`: the TPU's VMEM in bytes (None: not known), which sets the rows per
   block.
   """
@@ -199,9 +201,9 @@ def expert_ffn(buffers: jax.Array, wi: jax.Array, wo: jax.Array, buffer_axes: tu
   def per_device(x, wi, wo):
     """x [E, G', C, M] (every expert's slots of this device's groups), wi [E', M, H], wo [E', H, M]."""
     E, G, C, M = x.shape
-    n = E // wi.shape[0]
-    x = x.reshape(n, E // n, G * C, M)  # [n, E', G'·C, M]: peer i's experts' slots at i
-    if axis:  # -> [n, E', G'·C, M]: this device's experts' slots from peer i at i
+    P = E // wi.shape[0]
+    x = x.reshape(P, E // P, G * C, M)  # [P, E', G'·C, M]: peer i's experts' slots at i
+    if axis:  # -> [P, E', G'·C, M]: this device's experts' slots from peer i at i
       x = jax.lax.all_to_all(x, axis, 0, 0, tiled=True)
     y = _ffn(x, wi, wo, vmem)
     if axis:
