@@ -205,7 +205,8 @@ def expert_ffn(buffers: jax.Array, wi: jax.Array, wo: jax.Array, buffer_axes: tu
     x = x.reshape(P, E // P, G * C, M)  # [P, E', G'·C, M]: peer i's experts' slots at i
     if axis:  # -> [P, E', G'·C, M]: this device's experts' slots from peer i at i
       x = jax.lax.all_to_all(x, axis, 0, 0, tiled=True)
-    y = _ffn(x, wi, wo, vmem)
+    pad = -(G * C) % 8  # rows of zeros, so that blocks of a multiple of 8 rows divide them (Mosaic's rule)
+    y = _ffn(jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0))), wi, wo, vmem)[:, :, :G * C]
     if axis:
       y = jax.lax.all_to_all(y, axis, 0, 0, tiled=True)
     return y.reshape(E, G, C, M)

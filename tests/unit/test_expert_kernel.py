@@ -50,6 +50,16 @@ def test_kernels_equal_the_einsums_in_float32(vmem):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
+def test_rows_that_no_block_of_8_divides_are_padded():
+  """3 groups of 5 slots: 15 rows per expert, padded to 16 with zeros (empty slots: no output, no gradient)."""
+  x, wi, wo = buffers(C=5)
+  out, grads = value_and_grads(kernel(), x, wi, wo)
+  want, want_grads = value_and_grads(lambda *a: expert_ffn(*a, constrain=False), x, wi, wo)
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+  for g, w in zip(grads, want_grads):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
 def test_kernels_equal_the_einsums_in_bfloat16():
   """bf16 buffers: both round the hidden activation and the cotangents to bf16 where the einsums do; the weights'
   gradients stay float32."""
