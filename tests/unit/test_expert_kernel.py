@@ -177,3 +177,27 @@ def test_the_kernels_compile_for_a_tpu_charged_what_they_declare():
   flops_per_s = roofline.compiler_roofline(device)[0]
   declared = 6 * 2 * 8 * 32 * 80 * 512 * 2048 / flops_per_s
   assert tpu.compiler_cost(program)["optimal_seconds"] < 1.15 * declared
+
+
+def test_build_warns_off_a_tpu_and_refuses_what_does_not_fit_one(caplog):
+  """On the CPU: a warning that the kernels are interpreted (none for a dense model). For a v5p (compile-only
+  devices, nothing compiled): a one-line refusal, before compiling, of experts whose weights do not fit VMEM."""
+  import logging
+
+  from gshard_mt.compiler import tpu
+  from gshard_mt.training.setup import build
+  from tests.helpers import small_config
+
+  with caplog.at_level(logging.WARNING, logger="gshard_mt.training.setup"):
+    build(small_config(**{"moe.expert_kernel": "pallas"}), 600)
+  assert "moe.expert_kernel='pallas' runs its kernels in Pallas's interpret mode off a TPU (cpu)" in caplog.text
+  caplog.clear()
+  with caplog.at_level(logging.WARNING, logger="gshard_mt.training.setup"):
+    build(small_config(**{"moe.expert_kernel": "pallas", "model.moe_interval": "0"}), 600)
+  assert "interpret mode" not in caplog.text
+  devices = tpu.topology_devices("v5p:2x2x1")
+  build(small_config(**{"moe.expert_kernel": "pallas", "model.dtype": "bfloat16"}), 600, devices=devices)
+  with pytest.raises(ConfigError, match=r"moe.expert_kernel='pallas' on TPU v5: it holds each expert's weights and "
+                                        r"their gradients in VMEM: .* MiB at M=1024, H=8192.*; use moe.expert_kernel='xla'"):
+    build(small_config(**{"moe.expert_kernel": "pallas", "model.dtype": "bfloat16", "model.emb_dim": "1024",
+                          "moe.hidden_dim": "8192"}), 600, devices=devices)
