@@ -197,7 +197,8 @@ def test_build_warns_off_a_tpu_and_refuses_what_does_not_fit_one(caplog):
   assert "interpret mode" not in caplog.text
   devices = tpu.topology_devices("v5p:2x2x1")
   build(small_config(**{"moe.expert_kernel": "pallas", "model.dtype": "bfloat16"}), 600, devices=devices)
-  with pytest.raises(ConfigError, match=r"moe.expert_kernel='pallas' on TPU v5: it holds each expert's weights and "
-                                        r"their gradients in VMEM: .* MiB at M=1024, H=8192.*; use moe.expert_kernel='xla'"):
+  refusal = (r"moe.expert_kernel='pallas' on TPU v5: it holds each expert's weights and their gradients in VMEM: "
+             r".* MiB at M=1024, H=8192.*; use moe.expert_kernel='xla'")
+  with pytest.raises(ConfigError, match=refusal):
     build(small_config(**{"moe.expert_kernel": "pallas", "model.dtype": "bfloat16", "model.emb_dim": "1024",
                           "moe.hidden_dim": "8192"}), 600, devices=devices)
