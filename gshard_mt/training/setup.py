@@ -75,6 +75,8 @@ def _pallas_config(config, model_cfg, device):
   keys = [key for key, value in (("model.attention", model_cfg.attention),
                                  ("moe.expert_kernel", model_cfg.moe.expert_kernel if model_cfg.moe_interval else ""))
           if value == "pallas"]
+  if not keys:
+    return model_cfg
   if device.platform != "tpu":
     for key in keys:
       _warn_interpreted(key, device.platform)
