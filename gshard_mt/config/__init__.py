@@ -216,6 +216,11 @@ def _validate_moe(config):
     if interval and config.model[key] % interval:
       raise ConfigError(f"model.{key}={config.model[key]} is not a multiple of model.moe_interval={interval}")
   expert_axis = config.mesh.expert * mesh_lib.dcn_shape(config)[1]
+  model_axis = config.mesh.model * mesh_lib.dcn_shape(config)[2]
+  if interval and moe.expert_kernel == "pallas" and config.partitioning == "expert_model" and model_axis > 1:
+    raise ConfigError(f"moe.expert_kernel='pallas' needs each expert's H whole on a device: "
+                      f"partitioning='expert_model' splits it over mesh.model={config.mesh.model}; use "
+                      "moe.expert_kernel='xla', or mesh.model=1")
   if interval and expert_axis > 1 and moe.num_experts % expert_axis:
     raise ConfigError(f"moe.num_experts={moe.num_experts} is not divisible by the expert axis, "
                       f"mesh.expert={config.mesh.expert} x dcn_mesh.expert={config.dcn_mesh.expert}")

@@ -13,7 +13,7 @@ from gshard_mt.errors import ConfigError
 from gshard_mt.moe import expert_kernel
 from gshard_mt.moe.config import MoeConfig
 from gshard_mt.moe.layer import expert_ffn
-from tests.helpers import run_on_cpu_devices
+from tests.helpers import ROOT, run_on_cpu_devices
 
 
 def buffers(E=2, G=3, C=8, M=16, H=32, dtype=jnp.float32, seed=0):
@@ -99,6 +99,16 @@ def test_tpu_problem_names_what_does_not_fit():
 def test_config_refuses_what_the_kernels_do_not_compute(change, message):
   with pytest.raises(ConfigError, match=message):
     MoeConfig(**{"expert_kernel": "pallas", **change}).validate()
+
+
+def test_config_refuses_the_experts_hidden_dim_split_over_model():
+  from gshard_mt import config as config_lib
+  from tests.helpers import small_overrides
+
+  with pytest.raises(ConfigError, match=r"moe.expert_kernel='pallas' needs each expert's H whole on a device: "
+                                        r"partitioning='expert_model' splits it over mesh.model=2"):
+    config_lib.load(ROOT / "configs" / "tiny.py", small_overrides(**{
+        "moe.expert_kernel": "pallas", "partitioning": "expert_model", "mesh.model": "2"}))
 
 
 def moe_layer_outputs_and_grads(kernel_name: str):
