@@ -32,9 +32,10 @@ from jax.experimental.pallas import tpu as pltpu
 from gshard_mt.model import pallas_vmem
 from gshard_mt.model.layers import NEG_INF, attention_mask, norm_terms
 
-_NN = (((1,), (0,)), ((), ()))  # x y
-_NT = (((1,), (1,)), ((), ()))  # x y^T
-_TN = (((0,), (0,)), ((), ()))  # x^T y
+# `dot`'s dimension numbers (its matmuls accumulate in float32); moe.expert_kernel's kernels use them too.
+NN = (((1,), (0,)), ((), ()))  # x y
+NT = (((1,), (1,)), ((), ()))  # x y^T
+TN = (((0,), (0,)), ((), ()))  # x^T y
 # Matmuls of an [rows, M] x [M, A·D] projection, per query row and per key row, and of a row's [Q, K] x D head
 # matmuls, per kernel. Forward: q, output | k, v | scores, probs x v. Backward, all recomputed: q, do, dwo, dwq, dq
 # | k, v, dwk, dwv, dk, dv | scores, probs x v (for dwo), dv, dp, dq, dk.
@@ -42,7 +43,7 @@ FORWARD_MATMULS = (2, 2, 2)
 BACKWARD_MATMULS = (5, 6, 6)
 
 
-def _dot(x, y, dims=_NN):
+def dot(x, y, dims=NN):
   return jax.lax.dot_general(x, y, dims, preferred_element_type=jnp.float32)
 
 
@@ -57,7 +58,7 @@ def _attend(q, k, qs_ref, ks_ref, heads: int, causal: bool, each):
     qr, kr = slice(r * Q, (r + 1) * Q), slice(r * K, (r + 1) * K)
     for a in range(heads):
       cols = slice(a * D, (a + 1) * D)
-      scores = _dot(q[qr, cols], k[kr, cols], _NT)
+      scores = dot(q[qr, cols], k[kr, cols], NT)
       each(qr, kr, cols, jax.nn.softmax(jnp.where(mask, scores, NEG_INF), -1))
 
 
@@ -74,7 +75,7 @@ def _project(xq, xk, weights, heads: int):
   dt = xq.dtype
   wq, wk, wv, wo = (w[...] for w in weights)
   scale = (wq.shape[1] // heads) ** -0.5
-  q, k, v = (_dot(xq, wq) * scale).astype(dt), _dot(xk, wk).astype(dt), _dot(xk, wv).astype(dt)
+  q, k, v = (dot(xq, wq) * scale).astype(dt), dot(xk, wk).astype(dt), dot(xk, wv).astype(dt)
   return q, k, v, (wq, wk, wv, wo), scale
 
 
@@ -93,10 +94,10 @@ def _forward_kernel(*refs, heads: int, causal: bool, shared: bool):
   q, k, v, (_, _, _, wo), _ = _project(xn, xn if shared else kv_ref[...], (wq_ref, wk_ref, wv_ref, wo_ref), heads)
 
   def each(qr, kr, cols, probs):
-    o_scr[qr, cols] = _dot(probs.astype(v.dtype), v[kr, cols])
+    o_scr[qr, cols] = dot(probs.astype(v.dtype), v[kr, cols])
 
   _attend(q, k, qs_ref, ks_ref, heads, causal, each)
-  y_ref[...] = _dot(o_scr[...].astype(wo.dtype), wo).astype(y_ref.dtype)
+  y_ref[...] = dot(o_scr[...].astype(wo.dtype), wo).astype(y_ref.dtype)
 
 
 def _backward_kernel(*refs, heads: int, causal: bool, shared: bool):
@@ -112,16 +113,16 @@ def _backward_kernel(*refs, heads: int, causal: bool, shared: bool):
   xn = xn.astype(wq_ref.dtype)
   xk, dy = xn if shared else kv_ref[...], dy_ref[...]
   q, k, v, (wq, wk, wv, wo), scale = _project(xn, xk, (wq_ref, wk_ref, wv_ref, wo_ref), heads)
-  do = _dot(dy, wo, _NT).astype(dy.dtype)  # [R·Q, A·D]
+  do = dot(dy, wo, NT).astype(dy.dtype)  # [R·Q, A·D]
 
   def each(qr, kr, cols, probs):
     p = probs.astype(v.dtype)
-    o_scr[qr, cols] = _dot(p, v[kr, cols])
-    dv_scr[kr, cols] = _dot(p, do[qr, cols], _TN)
-    dp = _dot(do[qr, cols], v[kr, cols], _NT)
+    o_scr[qr, cols] = dot(p, v[kr, cols])
+    dv_scr[kr, cols] = dot(p, do[qr, cols], TN)
+    dp = dot(do[qr, cols], v[kr, cols], NT)
     ds = (probs * (dp - jnp.sum(dp * probs, -1, keepdims=True))).astype(q.dtype)  # softmax's backward
-    dq_scr[qr, cols] = _dot(ds, k[kr, cols]) * scale
-    dk_scr[kr, cols] = _dot(ds, q[qr, cols], _TN)
+    dq_scr[qr, cols] = dot(ds, k[kr, cols]) * scale
+    dk_scr[kr, cols] = dot(ds, q[qr, cols], TN)
 
   _attend(q, k, qs_ref, ks_ref, heads, causal, each)
 
@@ -131,11 +132,11 @@ def _backward_kernel(*refs, heads: int, causal: bool, shared: bool):
       ref[...] = jnp.zeros_like(ref)
 
   dq, dk, dv = (s[...].astype(xn.dtype) for s in (dq_scr, dk_scr, dv_scr))
-  dwo_ref[0] += _dot(o_scr[...].astype(dy.dtype), dy, _TN)
-  dwq_ref[0] += _dot(xn, dq, _TN)
-  dwk_ref[0] += _dot(xk, dk, _TN)
-  dwv_ref[0] += _dot(xk, dv, _TN)
-  dxn, dkv = _dot(dq, wq, _NT), _dot(dk, wk, _NT) + _dot(dv, wv, _NT)
+  dwo_ref[0] += dot(o_scr[...].astype(dy.dtype), dy, TN)
+  dwq_ref[0] += dot(xn, dq, TN)
+  dwk_ref[0] += dot(xk, dk, TN)
+  dwv_ref[0] += dot(xk, dv, TN)
+  dxn, dkv = dot(dq, wq, NT), dot(dk, wk, NT) + dot(dv, wv, NT)
   dxn = dxn + dkv if shared else dxn  # float32 [R·Q, M]: the normalized rows' cotangent
   dscale_ref[0] += jnp.sum(dxn * x_hat, 0, keepdims=True)
   dbias_ref[0] += jnp.sum(dxn, 0, keepdims=True)

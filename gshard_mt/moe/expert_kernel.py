@@ -28,17 +28,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from gshard_mt.model import pallas_vmem
-from gshard_mt.model.pallas_attention import on_tpu
+from gshard_mt.model.pallas_attention import NT, TN, dot, on_tpu
 from gshard_mt.moe.manual import axes_of
 
-_NN = (((1,), (0,)), ((), ()))  # x y
-_NT = (((1,), (1,)), ((), ()))  # x y^T
-_TN = (((0,), (0,)), ((), ()))  # x^T y
 MAX_ROWS = 1024  # rows per block at most: past that a block only holds more VMEM
-
-
-def _dot(x, y, dims=_NN):
-  return jax.lax.dot_general(x, y, dims, preferred_element_type=jnp.float32)
 
 
 def vmem_bytes(rows: int, M: int, H: int, itemsize: int) -> int:
@@ -82,9 +75,9 @@ def _cast_weights(wi_ref, wo_ref, wi_c, wo_c):
 
 def _forward_kernel(x_ref, wi_ref, wo_ref, y_ref, h_ref, wi_c, wo_c):
   _cast_weights(wi_ref, wo_ref, wi_c, wo_c)
-  h = jnp.maximum(_dot(x_ref[0, 0], wi_c[...]), 0).astype(h_ref.dtype)  # [T, H]
+  h = jnp.maximum(dot(x_ref[0, 0], wi_c[...]), 0).astype(h_ref.dtype)  # [T, H]
   h_ref[0, 0] = h
-  y_ref[0, 0] = _dot(h, wo_c[...]).astype(y_ref.dtype)  # [T, M]
+  y_ref[0, 0] = dot(h, wo_c[...]).astype(y_ref.dtype)  # [T, M]
 
 
 def _backward_kernel(x_ref, h_ref, dy_ref, wi_ref, wo_ref, dx_ref, dwi_ref, dwo_ref, wi_c, wo_c):
@@ -96,10 +89,10 @@ def _backward_kernel(x_ref, h_ref, dy_ref, wi_ref, wo_ref, dx_ref, dwi_ref, dwo_
     dwo_ref[...] = jnp.zeros_like(dwo_ref)
 
   x, h, dy = x_ref[0, 0], h_ref[0, 0], dy_ref[0, 0]
-  da = jnp.where(h > 0, _dot(dy, wo_c[...], _NT), 0).astype(x.dtype)  # [T, H]: the ReLU's backward
-  dx_ref[0, 0] = _dot(da, wi_c[...], _NT).astype(dx_ref.dtype)
-  dwo_ref[0] += _dot(h, dy, _TN)
-  dwi_ref[0] += _dot(x, da, _TN)
+  da = jnp.where(h > 0, dot(dy, wo_c[...], NT), 0).astype(x.dtype)  # [T, H]: the ReLU's backward
+  dx_ref[0, 0] = dot(da, wi_c[...], NT).astype(dx_ref.dtype)
+  dwo_ref[0] += dot(h, dy, TN)
+  dwi_ref[0] += dot(x, da, TN)
 
 
 def _specs(rows: int):
@@ -182,24 +175,9 @@ def expert_ffn(buffers: jax.Array, wi: jax.Array, wo: jax.Array, buffer_axes: tu
   HBM, and back, forward and backward). `vmem`: the TPU's VMEM in bytes (None: not known), which sets the rows per
   block.
   """
-  mesh = jax.sharding.get_abstract_mesh()
-  sizes = {} if mesh.empty else dict(mesh.shape)
-  if mesh.empty:
-    buffer_spec = weight_spec = (None, None, None)
-  else:
-    buffer_spec, weight_spec = nn.logical_to_mesh_axes(buffer_axes), nn.logical_to_mesh_axes(weight_axes)
-  if weight_spec[2] is not None:
-    raise ValueError(f"moe.expert_kernel='pallas' needs each expert's H whole on a device; the rules place it on "
-                     f"{weight_spec[2]!r}")
-  expert_axes = axes_of(weight_spec[0])
-  if len(expert_axes) > 1 or set(expert_axes) - set(axes_of(buffer_spec[1])) or buffer_spec[0] is not None:
-    raise ValueError(f"moe.expert_kernel='pallas' needs the experts on at most one mesh axis that splits the "
-                     f"groups too, and buffers split by groups only: the rules give E {weight_spec[0]!r}, the "
-                     f"buffers {buffer_spec!r}")
-  axis = expert_axes[0] if expert_axes and sizes.get(expert_axes[0], 1) > 1 else None
-
-  def per_device(x, wi, wo):
-    """x [E, G', C, M] (every expert's slots of this device's groups), wi [E', M, H], wo [E', H, M]."""
+  def per_device(x, wi, wo, axis=None):
+    """x [E, G', C, M] (every expert's slots of this device's groups), wi [E', M, H], wo [E', H, M]; `axis`: the
+    experts' mesh axis (None: not split)."""
     E, G, C, M = x.shape
     P = E // wi.shape[0]
     x = x.reshape(P, E // P, G * C, M)  # [P, E', G'·C, M]: peer i's experts' slots at i
@@ -211,10 +189,21 @@ def expert_ffn(buffers: jax.Array, wi: jax.Array, wo: jax.Array, buffer_axes: tu
       y = jax.lax.all_to_all(y, axis, 0, 0, tiled=True)
     return y.reshape(E, G, C, M)
 
+  mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return per_device(buffers, wi, wo)
+  buffer_spec, weight_spec = nn.logical_to_mesh_axes(buffer_axes), nn.logical_to_mesh_axes(weight_axes)
+  if weight_spec[2] is not None:
+    raise ValueError(f"moe.expert_kernel='pallas' needs each expert's H whole on a device; the rules place it on "
+                     f"{weight_spec[2]!r}")
+  expert_axes = axes_of(weight_spec[0])
+  if len(expert_axes) > 1 or set(expert_axes) - set(axes_of(buffer_spec[1])) or buffer_spec[0] is not None:
+    raise ValueError(f"moe.expert_kernel='pallas' needs the experts on at most one mesh axis that splits the "
+                     f"groups too, and buffers split by groups only: the rules give E {weight_spec[0]!r}, the "
+                     f"buffers {buffer_spec!r}")
+  axis = expert_axes[0] if expert_axes and mesh.shape[expert_axes[0]] > 1 else None
   w_out = jax.sharding.PartitionSpec(weight_spec[0], None, None)
   # check_vma=False: the kernels' outputs vary as their inputs do, which Pallas cannot infer; shard_map's
   # transpose then sums the weights' per-device gradients over the mesh axes that split only the groups.
-  return jax.shard_map(per_device, mesh=mesh, in_specs=(buffer_spec, weight_spec, w_out), out_specs=buffer_spec,
-                       check_vma=False)(buffers, wi, wo)
+  return jax.shard_map(functools.partial(per_device, axis=axis), mesh=mesh, in_specs=(buffer_spec, weight_spec, w_out),
+                       out_specs=buffer_spec, check_vma=False)(buffers, wi, wo)
