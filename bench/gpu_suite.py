@@ -19,8 +19,9 @@ Sections:
   (compiled and warmed up first; batches staged on the device beforehand): step time, real tokens/s and MFU
   (`gshard_mt.training.metrics`: the step's model FLOPs as the dry run counts them, against the device's peak
   bf16 FLOP/s), for the (config, variant) pairs of RUNS, each against its config's defaults (VARIANTS: dropout 0,
-  rbg dropout bits, fused attention, a bf16 residual stream, all of them, the layers scanned, the index dispatch
-  with gathers for its backward passes, the grouped dispatch with the Mosaic GPU kernels; --runs picks others).
+  rbg dropout bits, fused attention, a bf16 residual stream, all of them, all with dropout 0, the layers scanned,
+  the index dispatch with gathers for its backward passes, the grouped dispatch with the Mosaic GPU kernels;
+  --runs picks others).
 - Profile: a few training steps of each config traced by bench/profile_step.py in a process of its own (XLA's
   GPU command buffers off): device time per step by part of the model (the parts of bench/step_breakdown.py's
   TPU estimate), the matmuls' share, the idle gaps and the longest instructions.
@@ -96,16 +97,17 @@ VARIANTS = {
     "bf16 residual": {"model.residual_dtype": "bfloat16"},
 }
 VARIANTS["all"] = {k: v for overrides in list(VARIANTS.values())[2:] for k, v in overrides.items()}
+VARIANTS["all and dropout 0"] = VARIANTS["all"] | VARIANTS["dropout 0"]  # the fastest step, MaxText's setting
 VARIANTS["scanned"] = {"model.scan_layers": "True"}  # the layers in a loop (the configs unroll them)
 VARIANTS["index gather"] = {"moe.dispatch": "index_gather"}  # the MoE layer's backward gathers, no scatter-add
 # Rows in blocks by expert, by the Mosaic GPU grouped matmuls (ragged_dot off a GPU).
 VARIANTS["grouped mosaic"] = {"moe.dispatch": "grouped", "moe.grouped_kernel": "mosaic_gpu"}
 # (config, variant) timed by the training section, about 30 s of compiling each with the layers unrolled, so that
-# the whole suite fits a 10-minute command: each config's defaults and all, the dense step with dropout 0 and
-# scanned, base with the index dispatch's gathers and with the Mosaic GPU grouped matmuls (each single option is
-# one --runs away); --small: the defaults and all of each.
-RUNS = {False: [("dense_base", v) for v in ("defaults", "dropout 0", "all", "scanned")] + [
-            ("base", v) for v in ("defaults", "all", "index gather", "grouped mosaic")],
+# the whole suite fits a 10-minute command: each config's defaults, all, and all with dropout 0, and base with the
+# Mosaic GPU grouped matmuls (each single option is one --runs away; the MoE section times the index dispatch's
+# gathers); --small: the defaults and all of each.
+RUNS = {False: [(c, v) for c in CONFIGS for v in ("defaults", "all", "all and dropout 0")] + [
+            ("base", "grouped mosaic")],
         True: [(c, v) for c in CONFIGS for v in ("defaults", "all")]}
 # Tiles of the Mosaic GPU grouped matmuls that the MoE section tries (the first is the layer's own), from the
 # space that JAX's own tuning of these kernels searches.
