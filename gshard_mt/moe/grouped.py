@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from gshard_mt.errors import ConfigError
 from gshard_mt.moe.config import GROUPED_KERNELS
 
+ROW_TILE = 8  # the rows of JAX's Mosaic GPU grouped matmuls, in tiles of 8 (MosaicGpu pads them)
 # lhs [R, X] by each group's rhs [E, X, Y]: [R, Y] (`jax.lax.ragged_dot`'s own).
 _RAGGED = jax.lax.RaggedDotDimensionNumbers((([1], [1]), ([], [])), lhs_ragged_dimensions=[0],
                                             rhs_group_dimensions=[0])
@@ -78,19 +79,22 @@ class MosaicGpu:
     # Imported where used: JAX's kernel examples may move between versions without breaking the other paths.
     from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
 
+    R = x.shape[0]
+    group_sizes, (x,) = _whole_row_tiles(group_sizes, x)
     return ragged_dot_mgpu.ragged_dot(x, w.astype(x.dtype), group_sizes=group_sizes, transpose_rhs=transpose,
-                                      **self.tiles)
+                                      **self.tiles)[:R]
 
   def by_rows(self, x: jax.Array, y: jax.Array, group_sizes: jax.Array, dtype) -> jax.Array:
     """As RaggedDot.by_rows; the kernel writes x's dtype, cast to `dtype` after."""
     from jax.experimental.pallas.ops.gpu import transposed_ragged_dot_mgpu
 
+    group_sizes, (x, y) = _whole_row_tiles(group_sizes, x, y)
     return transposed_ragged_dot_mgpu.transposed_ragged_dot(x, y, group_sizes=group_sizes, **self.tiles).astype(dtype)
 
   def check(self, model_dim: int, hidden_dim: int, dtype) -> None:
     """ConfigError unless the kernels can take these shapes: the rows in bf16 or f16, M and H multiples of the
     tiles (each of M and H is a contracted dimension (block_k), an output one (block_n) and the weight-gradient
-    kernel's row one (block_m) in some call; the rows R may be any number)."""
+    kernel's row one (block_m) in some call; the rows R may be any number: they are padded to whole row tiles)."""
     if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
       raise ConfigError(f"moe.grouped_kernel='mosaic_gpu' multiplies bf16 or f16 rows, not {jnp.dtype(dtype).name} "
                         "(model.dtype)")
@@ -98,6 +102,16 @@ class MosaicGpu:
     for key, dim in (("model.emb_dim", model_dim), ("moe.hidden_dim", hidden_dim)):
       if dim % step:
         raise ConfigError(f"{key}={dim}: moe.grouped_kernel='mosaic_gpu' needs a multiple of {step} (its tiles)")
+
+
+def _whole_row_tiles(group_sizes: jax.Array, *xs: jax.Array) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+  """The Mosaic GPU kernels' rows come in tiles of ROW_TILE (a row count that is not a multiple fails as the
+  kernel lowers): each of xs [R, .] with zero rows appended up to a multiple, counted in the last group, where
+  they add nothing to any product. R rows already a multiple pass as they are."""
+  pad = -xs[0].shape[0] % ROW_TILE
+  if not pad:
+    return group_sizes, xs
+  return group_sizes.at[-1].add(pad), tuple(jnp.pad(x, ((0, pad), (0, 0))) for x in xs)
 
 
 def kernels_for(name: str, model_dim: int, hidden_dim: int, dtype) -> RaggedDot | MosaicGpu:

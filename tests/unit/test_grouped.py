@@ -74,7 +74,7 @@ def test_grouped_expert_ffn_reads_float32_weights_without_a_cast_on_tpu():
   copy of an [E, M, H] weight is made. On the CPU the weights are cast first."""
   from gshard_mt.compiler import tpu
 
-  E_, M_, H_, R = 4, 128, 256, 512
+  E_, M_, H_, R = 4, 128, 256, 301
   grad = jax.grad(lambda r, wi, wo, sizes: jnp.sum(grouped.grouped_expert_ffn(r, sizes, wi, wo).astype(
       jnp.float32) ** 2), argnums=(0, 1, 2))
 
@@ -91,7 +91,8 @@ def test_grouped_expert_ffn_reads_float32_weights_without_a_cast_on_tpu():
 
 def mosaic_references(monkeypatch) -> list:
   """Replaces the two Mosaic GPU kernels (which run on a Hopper GPU only) by references that check what the real
-  ones check (one dtype for both operands, the tiles dividing the dimensions they tile) and compute their products
+  ones check (one dtype for both operands, the tiles dividing the dimensions they tile, the rows whole row tiles,
+  which the real ones check as they lower) and compute their products
   with XLA's ragged_dot, in the operands' dtype as the kernels write it. Returns the list of calls made."""
   calls = []
 
@@ -104,12 +105,14 @@ def mosaic_references(monkeypatch) -> list:
     assert lhs.dtype == rhs.dtype
     rhs = rhs.transpose(0, 2, 1) if transpose_rhs else rhs
     assert lhs.shape[1] % block_k == 0 and rhs.shape[2] % block_n == 0, (lhs.shape, rhs.shape, tiles)
+    assert lhs.shape[0] % grouped.ROW_TILE == 0, lhs.shape
     calls.append(("ragged_dot", transpose_rhs))
     return jax.lax.ragged_dot(lhs, rhs, group_sizes)
 
   def transposed_ragged_dot(lhs, rhs, *, group_sizes, **tiles):  # lhs [R, X] rhs [R, Y] -> [G, X, Y]
     block_m, block_n, _ = tiles_of(tiles)
     assert lhs.dtype == rhs.dtype and lhs.shape[1] % block_m == 0 and rhs.shape[1] % block_n == 0
+    assert lhs.shape[0] % grouped.ROW_TILE == 0, lhs.shape
     calls.append(("transposed_ragged_dot", None))
     out = transposed_ragged_dot_mgpu.ref_transposed_ragged_dot(lhs, rhs, group_sizes)
     return out.astype(lhs.dtype)
@@ -239,12 +242,13 @@ def test_which_kernels_each_backend_gets(monkeypatch):
 
 def test_the_mosaic_gpu_path_lowers_for_a_gpu(monkeypatch):
   """The real kernels, forward and backward, lowered for CUDA on this CPU host (Mosaic GPU compiles each kernel
-  as it lowers): six Mosaic GPU calls and no XLA ragged_dot. The weight-gradient kernel asks the first device
-  for its SMs, which a CPU device does not have: it is told an H100's 132."""
+  as it lowers, and refuses rows that are not whole tiles of 8, as on the H100): six Mosaic GPU calls and no XLA
+  ragged_dot, with rows a multiple of no tile. The weight-gradient kernel asks the first device for its SMs, which
+  a CPU device does not have: it is told an H100's 132."""
   gpu = types.SimpleNamespace(core_count=132)
   fake_jax = types.SimpleNamespace(**{**vars(jax), "devices": lambda *a: [gpu]})
   monkeypatch.setattr(transposed_ragged_dot_mgpu, "jax", fake_jax)
-  E_, M_, H_, R = 4, 128, 256, 512
+  E_, M_, H_, R = 4, 128, 256, 301
   grad = jax.grad(lambda r, wi, wo, sizes: jnp.sum(grouped.grouped_expert_ffn(
       r, sizes, wi, wo, jax.nn.relu, grouped.MosaicGpu()).astype(jnp.float32) ** 2), argnums=(0, 1, 2))
   args = [jax.ShapeDtypeStruct(s, d) for s, d in [((R, M_), BF16), ((E_, M_, H_), jnp.float32),
