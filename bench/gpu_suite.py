@@ -20,8 +20,8 @@ Sections:
   (`gshard_mt.training.metrics`: the step's model FLOPs as the dry run counts them, against the device's peak
   bf16 FLOP/s), for the (config, variant) pairs of RUNS, each against its config's defaults (VARIANTS: dropout 0,
   rbg dropout bits, fused attention, a bf16 residual stream, all of them, all with dropout 0, the layers scanned,
-  the index dispatch with gathers for its backward passes, the grouped dispatch with the Mosaic GPU kernels;
-  --runs picks others).
+  the index dispatch with gathers for its backward passes (alone and with all), the grouped dispatch with the
+  Mosaic GPU kernels; --runs picks others).
 - Profile: a few training steps of each config traced by bench/profile_step.py in a process of its own (XLA's
   GPU command buffers off): device time per step by part of the model (the parts of bench/step_breakdown.py's
   TPU estimate), the matmuls' share, the idle gaps and the longest instructions.
@@ -100,14 +100,16 @@ VARIANTS["all"] = {k: v for overrides in list(VARIANTS.values())[2:] for k, v in
 VARIANTS["all and dropout 0"] = VARIANTS["all"] | VARIANTS["dropout 0"]  # the fastest step, MaxText's setting
 VARIANTS["scanned"] = {"model.scan_layers": "True"}  # the layers in a loop (the configs unroll them)
 VARIANTS["index gather"] = {"moe.dispatch": "index_gather"}  # the MoE layer's backward gathers, no scatter-add
+VARIANTS["all and index gather"] = VARIANTS["all"] | VARIANTS["index gather"]  # the fastest MoE layer on an H100
 # Rows in blocks by expert, by the Mosaic GPU grouped matmuls (ragged_dot off a GPU).
 VARIANTS["grouped mosaic"] = {"moe.dispatch": "grouped", "moe.grouped_kernel": "mosaic_gpu"}
-# (config, variant) timed by the training section, about 30 s of compiling each with the layers unrolled, so that
-# the whole suite fits a 10-minute command: each config's defaults, all, and all with dropout 0, and base with the
-# Mosaic GPU grouped matmuls (each single option is one --runs away; the MoE section times the index dispatch's
-# gathers); --small: the defaults and all of each.
-RUNS = {False: [(c, v) for c in CONFIGS for v in ("defaults", "all", "all and dropout 0")] + [
-            ("base", "grouped mosaic")],
+# (config, variant) timed by the training section, 30 to 40 s of compiling each with the layers unrolled on an H100,
+# so that the whole suite fits a 10-minute command: the two configs' defaults and all, the dense step with all and
+# dropout 0, base with all and the index dispatch's gathers (the fastest MoE layer there) and with the Mosaic GPU
+# grouped matmuls last (its compile took more than 90 s on 2026-11-26); each single option is one --runs away;
+# --small: the defaults and all of each.
+RUNS = {False: [("dense_base", "defaults"), ("base", "defaults"), ("dense_base", "all"), ("base", "all"),
+                ("dense_base", "all and dropout 0"), ("base", "all and index gather"), ("base", "grouped mosaic")],
         True: [(c, v) for c in CONFIGS for v in ("defaults", "all")]}
 # Tiles of the Mosaic GPU grouped matmuls that the MoE section tries (the first is the layer's own), from the
 # space that JAX's own tuning of these kernels searches.
