@@ -7,12 +7,18 @@ import tempfile
 import pytest
 
 # One compilation cache per test session (also inherited by subprocesses): tests that build the same small
-# model share its compiled programs instead of compiling them again.
-os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="gshard_mt_jax_cache_")
+# model share its compiled programs instead of compiling them again. Removed when the session ends (it grows to
+# ~90 MB, and every session makes a new one).
+COMPILATION_CACHE = tempfile.mkdtemp(prefix="gshard_mt_jax_cache_")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = COMPILATION_CACHE
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 from tests.helpers import small_config  # noqa: E402
+
+
+def pytest_sessionfinish(session, exitstatus):
+  shutil.rmtree(COMPILATION_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
