@@ -31,20 +31,13 @@ from jax.experimental.pallas import tpu as pltpu
 
 from gshard_mt.model import pallas_vmem
 from gshard_mt.model.layers import NEG_INF, attention_mask, norm_terms
+from gshard_mt.pallas_tpu import NT, TN, dot, on_tpu
 
-# `dot`'s dimension numbers (its matmuls accumulate in float32); moe.expert_kernel's kernels use them too.
-NN = (((1,), (0,)), ((), ()))  # x y
-NT = (((1,), (1,)), ((), ()))  # x y^T
-TN = (((0,), (0,)), ((), ()))  # x^T y
 # Matmuls of an [rows, M] x [M, A·D] projection, per query row and per key row, and of a row's [Q, K] x D head
 # matmuls, per kernel. Forward: q, output | k, v | scores, probs x v. Backward, all recomputed: q, do, dwo, dwq, dq
 # | k, v, dwk, dwv, dk, dv | scores, probs x v (for dwo), dv, dp, dq, dk.
 FORWARD_MATMULS = (2, 2, 2)
 BACKWARD_MATMULS = (5, 6, 6)
-
-
-def dot(x, y, dims=NN):
-  return jax.lax.dot_general(x, y, dims, preferred_element_type=jnp.float32)
 
 
 def _attend(q, k, qs_ref, ks_ref, heads: int, causal: bool, each):
@@ -217,18 +210,6 @@ def _backward(xs, params, dy, q_segments, k_segments, heads: int, causal: bool, 
       interpret=interpret)
   grads = on_tpu(run, *xs, *params, dy, q_segments, k_segments)
   return tuple(grads[:len(xs)]), tuple(g.sum(0) for g in grads[len(xs):])
-
-
-def on_tpu(run, *args, pin_from: int = 0, elsewhere=None):
-  """`run(interpret=False)` compiled for a TPU; for any other platform `elsewhere` (default: Pallas's interpret
-  mode, `run(True)`): chosen where the program is lowered, not by the host's default backend (a TPU program
-  compiled ahead of time on a CPU host gets the kernels). On a TPU the args from `pin_from` on stay in HBM, where
-  the kernel's blocks stream from: left to it, the compiler copies whole operands into VMEM ahead of a call,
-  which its estimate charges at about twice the call (bench/RESULTS.md, "Adafactor in three passes")."""
-  def pinned(*args):
-    return run(False)(*args[:pin_from], *(pltpu.with_memory_space_constraint(x, pltpu.HBM)
-                                          for x in args[pin_from:]))
-  return jax.lax.platform_dependent(*args, tpu=pinned, default=elsewhere or run(True))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))

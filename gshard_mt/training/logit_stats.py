@@ -22,7 +22,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 from gshard_mt.model import pallas_vmem
-from gshard_mt.model.pallas_attention import on_tpu
+from gshard_mt.pallas_tpu import on_tpu
 
 BLOCK_BYTES = 4 << 20  # one [T, V] block in float32: the double-buffered input and the working copies fit VMEM
 
