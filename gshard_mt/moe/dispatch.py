@@ -67,11 +67,15 @@ def _by_group(a: jax.Array, index: jax.Array, batch: int) -> jax.Array:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def take_slots(y: jax.Array, slot: jax.Array, num_experts: int, capacity: int) -> jax.Array:
-  """y [E, G, C, M] read in place, slot int32 [K, G, S] = e * C + c of each assignment -> [K, G, S, M].
+  """y [E, G, C, M] read in place, slot int32 [K, G, S] = e * C + c of each kept assignment, E * C of a dropped one
+  (which reads the last slot, for the caller to weigh 0) -> [K, G, S, M].
 
-  The backward pass scatter-adds into G-major buffers [G, E, C, M] and then transposes them: with G not the
-  leading dimension of the scatter's operand, XLA's TPU compiler turns the scatter-add into a loop at some shapes.
+  The backward pass scatters into G-major buffers [G, E, C, M] and then transposes them: with G not the leading
+  dimension of the scatter's operand, XLA's TPU compiler turns the scatter-add into a loop at some shapes. Each
+  slot holds at most one kept assignment and dropped ones fall out of bounds, so the scatter says its indices
+  are unique: XLA's GPU scatter then stores instead of adding atomically.
   """
+  slot = jnp.minimum(slot, num_experts * capacity - 1)
   return _by_group(y, jnp.stack([slot // capacity, slot % capacity], -1), batch=1)
 
 
@@ -81,7 +85,8 @@ def _take_slots_forward(y, slot, num_experts, capacity):
 
 def _take_slots_backward(num_experts, capacity, slot, dout):
   _, G, _, M = dout.shape
-  add = lambda d, s: jnp.zeros((num_experts * capacity, M), d.dtype).at[s.reshape(-1)].add(d.reshape(-1, M))  # noqa: E731
+  add = lambda d, s: jnp.zeros((num_experts * capacity, M), d.dtype).at[s.reshape(-1)].add(  # noqa: E731
+      d.reshape(-1, M), mode="drop", unique_indices=True)
   buffers = jax.vmap(add, in_axes=(1, 1))(dout, slot).reshape(G, num_experts, capacity, M)
   return buffers.transpose(1, 0, 2, 3), None
 
@@ -149,16 +154,17 @@ class IndexDispatcher:
   def combine(self, y: jax.Array) -> jax.Array:
     """[E, G, C, M] -> [G, S, M], read in place from E-major buffers (as the all-to-all delivers them); dropped
     assignments carry weight 0."""
-    flat = self._flat_slot(empty=0)  # GSK; a dropped assignment reads any slot, weighted 0
+    E, G, C, M = y.shape
     if self.gather_backward:  # a slot's gradient is its one kept assignment's, at k*S + s in the K-major rows
-      E, G, C, M = y.shape
+      flat = self._flat_slot(empty=0)  # GSK; a dropped assignment reads any slot, weighted 0
       S, K = flat.shape[1:]
       p = self._position_of_slot()
       readers = jnp.where(p < S * K, p % K * S + p // K, K * S)[..., None]
       rows = y.transpose(1, 0, 2, 3).reshape(G, E * C, M)  # per group: G-major
       picked = jax.vmap(self._take, out_axes=1)(rows, flat.transpose(0, 2, 1), readers)
     else:
-      picked = take_slots(y, flat.transpose(2, 0, 1), self.routing.num_experts, self.routing.capacity)
+      # A dropped assignment's slot lies outside the buffers (take_slots reads the last one for it), weighted 0.
+      picked = take_slots(y, self._flat_slot(empty=E * C).transpose(2, 0, 1), E, C)
     # K-major [K, G, S, M]: the gathered rows are laid out as the sum over K reads them (K next to M: a relayout).
     return jnp.einsum("GSK,KGSM->GSM", self.routing.weight.astype(y.dtype), picked)
 

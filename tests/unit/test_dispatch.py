@@ -98,6 +98,18 @@ def test_gradients_go_back_to_their_tokens_and_slots(dispatcher, capacity):
   np.testing.assert_allclose(dy, want_dy, atol=1e-5)
 
 
+@pytest.mark.parametrize("capacity", [C, ROOMY])
+def test_kept_assignments_have_slots_of_their_own(capacity):
+  """What the combine's backward scatter promises XLA (`unique_indices`, `take_slots`): within a group, the slots
+  e * C + c of the kept assignments are all different, and every dropped assignment's lies outside the buffers."""
+  routing, _, _ = routing_and_inputs(capacity)
+  flat = np.asarray(IndexDispatcher(routing)._flat_slot(empty=E * capacity)).reshape(G, -1)
+  kept = np.asarray(routing.kept).reshape(G, -1)
+  assert (flat[~kept] == E * capacity).all() and (~kept).any()
+  for g in range(G):
+    assert len(set(flat[g][kept[g]])) == kept[g].sum() and (flat[g][kept[g]] < E * capacity).all()
+
+
 def test_take_rows_gathers_its_gradient_from_the_readers_it_is_given():
   x = jax.random.normal(jax.random.key(7), (4, 3))
   index = jnp.array([[2, 0], [2, 3], [0, 0]], jnp.int32)  # positions 0..5 read rows 2, 0, 2, 3, 0, 0
