@@ -240,10 +240,12 @@ def _error(e: BaseException) -> str:
 
 def environment() -> dict:
   device = jax.devices()[0]
-  commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+  git = lambda *a: subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True).stdout.strip()  # noqa: E731
+  # "+changes": the tracked files differ from the commit (a copy of a working tree, as on a lent GPU machine).
+  commit = git("rev-parse", "--short", "HEAD") + ("+changes" if git("status", "--porcelain", "-uno") else "")
   versions = {p: importlib.metadata.version(p) for p in ("jax", "jaxlib", "flax")}
   return dict(date=datetime.date.today().isoformat(), device=device.device_kind, platform=device.platform,
-              device_count=jax.device_count(), commit=commit.stdout.strip() or None,
+              device_count=jax.device_count(), commit=commit or None,
               xla_flags=os.environ.get("XLA_FLAGS", "").strip(), **versions)  # with the GPU flags cli.run adds
 
 
