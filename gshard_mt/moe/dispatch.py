@@ -67,13 +67,13 @@ def _by_group(a: jax.Array, index: jax.Array, batch: int) -> jax.Array:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def take_slots(y: jax.Array, slot: jax.Array, num_experts: int, capacity: int) -> jax.Array:
-  """y [E, G, C, M] read in place, slot int32 [K, G, S] = e * C + c of each kept assignment, E * C of a dropped one
-  (which reads the last slot, for the caller to weigh 0) -> [K, G, S, M].
+  """y [E, G, C, M] read in place, slot int32 [K, G, S] = e * C + c of each kept assignment, a slot of its own past
+  E * C of a dropped one (which reads the last slot, for the caller to weigh 0) -> [K, G, S, M].
 
   The backward pass scatters into G-major buffers [G, E, C, M] and then transposes them: with G not the leading
   dimension of the scatter's operand, XLA's TPU compiler turns the scatter-add into a loop at some shapes. Each
-  slot holds at most one kept assignment and dropped ones fall out of bounds, so the scatter says its indices
-  are unique: XLA's GPU scatter then stores instead of adding atomically.
+  slot holds at most one kept assignment and each dropped one has an index of its own out of bounds, so the
+  scatter says its indices are unique: XLA's GPU scatter then stores instead of adding atomically.
   """
   slot = jnp.minimum(slot, num_experts * capacity - 1)
   return _by_group(y, jnp.stack([slot // capacity, slot % capacity], -1), batch=1)
@@ -163,8 +163,11 @@ class IndexDispatcher:
       rows = y.transpose(1, 0, 2, 3).reshape(G, E * C, M)  # per group: G-major
       picked = jax.vmap(self._take, out_axes=1)(rows, flat.transpose(0, 2, 1), readers)
     else:
-      # A dropped assignment's slot lies outside the buffers (take_slots reads the last one for it), weighted 0.
-      picked = take_slots(y, self._flat_slot(empty=E * C).transpose(2, 0, 1), E, C)
+      # A dropped assignment's slot lies outside the buffers, one of its own (the scatter's indices are all
+      # unique); take_slots reads the last slot for it, weighted 0.
+      S, K = self.routing.slot.shape[1:]
+      outside = E * C + jnp.arange(S * K, dtype=jnp.int32).reshape(S, K)
+      picked = take_slots(y, self._flat_slot(empty=outside).transpose(2, 0, 1), E, C)
     # K-major [K, G, S, M]: the gathered rows are laid out as the sum over K reads them (K next to M: a relayout).
     return jnp.einsum("GSK,KGSM->GSM", self.routing.weight.astype(y.dtype), picked)
 
