@@ -74,7 +74,7 @@ def test_grouped_expert_ffn_reads_float32_weights_without_a_cast_on_tpu():
   copy of an [E, M, H] weight is made. On the CPU the weights are cast first."""
   from gshard_mt.compiler import tpu
 
-  E_, M_, H_, R = 4, 128, 256, 301
+  E_, M_, H_, R = 4, 128, 256, 512
   grad = jax.grad(lambda r, wi, wo, sizes: jnp.sum(grouped.grouped_expert_ffn(r, sizes, wi, wo).astype(
       jnp.float32) ** 2), argnums=(0, 1, 2))
 
