@@ -155,9 +155,9 @@ class IndexDispatcher:
     """[E, G, C, M] -> [G, S, M], read in place from E-major buffers (as the all-to-all delivers them); dropped
     assignments carry weight 0."""
     E, G, C, M = y.shape
+    S, K = self.routing.slot.shape[1:]
     if self.gather_backward:  # a slot's gradient is its one kept assignment's, at k*S + s in the K-major rows
       flat = self._flat_slot(empty=0)  # GSK; a dropped assignment reads any slot, weighted 0
-      S, K = flat.shape[1:]
       p = self._position_of_slot()
       readers = jnp.where(p < S * K, p % K * S + p // K, K * S)[..., None]
       rows = y.transpose(1, 0, 2, 3).reshape(G, E * C, M)  # per group: G-major
@@ -165,7 +165,6 @@ class IndexDispatcher:
     else:
       # A dropped assignment's slot lies outside the buffers, one of its own (the scatter's indices are all
       # unique); take_slots reads the last slot for it, weighted 0.
-      S, K = self.routing.slot.shape[1:]
       outside = E * C + jnp.arange(S * K, dtype=jnp.int32).reshape(S, K)
       picked = take_slots(y, self._flat_slot(empty=outside).transpose(2, 0, 1), E, C)
     # K-major [K, G, S, M]: the gathered rows are laid out as the sum over K reads them (K next to M: a relayout).
