@@ -103,3 +103,29 @@ def test_a_compiled_moe_layer_flops_match_the_compiler():
   assert sum(r["flops"] for r in rows) == pytest.approx(tpu.compiler_cost(compiled)["flops"], rel=0.02)
   parts = roofline.breakdown(compiled.as_text(), flops_per_s, bytes_per_s)
   assert parts["matmul"] > 0 and parts["dispatch"] > 0 and parts["gating"] > 0 and parts["collectives"] == 0
+
+
+def test_a_pallas_call_is_charged_its_declared_bytes():
+  """What instruction_costs assumes of a custom call: the compiler charges its declared cost, not its operands."""
+  if sys.platform != "linux":
+    pytest.skip("libtpu (the TPU compiler) has wheels for Linux only")
+  import jax
+  import jax.numpy as jnp
+  import libtpu  # noqa: F401 - .[test] installs it on Linux: a missing or broken one fails, never skips
+  from jax.experimental import pallas as pl
+
+  from gshard_mt.compiler import tpu
+
+  device, sharding = tpu.one_chip("v5p:1x1x1")
+  x = jax.ShapeDtypeStruct((256, 256), jnp.float32, sharding=sharding)
+
+  def double(x_ref, o_ref):
+    o_ref[...] = 2 * x_ref[...]
+
+  for declared in (1 << 20, 64 << 20):
+    call = pl.pallas_call(double, out_shape=x, cost_estimate=pl.CostEstimate(
+        flops=0, transcendentals=0, bytes_accessed=declared))
+    compiled = jax.jit(call).lower(x).compile()
+    assert tpu.compiler_cost(compiled)["bytes accessed"] == declared
+    rows = roofline.instruction_costs(compiled.as_text(), *roofline.compiler_roofline(device))
+    assert sum(r["bytes"] for r in rows) == declared
