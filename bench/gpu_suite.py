@@ -62,7 +62,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from gshard_mt import cli, gpu_flags, io  # noqa: E402
+from gshard_mt import cli, io, xla_flags  # noqa: E402
 from gshard_mt import config as config_lib  # noqa: E402
 from gshard_mt.data import packing, pipeline  # noqa: E402
 from gshard_mt.errors import UserError  # noqa: E402
@@ -256,7 +256,7 @@ def slug(text: str) -> str:
 def small_backend():
   """--small's backend, set before JAX starts it: the CPU, where compiling fast matters, not the code's speed."""
   jax.config.update("jax_platforms", "cpu")
-  gpu_flags.add((("xla_backend_optimization_level", "0"),))
+  xla_flags.add((("xla_backend_optimization_level", "0"),))
 
 
 def append_section(result: dict, results_md: str) -> str:

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 
-from gshard_mt import cli, gpu_flags, io  # noqa: E402
+from gshard_mt import cli, io, xla_flags  # noqa: E402
 from gshard_mt import config as config_lib  # noqa: E402
 from gshard_mt.compiler import parts  # noqa: E402
 from gshard_mt.data import pipeline  # noqa: E402
@@ -224,7 +224,7 @@ def main(argv):
   if parsed.small:
     gpu_suite.small_backend()
   else:
-    gpu_flags.add(NO_COMMAND_BUFFERS)
+    xla_flags.add(NO_COMMAND_BUFFERS)
   config = config_lib.load(parsed.config, {**(gpu_suite.SMALL if parsed.small else {}), **overrides},
                            num_devices=jax.device_count())
   with tempfile.TemporaryDirectory() as workdir:

@@ -12,7 +12,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from gshard_mt import gpu_flags, io
+from gshard_mt import io, xla_flags
 from gshard_mt.errors import UserError
 
 QUIET = ("absl", "jax._src.xla_bridge", "orbax")
@@ -62,10 +62,10 @@ def parse_with_overrides(p: argparse.ArgumentParser, argv: list[str]):
 
 
 def run(main: Callable[[list[str]], object], argv: list[str] | None = None, prog: str | None = None):
-  """Runs main(argv) with logging set up and, on a GPU, XLA's GPU flags (`gpu_flags`); a UserError ends the program
-  with its message and status 2, a storage fault with its one line and status 74, Ctrl-C with status 130."""
+  """Runs main(argv) with logging set up and the compiler flags of a GPU or TPU (`xla_flags`); a UserError ends the
+  program with its message and status 2, a storage fault with its one line and status 74, Ctrl-C with status 130."""
   setup_logging()
-  gpu_flags.apply()
+  xla_flags.apply()
   quiet_tpu_host_lookup()
   prog = prog or sys.argv[0]
   try:

@@ -1,0 +1,91 @@
+"""The compiler flags that every entry point sets (`cli.run`, before JAX starts a backend, which reads them once):
+XLA's GPU flags in XLA_FLAGS where JAX will use an NVIDIA GPU, and libtpu's flags in LIBTPU_INIT_ARGS where libtpu is
+installed (a TPU VM, and the compile-only TPU devices of the dry run and bench/step_breakdown.py, whose estimates so
+see what training compiles). Only flags that the installed jaxlib and libtpu know: an unknown one aborts the process
+(tests/unit/test_xla_flags.py checks them). A flag already set keeps the user's value; GSHARD_MT_GPU_FLAGS=0 and
+GSHARD_MT_TPU_FLAGS=0 set none.
+
+GPU: those that MaxText's GPU training scripts and NVIDIA's JAX-Toolbox recommend. Left out: command buffers (CUDA
+graphs) keep XLA's default, which already captures fusions and library calls; MaxText's `--xla_gpu_graph_level=0`
+no longer exists, nor does `--xla_gpu_experimental_triton_ragged_dot` (jaxlib 0.12); the collectives' combine
+thresholds and pipelining tune many-GPU FSDP runs and are left to the user's XLA_FLAGS.
+
+TPU: every gather that the SparseCores can do goes to them (v5p, v6e; chips without them ignore the flag). XLA
+otherwise offloads only gathers from tables of 16 MiB or more and emits the others as fusions of the TensorCore: the
+MoE layer's dispatch, 20,480 rows of 1 KiB from 8 MiB of tokens per v5p chip in configs/base.py, is estimated at
+95 us as a fusion and 25 us offloaded (bench/RESULTS.md, "Gathers on the SparseCores").
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+GPU_SWITCH, TPU_SWITCH = "GSHARD_MT_GPU_FLAGS", "GSHARD_MT_TPU_FLAGS"
+# (flag, value): why.
+GPU_FLAGS = (
+    ("xla_gpu_enable_latency_hiding_scheduler", "true"),  # overlaps collectives with compute (JAX-Toolbox's image)
+    ("xla_gpu_enable_triton_gemm", "false"),  # cuBLAS for the matmuls rather than Triton's
+    ("xla_gpu_enable_highest_priority_async_stream", "true"),  # collectives' stream first, so compute waits less
+)
+TPU_FLAGS = (
+    ("xla_tpu_offload_all_supported_gathers_to_sparsecore", "true"),  # the MoE layer's gathers (see above)
+)
+# JAX's CUDA plugins (`jax[cuda12]`, `jax[cuda13]`); without one JAX has no GPU backend.
+CUDA_PLUGINS = ("jax_cuda13_plugin", "jax_cuda12_plugin")
+GPU_PLATFORMS = {"cuda", "gpu"}
+TPU_LIBRARY = "libtpu"  # the TPU compiler and runtime, the only reader of LIBTPU_INIT_ARGS
+
+
+def will_use_gpu(platforms: str) -> bool:
+  """Whether JAX will start its CUDA backend, judged without starting it: a CUDA plugin is installed, and
+  JAX_PLATFORMS (`platforms`, comma-separated) is empty or names the GPU. A plugin without a GPU leaves JAX on the
+  CPU, where the flags change nothing."""
+  named = {p.strip() for p in platforms.split(",") if p.strip()}
+  if named and not named & GPU_PLATFORMS:
+    return False
+  return any(importlib.util.find_spec(module) is not None for module in CUDA_PLUGINS)
+
+
+def merged(value: str, flags) -> tuple[str, list[str]]:
+  """(the flags string `value` with each (name, value) of `flags` that it does not name already, the flags added)."""
+  named = {word.lstrip("-").split("=", 1)[0] for word in value.split()}
+  added = [f"--{name}={setting}" for name, setting in flags if name not in named]
+  return " ".join([value.strip(), *added]).strip(), added
+
+
+def add(flags, environ=os.environ, variable: str = "XLA_FLAGS") -> list[str]:
+  """Adds each (name, value) of `flags` to environ[variable] that it does not name already (the user's value wins);
+  returns the flags added."""
+  value, added = merged(environ.get(variable, ""), flags)
+  environ[variable] = value
+  return added
+
+
+def apply_gpu(environ=os.environ) -> list[str]:
+  """Adds GPU_FLAGS to environ['XLA_FLAGS'] when JAX will use a GPU (unless GSHARD_MT_GPU_FLAGS=0); returns them."""
+  if environ.get(GPU_SWITCH, "1") == "0" or not will_use_gpu(environ.get("JAX_PLATFORMS", "")):
+    return []
+  return _logged(add(GPU_FLAGS, environ), "GPU XLA flags", GPU_SWITCH)
+
+
+def apply_tpu(environ=os.environ) -> list[str]:
+  """Adds TPU_FLAGS to environ['LIBTPU_INIT_ARGS'] when libtpu is installed (unless GSHARD_MT_TPU_FLAGS=0); returns
+  them."""
+  if environ.get(TPU_SWITCH, "1") == "0" or importlib.util.find_spec(TPU_LIBRARY) is None:
+    return []
+  return _logged(add(TPU_FLAGS, environ, "LIBTPU_INIT_ARGS"), "libtpu flags", TPU_SWITCH)
+
+
+def apply(environ=os.environ) -> list[str]:
+  """Both sets, where they apply; returns the flags added. A second call adds nothing."""
+  return apply_gpu(environ) + apply_tpu(environ)
+
+
+def _logged(added: list[str], what: str, switch: str) -> list[str]:
+  if added:
+    log.info("%s added (%s=0 leaves them out): %s", what, switch, " ".join(added))
+  return added
