@@ -177,7 +177,8 @@ def markdown(report: dict, config_path: str) -> str:
       lines.append(f"| {name} | {gib(r['peak'])} | {gib(r['temp'])} | {step} | {r['compile_seconds']} |")
   lines += ["", f"Compiled per-device program: {report['hlo_instructions']:,} HLO instructions. "
             f"Lowering {report['lower_seconds']} s, compilation {report['compile_seconds']} s "
-            + (f"(the TPU compiler, libtpu, for {report['topology']} on this host)." if report.get("topology")
+            + (f"(the TPU compiler, libtpu, for {report['topology']} on this host; LIBTPU_INIT_ARGS "
+               f"{report.get('libtpu_flags', '')!r})." if report.get("topology")
                else f"(one CPU host, fake devices; XLA_FLAGS {report['xla_flags']!r})."), ""]
   return "\n".join(lines)
 
@@ -211,6 +212,7 @@ def plan(config_path: str, overrides: dict, topology: str | None = None, num_dev
   if remat:
     report["remat_policies"] = remat_policies(config, devices, report, remat, with_time)
   report.update(topology=topology, hbm_gib=hbm_gib, xla_flags=os.environ.get("XLA_FLAGS", ""),
+                libtpu_flags=os.environ.get("LIBTPU_INIT_ARGS", ""),
                 fits=report["per_device_bytes"]["peak"] <= hbm_gib * 2**30)
   return report
 
