@@ -1,9 +1,10 @@
 """The compiler flags that every entry point sets (`cli.run`, before JAX starts a backend, which reads them once):
 XLA's GPU flags in XLA_FLAGS where JAX will use an NVIDIA GPU, and libtpu's flags in LIBTPU_INIT_ARGS where libtpu is
 installed (a TPU VM, and the compile-only TPU devices of the dry run and bench/step_breakdown.py, whose estimates so
-see what training compiles). Only flags that the installed jaxlib and libtpu know: an unknown one aborts the process
-(tests/unit/test_xla_flags.py checks them). A flag already set keeps the user's value; GSHARD_MT_GPU_FLAGS=0 and
-GSHARD_MT_TPU_FLAGS=0 set none.
+see what training compiles). An unknown flag aborts the process: tests/unit/test_xla_flags.py checks the GPU flags
+against the installed jaxlib, and a libtpu flag is added only where the installed libtpu names it (libtpu is
+unpinned; a scan of libtpu.so, 0.2 s once cached). A flag already set keeps the user's value; GSHARD_MT_GPU_FLAGS=0
+and GSHARD_MT_TPU_FLAGS=0 set none.
 
 GPU: those that MaxText's GPU training scripts and NVIDIA's JAX-Toolbox recommend. Left out: command buffers (CUDA
 graphs) keep XLA's default, which already captures fusions and library calls; MaxText's `--xla_gpu_graph_level=0`
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import mmap
 import os
 
 log = logging.getLogger(__name__)
@@ -73,11 +75,26 @@ def apply_gpu(environ=os.environ) -> list[str]:
 
 
 def apply_tpu(environ=os.environ) -> list[str]:
-  """Adds TPU_FLAGS to environ['LIBTPU_INIT_ARGS'] when libtpu is installed (unless GSHARD_MT_TPU_FLAGS=0); returns
-  them."""
-  if environ.get(TPU_SWITCH, "1") == "0" or importlib.util.find_spec(TPU_LIBRARY) is None:
+  """Adds the TPU_FLAGS that the installed libtpu knows to environ['LIBTPU_INIT_ARGS'] (unless
+  GSHARD_MT_TPU_FLAGS=0); returns them. Nothing where libtpu is not installed."""
+  if environ.get(TPU_SWITCH, "1") == "0" or (spec := importlib.util.find_spec(TPU_LIBRARY)) is None:
     return []
-  return _logged(add(TPU_FLAGS, environ, "LIBTPU_INIT_ARGS"), "libtpu flags", TPU_SWITCH)
+  known = known_flags([name for name, _ in TPU_FLAGS], spec)
+  for name, _ in TPU_FLAGS:
+    if name not in known:
+      log.warning("the installed libtpu does not know --%s: left out", name)
+  flags = [(name, value) for name, value in TPU_FLAGS if name in known]
+  return _logged(add(flags, environ, "LIBTPU_INIT_ARGS"), "libtpu flags", TPU_SWITCH) if flags else []
+
+
+def known_flags(names: list[str], spec) -> set[str]:
+  """The flag `names` that the shared library of the module `spec` (libtpu: its libtpu.so) contains."""
+  folder = (spec.submodule_search_locations or [os.path.dirname(spec.origin or "")])[0]
+  library = os.path.join(folder, TPU_LIBRARY + ".so")
+  if not os.path.isfile(library):
+    return set()
+  with open(library, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as contents:
+    return {name for name in names if contents.find(name.encode()) != -1}
 
 
 def apply(environ=os.environ) -> list[str]:

@@ -94,8 +94,18 @@ TPU_LISTED = [f"--{name}={value}" for name, value in xla_flags.TPU_FLAGS]
 
 
 @pytest.fixture
-def libtpu_installed(monkeypatch):
-  monkeypatch.setattr(xla_flags, "TPU_LIBRARY", "json")
+def libtpu_installed(monkeypatch, tmp_path):
+  """A libtpu package whose library names `names`: a module `fake_libtpu` with a fake_libtpu.so beside it."""
+  def install(names=tuple(name for name, _ in xla_flags.TPU_FLAGS)):
+    package = tmp_path / "fake_libtpu"
+    package.mkdir(exist_ok=True)
+    (package / "__init__.py").write_text("")
+    (package / "fake_libtpu.so").write_bytes(b"\x7fELF..." + b"\0".join(n.encode() for n in names) + b"\0...")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(xla_flags, "TPU_LIBRARY", "fake_libtpu")
+
+  install()
+  return install
 
 
 def test_where_libtpu_is_installed_it_gets_the_tpu_flags_once(libtpu_installed, caplog):
@@ -117,6 +127,14 @@ def test_the_tpu_flags_keep_the_users_value_and_their_switch(libtpu_installed, m
   assert xla_flags.apply_tpu({}) == []
 
 
+def test_a_flag_that_the_installed_libtpu_does_not_name_is_left_out(libtpu_installed, caplog):
+  libtpu_installed(names=("xla_tpu_some_other_flag",))
+  env = {}
+  with caplog.at_level(logging.WARNING, logger=xla_flags.__name__):
+    assert xla_flags.apply_tpu(env) == [] and env == {}
+  assert "does not know --" + xla_flags.TPU_FLAGS[0][0] in caplog.text
+
+
 def test_libtpu_knows_the_flags_and_offloads_the_dispatch_gather():
   """An unknown flag in LIBTPU_INIT_ARGS aborts the process. With the flags, a v5p chip's dispatch gather (20,480
   rows from 8,192 tokens, configs/base.py's encoder) goes to the SparseCores, and the estimate falls."""
@@ -133,6 +151,11 @@ index = jax.ShapeDtypeStruct((20480,), jnp.int32, sharding=sharding)
 compiled = jax.jit(lambda x, i: x[i]).lower(x, index).compile()
 print("gather_offload" in compiled.as_text(), tpu.compiler_cost(compiled)["optimal_seconds"])
 """
+
+  import importlib.util
+
+  names = [name for name, _ in xla_flags.TPU_FLAGS]
+  assert xla_flags.known_flags(names, importlib.util.find_spec("libtpu")) == set(names)
 
   def run(flags):
     env = {**os.environ, "LIBTPU_INIT_ARGS": " ".join(flags), "JAX_PLATFORMS": "cpu"}
