@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import re
 
+from gshard_mt.compiler import hlo
+
 _HEADER = re.compile(r"^(?:ENTRY )?%([\w.\-]+) \(")
-_CALLEES = re.compile(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
 _FUSION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = .* fusion\(.*calls=%?([\w.\-]+)")
 _INSTRUCTION = re.compile(r"^(\s*(?:ROOT )?)%([\w.\-]+) = f32\[([\d,]*)\](\{[^}]*\})? ([\w\-]+)\((.*?)\)(.*)$")
 _BF16_IN_F32 = '"float_type_correction_info":{"original_type":"BF16"'
@@ -64,7 +65,7 @@ def fusion_modules(text: str) -> dict[str, str]:
   entry = next(name for name, block in blocks.items() if block.startswith("ENTRY"))
 
   def callees(name, seen):
-    for callee in _CALLEES.findall(blocks[name]):
+    for callee in (c for line in blocks[name].splitlines() for c in hlo._callees(line)):
       if callee in blocks and callee not in seen:
         seen.add(callee)
         callees(callee, seen)
