@@ -12,7 +12,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from gshard_mt import io, xla_flags
+from gshard_mt import compilation_cache, io, xla_flags
 from gshard_mt.errors import UserError
 
 QUIET = ("absl", "jax._src.xla_bridge", "orbax")
@@ -49,6 +49,11 @@ def parser(doc: str, *, config: bool = False) -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
   if config:
     p.add_argument("--config", required=True, help="a Python config file with get_config()")
+  # Taken out of the arguments by `run` before main parses them (it must be set before anything compiles); here for
+  # --help. Every command that goes through `run` takes it.
+  p.add_argument(compilation_cache.FLAG, metavar="DIR|off",
+                 help=f"JAX's persistent compilation cache (default: ${compilation_cache.SWITCH}, else "
+                      f"{compilation_cache.default_folder().replace(os.path.expanduser('~'), '~')})")
   return p
 
 
@@ -61,15 +66,20 @@ def parse_with_overrides(p: argparse.ArgumentParser, argv: list[str]):
   return args, config_lib.load(args.config, overrides)
 
 
-def run(main: Callable[[list[str]], object], argv: list[str] | None = None, prog: str | None = None):
-  """Runs main(argv) with logging set up and the compiler flags of a GPU or TPU (`xla_flags`); a UserError ends the
-  program with its message and status 2, a storage fault with its one line and status 74, Ctrl-C with status 130."""
+def run(main: Callable[[list[str]], object], argv: list[str] | None = None, prog: str | None = None,
+        cache: bool = True):
+  """Runs main(argv) with logging set up, the compiler flags of a GPU or TPU (`xla_flags`) and JAX's persistent
+  compilation cache (`compilation_cache`; off with cache=False, for the tools that measure compile time); a UserError
+  ends the program with its message and status 2, a storage fault with its one line and status 74, Ctrl-C with
+  status 130."""
   setup_logging()
   xla_flags.apply()
   quiet_tpu_host_lookup()
   prog = prog or sys.argv[0]
+  argv, cache_flag = compilation_cache.take_flag(sys.argv[1:] if argv is None else argv)
   try:
-    return main(sys.argv[1:] if argv is None else argv)
+    compilation_cache.setup(cache_flag if cache else "off")
+    return main(argv)
   except UserError as e:
     print(f"{prog}: error: {e}", file=sys.stderr)
     sys.exit(2)

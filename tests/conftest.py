@@ -7,10 +7,11 @@ import tempfile
 import pytest
 
 # One compilation cache per test session (also inherited by subprocesses): tests that build the same small
-# model share its compiled programs instead of compiling them again. Removed when the session ends (it grows to
-# ~90 MB, and every session makes a new one).
+# model share its compiled programs instead of compiling them again, and none writes to the user's own cache
+# (~/.cache/gshard_mt/jax, which every command through cli.run uses; GSHARD_MT_COMPILATION_CACHE comes first).
+# Removed when the session ends (it grows to ~90 MB, and every session makes a new one).
 COMPILATION_CACHE = tempfile.mkdtemp(prefix="gshard_mt_jax_cache_")
-os.environ["JAX_COMPILATION_CACHE_DIR"] = COMPILATION_CACHE
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["GSHARD_MT_COMPILATION_CACHE"] = COMPILATION_CACHE
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 # Tests compile for TPUs with libtpu's defaults whatever order they run in: the first test to call cli.run would
