@@ -36,7 +36,8 @@ def dev_bleu(workdir) -> tuple[list[tuple[int, float]], str]:
   scored = list(zip(*plot.dev_bleu(workdir)))
   if scored:
     return scored, "eval.py --split dev"
-  return list(zip(*plot.series(plot.read_jsonl(workdir / "metrics.jsonl"), "dev_bleu"))), "greedy dev sample"
+  rows = plot.read_jsonl(workdir / "metrics.jsonl")
+  return list(zip(*plot.series(rows, plot.greedy_sample(rows)[0]))), "greedy dev sample"
 
 
 def main():

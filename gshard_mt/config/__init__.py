@@ -46,7 +46,8 @@ CHOICES = {
 LENGTH_KEYS = ("data.max_length", "data.max_target_length")  # the row lengths of `packing.row_lengths`, in order
 POSITIVE_KEYS = ("batch_size", "num_microbatches", "num_train_steps", "log_every", "checkpoint_every",
                  "keep_checkpoints", "model.emb_dim", "model.num_heads", "model.head_dim", "model.mlp_dim",
-                 "model.max_position", "data.max_length", "data.vocab_size", "eval_bleu_sentences")
+                 "model.max_position", "data.max_length", "data.vocab_size", "eval_bleu_sentences",
+                 "eval_bleu_per_language")
 # Integer keys where 0 is allowed, with what 0 means.
 NONNEGATIVE_KEYS = {"data.max_target_length": "0 = data.max_length", "eval_bleu_every": "0 = never",
                     "eval_every": "0 = never", "eval_batches": "0 = all", "optimizer.warmup_steps": "0 = none",

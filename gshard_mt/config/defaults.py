@@ -20,8 +20,11 @@ def get_config():
   c.log_every = 50
   c.eval_every = 500  # dev loss and perplexity
   c.eval_batches = 20  # dev batches per evaluation (0 = all)
-  c.eval_bleu_every = 0  # dev BLEU and chrF++ of a fixed sample, greedy decoding (0 = never)
-  c.eval_bleu_sentences = 64  # dev pairs in that sample, spread evenly over the languages
+  # Greedy dev BLEU and chrF++ of a fixed sample, scored as eval.py scores a split: each language's corpus BLEU
+  # over its sampled pairs, then the mean over the languages (0 = never)
+  c.eval_bleu_every = 0
+  c.eval_bleu_per_language = 8  # dev pairs of each language in that sample (all of a language's when it has fewer)
+  c.eval_bleu_sentences = 1024  # the most pairs in the sample: more languages than this allows are left out
   c.checkpoint_every = 500
   c.keep_checkpoints = 3
   c.nonfinite = "stop"  # 'stop': stop with a message naming the step; 'skip': skip the update

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from etils import epath
-from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 from tqdm import tqdm
 
@@ -29,7 +29,7 @@ from gshard_mt import config as config_lib
 from gshard_mt import io, lock
 from gshard_mt.data import pipeline
 from gshard_mt.errors import WorkdirError
-from gshard_mt.evaluation import decode, flags, report
+from gshard_mt.evaluation import decode, flags, report, scoring
 from gshard_mt.parallel import distributed
 from gshard_mt.parallel.shardings import batch_sharding
 from gshard_mt.training import checkpoint as checkpoint_lib
@@ -43,12 +43,6 @@ def resource_buckets(train_pairs: dict[str, int]) -> dict[str, str]:
   counts = sorted(train_pairs.values(), reverse=True)
   n = max(len(counts), 1)
   return {lang: BUCKETS[min(3 * counts.index(c) // n, 2)] for lang, c in train_pairs.items()}
-
-
-def score(hyps: list[str], refs: list[str], bleu: BLEU, chrf: CHRF) -> dict:
-  """Corpus BLEU and chrF++ of one language's detokenized hypotheses."""
-  return {"bleu": bleu.corpus_score(hyps, [refs]).score, "chrf": chrf.corpus_score(hyps, [refs]).score,
-          "sentences": len(refs)}
 
 
 def paired_bootstrap(hyps: list[str], base_hyps: list[str], refs: list[str], samples: int) -> float:
@@ -188,31 +182,27 @@ def score_languages(run: Restored, *, split: str, hyps: dict[str, list[str]], ba
   Returns (per-language scores, sacrebleu signatures)."""
   train_pairs = {lang: len(run.data.text["train"][lang]) for lang in hyps}
   buckets = resource_buckets(train_pairs)
-  per_lang, bleu, chrf = {}, BLEU(), CHRF(word_order=2)
+  per_lang, signatures = scoring.by_language(hyps, {lang: run.data.text[split][lang].tgt for lang in hyps})
   for lang, lines in hyps.items():
     refs = run.data.text[split][lang].tgt
-    per_lang[lang] = score(lines, refs, bleu, chrf) | {"train_pairs": train_pairs[lang], "resource": buckets[lang]}
+    per_lang[lang] |= {"train_pairs": train_pairs[lang], "resource": buckets[lang]}
     if base and lang in base["languages"]:
       base_hyp_file = io.path(base["path"]) / f"hyp.{lang}.txt"
       read = bootstrap_samples and base_hyp_file.exists()
       base_hyps = base_hyp_file.read_text().split("\n")[: len(refs)] if read else None
       per_lang[lang] |= versus_baseline(per_lang[lang]["bleu"], base["languages"][lang]["bleu"], lines, base_hyps,
                                         refs, bootstrap_samples)
-  return per_lang, {"bleu": str(bleu.get_signature()), "chrf": str(chrf.get_signature())}
+  return per_lang, signatures
 
 
 def averages(per_lang: dict, base: dict | None) -> tuple[dict, dict]:
-  """Macro averages over all languages and over each resource bucket (ΔBLEU too, against a baseline)."""
+  """Macro averages (`scoring.mean_over_languages`) over all languages and over each resource bucket (ΔBLEU too,
+  against a baseline)."""
   keys = ("bleu", "chrf") + (("delta_bleu",) if base else ())
-
-  def mean(scores, key):
-    values = [s[key] for s in scores if key in s]
-    return float(np.mean(values)) if values else None
-
-  scores = list(per_lang.values())
-  overall = {k: mean(scores, k) for k in keys}
-  by_resource = {b: {k: mean([s for s in scores if s["resource"] == b], k) for k in keys}
-                 for b in BUCKETS if any(s["resource"] == b for s in scores)}
+  overall = {k: scoring.mean_over_languages(per_lang, k) for k in keys}
+  by_resource = {b: {k: scoring.mean_over_languages({lang: s for lang, s in per_lang.items() if s["resource"] == b}, k)
+                     for k in keys}
+                 for b in BUCKETS if any(s["resource"] == b for s in per_lang.values())}
   return overall, by_resource
 
 

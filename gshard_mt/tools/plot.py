@@ -48,15 +48,26 @@ def dev_bleu(workdir: epath.Path) -> tuple[list[int], list[float]]:
   return [s["step"] for s in scores], [s["average"]["bleu"] for s in scores]
 
 
+def greedy_sample(rows: list[dict]) -> tuple[str, str, str]:
+  """(BLEU key, chrF++ key, words for the sample) of the greedy dev sample that training logged: per language
+  (`dev_bleu_greedy`), or in runs logged before it a few sentences spread over the languages (`dev_bleu`)."""
+  last = next((r for r in reversed(rows) if r.get("dev_bleu_greedy") is not None), None)
+  if last:
+    return ("dev_bleu_greedy", "dev_chrf_greedy",
+            f"{last['dev_bleu_per_language']:.0f} sentences x {last['dev_bleu_languages']:.0f} languages")
+  sample = max((r.get("dev_bleu_sentences") or 0 for r in rows), default=0)
+  return "dev_bleu", "dev_chrf", f"{sample:.0f}-sentence sample"
+
+
 def plot_training(workdir: epath.Path, rows: list[dict], plt) -> epath.Path:
   fig, axes = plt.subplots(1, 4, figsize=(18, 3.8))
   axes[0].plot(*series(rows, "loss"), label="training loss (label-smoothed)")
   axes[0].plot(*series(rows, "dev_loss"), marker="o", label="dev loss (NLL)")
   axes[0].set(xlabel="step", ylabel="nats per target token", title="loss")
   axes[0].legend(fontsize=8)
-  sample = max((r.get("dev_bleu_sentences") or 0 for r in rows), default=0)
-  curves = [(series(rows, "dev_bleu"), dict(color="tab:green", label=f"BLEU, greedy, {sample:.0f}-sentence sample")),
-            (series(rows, "dev_chrf"), dict(color="tab:olive", ls="--", label="chrF++, same sample")),
+  bleu_key, chrf_key, sample = greedy_sample(rows)
+  curves = [(series(rows, bleu_key), dict(color="tab:green", label=f"BLEU, greedy, {sample}")),
+            (series(rows, chrf_key), dict(color="tab:olive", ls="--", label="chrF++, same sample")),
             (dev_bleu(workdir), dict(color="tab:blue", marker="s", ms=6, label="BLEU, eval.py (whole dev split)"))]
   for (steps, values), style in curves:
     if steps:

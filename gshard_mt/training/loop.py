@@ -5,8 +5,10 @@
 Re-running the same command resumes from the newest checkpoint. SIGTERM saves a checkpoint and exits.
 Updates whose loss or gradient is not finite are skipped on the device; with `nonfinite='stop'` the run then stops
 at the next log or checkpoint step, naming the step, and no checkpoint after it is written.
-With `eval_bleu_every`, a fixed sample of the dev split is translated greedily at that interval and scored (BLEU,
-chrF++); evaluations are timed on their own (`dev_seconds`) and left out of the training step times.
+With `eval_bleu_every`, a fixed sample of the dev split (`eval_bleu_per_language` pairs of each language) is
+translated greedily at that interval and scored as eval.py scores a split (`dev_bleu_greedy`, `dev_chrf_greedy`:
+each language's corpus BLEU / chrF++, then the mean over languages); evaluations are timed on their own
+(`dev_seconds`) and left out of the training step times.
 """
 
 from __future__ import annotations
@@ -23,15 +25,13 @@ import flax.linen as nn
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from sacrebleu.metrics import BLEU, CHRF
 from tqdm import tqdm
 
+from gshard_mt import compilation_cache, io, lock
 from gshard_mt import config as config_lib
-from gshard_mt import io, lock
 from gshard_mt.data import packing, pipeline
 from gshard_mt.errors import ConfigError
-from gshard_mt.evaluation import decode
-from gshard_mt.evaluation import evaluate as evaluate_lib
+from gshard_mt.evaluation import decode, scoring
 from gshard_mt.model.transformer import Transformer
 from gshard_mt.parallel import distributed, shardings
 from gshard_mt.training import checkpoint as checkpoint_lib
@@ -65,28 +65,26 @@ def evaluate_loss(setup: Setup, params, data: pipeline.Data, config, split="dev"
           f"{split}_accuracy": totals[1] / max(totals[2], 1)}
 
 
-def stratified_sample(split: packing.TokenizedSplit, languages: list[str], budget: int, seed: int
-                      ) -> dict[str, np.ndarray]:
-  """Up to `budget` pairs of a split, spread over `languages` as evenly as their sizes allow: the languages take
-  turns (in an order drawn from `seed`), each giving its next pair (also drawn from `seed`), until the budget or the
-  split runs out. Returns {language: sorted positions of its chosen pairs among that language's pairs}."""
+def language_sample(split: packing.TokenizedSplit, languages: list[str], per_language: int, max_sentences: int,
+                    seed: int) -> dict[str, np.ndarray]:
+  """`per_language` pairs of each language (all of a language's pairs when it has fewer), drawn from `seed`; when
+  the languages would give more than `max_sentences` pairs, only the first max_sentences // per_language of them
+  (at least one), in an order drawn from `seed`. Languages without pairs are left out. Returns {language: sorted
+  positions of its chosen pairs among that language's pairs}."""
   rng = np.random.default_rng(seed)
   sizes = {lang: len(pipeline.language_ids(split, lang)) for lang in sorted(languages)}
   order = [str(lang) for lang in rng.permutation(sorted(sizes)) if sizes[lang]]
-  shuffled = {lang: rng.permutation(sizes[lang]) for lang in order}
-  taken = dict.fromkeys(order, 0)
-  budget = min(budget, sum(sizes.values()))
-  while sum(taken.values()) < budget:
-    for lang in order:
-      if taken[lang] < sizes[lang] and sum(taken.values()) < budget:
-        taken[lang] += 1
-  return {lang: np.sort(shuffled[lang][:taken[lang]]) for lang in sorted(order) if taken[lang]}
+  shuffled = {lang: rng.permutation(sizes[lang]) for lang in order}  # drawn for all: a cap keeps the others' draws
+  if sum(min(sizes[lang], per_language) for lang in order) > max_sentences:
+    order = order[:max(max_sentences // per_language, 1)]
+  return {lang: np.sort(shuffled[lang][:per_language]) for lang in sorted(order)}
 
 
 def evaluate_bleu(translator: decode.Translator, data: pipeline.Data, sample: dict[str, np.ndarray], rows: int,
                   max_length: int) -> dict:
-  """Greedy translations of the sampled dev pairs; BLEU and chrF++ per language, averaged over the languages (as
-  eval.py's average). `translator` holds the parameters to evaluate."""
+  """Greedy translations of the sampled dev pairs, scored as eval.py scores a split (`scoring`: each language's
+  corpus BLEU and chrF++ over its sampled sentences, then the mean over the languages): an estimate of
+  `eval.py --split dev --beam_size 1`. `translator` holds the parameters to evaluate."""
   tokens = data.tokens["dev"]
   ids = {lang: pipeline.language_ids(tokens, lang)[positions] for lang, positions in sample.items()}
   order = np.concatenate(list(ids.values()))
@@ -97,12 +95,12 @@ def evaluate_bleu(translator: decode.Translator, data: pipeline.Data, sample: di
   with nn.logical_axis_rules(()):
     for batch in pipeline.eval_batches(tokens, rows, max_length, order):
       out.update(translator.by_pair(batch))
-  bleu, chrf = BLEU(), CHRF(word_order=2)  # chrF++, as eval.py
-  scores = [evaluate_lib.score([data.tokenizer.decode(out[int(i)]) for i in ids[lang]],
-                               [data.text["dev"][lang].tgt[k] for k in positions], bleu, chrf)
-            for lang, positions in sample.items()]
-  return {"dev_bleu": float(np.mean([s["bleu"] for s in scores])),
-          "dev_chrf": float(np.mean([s["chrf"] for s in scores])), "dev_bleu_sentences": len(order)}
+  hyps = {lang: [data.tokenizer.decode(out[int(i)]) for i in lang_ids] for lang, lang_ids in ids.items()}
+  refs = {lang: [data.text["dev"][lang].tgt[k] for k in positions] for lang, positions in sample.items()}
+  per_lang, _ = scoring.by_language(hyps, refs)
+  return {"dev_bleu_greedy": scoring.mean_over_languages(per_lang, "bleu"),
+          "dev_chrf_greedy": scoring.mean_over_languages(per_lang, "chrf"), "dev_bleu_sentences": len(order),
+          "dev_bleu_languages": len(sample), "dev_bleu_per_language": max(map(len, sample.values()))}
 
 
 class StepLogger:
@@ -121,23 +119,35 @@ class StepLogger:
     """Called after the first step has run, so that compilation is not counted in the step times."""
     self.timer, self.timed_steps = time.perf_counter(), 0
 
+  def first_step_starts(self, step: int):
+    """Says that the run's first step compiles the training step (the longest wait once the data is ready)."""
+    tqdm.write(f"step {step}: compiling the training step, then running it")
+    self.first_step, self.first_started = step, time.perf_counter()
+
   def add(self, step_metrics, first: bool = False):
     self.pending.append(step_metrics)
     self.timed_steps += 1
-    if first:  # one sync after compilation, which the step times then leave out
+    if first:  # one sync after compilation, which the step times and the progress bar's rate then leave out
       jax.block_until_ready(step_metrics["loss"])
       self.start_timer()
+      cache = compilation_cache.summary()
+      tqdm.write(f"step {self.first_step}: compiled and ran in {self.timer - self.first_started:.1f} s"
+                 + (f" ({cache})" if cache else ""))
+      leave_out_first_step(self.bar)
 
   def log_dev(self, step: int, dev: dict, seconds: float):
-    """Writes one evaluation's metrics; its `seconds` are left out of the next training step times."""
+    """Writes one evaluation's metrics; its `seconds` are left out of the next training step times and of the
+    progress bar's rate."""
     self.timer += seconds
+    self.bar.unpause()
     dev = dev | {"dev_seconds": seconds, "wall_s": time.perf_counter() - self.started}
     self.writer.write(step, dev)
     self.last.update(dev)
     parts = [f"dev loss {dev['dev_loss']:.3f}, perplexity {dev['dev_perplexity']:.1f}"] if "dev_loss" in dev else []
-    if "dev_bleu" in dev:
-      parts.append(f"BLEU {dev['dev_bleu']:.1f}, chrF++ {dev['dev_chrf']:.1f} (greedy, "
-                   f"{dev['dev_bleu_sentences']} sentences)")
+    if "dev_bleu_greedy" in dev:
+      parts.append(f"dev BLEU {dev['dev_bleu_greedy']:.2f}, chrF++ {dev['dev_chrf_greedy']:.1f} (greedy; each "
+                   f"language's corpus BLEU over {dev['dev_bleu_per_language']:.0f} sampled sentences, mean over "
+                   f"{dev['dev_bleu_languages']:.0f} languages)")
     tqdm.write(f"step {step}: " + "; ".join(parts) + f" [{seconds:.1f} s]")
 
   def flush(self, step: int, packing_efficiency: float):
@@ -165,6 +175,20 @@ class StepLogger:
     self.bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{last['tokens_per_s']:.0f}")
     self.last = last
     self.pending, self.timer, self.timed_steps = [], now, 0
+
+
+def progress_bar(total: int, start: int, enabled: bool) -> tqdm:
+  """The training progress bar. Its rate, and so its ETA, count training steps only: the mean over the steps
+  since the run's first step (smoothing=0: one slow step does not move the ETA; `leave_out_first_step`, as that one
+  compiles), with the time of each evaluation left out (`tqdm.unpause` after it)."""
+  return tqdm(total=total, initial=start, disable=not enabled, desc="train", unit="step", smoothing=0)
+
+
+def leave_out_first_step(bar: tqdm):
+  """Before the bar counts the run's first step: its rate starts from now, without the time (compiling) or the
+  step itself."""
+  bar.unpause()  # the time since the bar's last update leaves its clock
+  bar.initial = bar.n + 1  # the rate is (n - initial) / elapsed
 
 
 @contextlib.contextmanager
@@ -254,14 +278,15 @@ def _train(config, workdir) -> dict:
   writer = metrics_lib.Writer(workdir, enabled=is_main)
   writer.keep_until(start)  # the rows a killed run logged past its last checkpoint are logged again
   step_fn = setup.jit_train_step(Transformer(setup.model_cfg, deterministic=False), config)
-  bar = tqdm(total=config.num_train_steps, initial=start, disable=not is_main, desc="train", unit="step")
+  bar = progress_bar(config.num_train_steps, start, is_main)
   k = tuple(setup.model_cfg.moe.experts_per_token(decoder) for decoder in (False, True))
   flops_per_token = tuple(metrics_lib.step_flops(state.params, config.moe.num_experts, *side, k)
                           for side in ((1, 0), (0, 1)))  # per source token, per target token
   logger = StepLogger(config, writer, bar, flops_per_token, ckpts.directory)
   logger.last_saved = ckpts.latest()
   if config.eval_bleu_every:  # one translator, compiled once; each evaluation gives it the current parameters
-    sample = stratified_sample(data.tokens["dev"], list(data.text["dev"]), config.eval_bleu_sentences, config.seed)
+    sample = language_sample(data.tokens["dev"], list(data.text["dev"]), config.eval_bleu_per_language,
+                             config.eval_bleu_sentences, config.seed)
     translator = decode.Translator(setup.model_cfg, state.params, beam_size=1, max_len=config.data.max_length,
                                    batch_sharding=shardings.batch_sharding(setup.mesh, setup.rules))
     if not sample:
@@ -278,6 +303,8 @@ def _train(config, workdir) -> dict:
   try:
     with stop_requests() as preempted, jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
       while step < config.num_train_steps and not preempted:
+        if step == start:
+          logger.first_step_starts(step + 1)
         index, batch = next(feed)
         state, step_metrics = step_fn(state, batch)
         logger.add(step_metrics, first=step == start)  # the first step's sync keeps compilation out of timings

@@ -39,7 +39,7 @@ def restore_params(workdir, step):
 def uninterrupted(tmp_path_factory, tokenizer_dir):
   workdir = tmp_path_factory.mktemp("uninterrupted")
   shutil.copytree(tokenizer_dir, workdir / "tokenizer")
-  result = loop.train_and_evaluate(small_config(eval_every=6, eval_bleu_every=4, eval_bleu_sentences=10), workdir)
+  result = loop.train_and_evaluate(small_config(eval_every=6, eval_bleu_every=4, eval_bleu_per_language=2), workdir)
   return workdir, result
 
 
@@ -66,23 +66,41 @@ def test_runs_and_writes_everything(uninterrupted):
 def test_dev_bleu_at_its_interval_and_the_last_step(uninterrupted):
   workdir, result = uninterrupted
   rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
-  bleu = [r for r in rows if "dev_bleu" in r]
+  bleu = [r for r in rows if "dev_bleu_greedy" in r]
   assert [r["step"] for r in bleu] == [4, 6]
-  assert all(0 <= r["dev_bleu"] <= 100 and 0 <= r["dev_chrf"] <= 100 and r["dev_bleu_sentences"] == 10
-             and r["dev_seconds"] > 0 for r in bleu)
+  assert all(0 <= r["dev_bleu_greedy"] <= 100 and 0 <= r["dev_chrf_greedy"] <= 100 and r["dev_seconds"] > 0
+             and (r["dev_bleu_per_language"], r["dev_bleu_languages"], r["dev_bleu_sentences"]) == (2, 5, 10)
+             for r in bleu)
   assert "dev_loss" in bleu[-1] and "dev_loss" not in bleu[0]  # one row when both evaluations fall on a step
-  assert result["dev_bleu"] == bleu[-1]["dev_bleu"]
+  assert result["dev_bleu_greedy"] == bleu[-1]["dev_bleu_greedy"]
 
 
 def test_dev_bleu_is_that_of_the_saved_parameters(uninterrupted):
   """The last step's scores again, from the checkpoint restored as eval.py restores it, outside the training mesh."""
   workdir, result = uninterrupted
   run = evaluate.restore(workdir, split="dev")
-  sample = loop.stratified_sample(run.data.tokens["dev"], list(run.data.text["dev"]), 10, run.config.seed)
+  sample = loop.language_sample(run.data.tokens["dev"], list(run.data.text["dev"]), 2, 1024, run.config.seed)
   translator = decode.Translator(run.model_cfg, run.params, beam_size=1, max_len=run.config.data.max_length)
   scores = loop.evaluate_bleu(translator, run.data, sample, run.config.batch_size, run.config.data.max_length)
-  assert scores["dev_bleu"] == pytest.approx(result["dev_bleu"]) and scores["dev_chrf"] == pytest.approx(
-      result["dev_chrf"])
+  assert scores["dev_bleu_greedy"] == pytest.approx(result["dev_bleu_greedy"])
+  assert scores["dev_chrf_greedy"] == pytest.approx(result["dev_chrf_greedy"])
+
+
+def test_dev_bleu_is_what_eval_py_reports_with_greedy_search(uninterrupted, tmp_path):
+  """Training's statistic on every dev pair of two languages is eval.py's average with --beam_size 1 on them: the
+  same hypotheses, one scoring function."""
+  workdir = tmp_path / "run"
+  shutil.copytree(uninterrupted[0], workdir)
+  run = evaluate.restore(workdir, split="dev")
+  languages = ["ell", "kab"]
+  sample = loop.language_sample(run.data.tokens["dev"], languages, 10**6, 10**9, run.config.seed)
+  translator = decode.Translator(run.model_cfg, run.params, beam_size=1, max_len=run.config.data.max_length)
+  training = loop.evaluate_bleu(translator, run.data, sample, run.config.batch_size, run.config.data.max_length)
+  scores = evaluate.evaluate(workdir, split="dev", beam_size=1, languages=languages)
+  assert training["dev_bleu_sentences"] == scores["decoding"]["sentences"]
+  assert training["dev_bleu_greedy"] == pytest.approx(scores["average"]["bleu"], abs=1e-9)
+  assert training["dev_chrf_greedy"] == pytest.approx(scores["average"]["chrf"], abs=1e-9)
+  assert scores["average"]["chrf"] > 0  # hypotheses to compare, even after 6 steps
 
 
 def test_resume_is_exact(uninterrupted, workdir):

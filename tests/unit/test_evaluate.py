@@ -10,16 +10,16 @@ import pytest
 import sacrebleu
 from sacrebleu.metrics import BLEU, CHRF
 
-from gshard_mt.evaluation import evaluate
+from gshard_mt.evaluation import evaluate, scoring
 
 
 def test_scores_agree_with_sacrebleu():
   refs = ["The cat sat on the mat.", "It is raining today.", "We agree with you."]
   hyps = ["The cat sat on a mat.", "It rains today.", "We agree with you."]
-  s = evaluate.score(hyps, refs, BLEU(), CHRF(word_order=2))
+  s = scoring.score(hyps, refs, BLEU(), CHRF(word_order=2))
   assert s["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
   assert s["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs], word_order=2).score)
-  perfect = evaluate.score(refs, refs, BLEU(), CHRF(word_order=2))  # identical: 100
+  perfect = scoring.score(refs, refs, BLEU(), CHRF(word_order=2))  # identical: 100
   assert perfect["bleu"] == pytest.approx(100.0) and perfect["chrf"] == pytest.approx(100.0)
 
 
@@ -31,7 +31,7 @@ def test_resource_buckets_keep_ties_together():
 
 def test_bleu_by_hand():
   """'a b c d x y' against 'a b c d e f': 1- to 4-gram precisions 4/6, 3/5, 2/4, 1/3, equal lengths."""
-  s = evaluate.score(["a b c d x y"], ["a b c d e f"], BLEU(), CHRF(word_order=2))
+  s = scoring.score(["a b c d x y"], ["a b c d e f"], BLEU(), CHRF(word_order=2))
   assert s["bleu"] == pytest.approx(100 * math.exp(sum(map(math.log, (4 / 6, 3 / 5, 2 / 4, 1 / 3))) / 4))
   assert s["sentences"] == 1
 
@@ -81,7 +81,7 @@ def test_delta_bleu_and_bootstrap_p_against_sacrebleu(monkeypatch):
   """Two different systems: ΔBLEU is the system's sacrebleu BLEU minus the baseline's (a sign error fails, as
   does any antisymmetric formula), and the p-value is the paired bootstrap's with the same seed."""
   monkeypatch.setenv("SACREBLEU_SEED", "7")
-  bleu, base_bleu = (evaluate.score(h, REFS, BLEU(), CHRF(word_order=2))["bleu"] for h in (SYSTEM, BASE))
+  bleu, base_bleu = (scoring.score(h, REFS, BLEU(), CHRF(word_order=2))["bleu"] for h in (SYSTEM, BASE))
   out = evaluate.versus_baseline(bleu, base_bleu, SYSTEM, BASE, REFS, 100)
   want = sacrebleu.corpus_bleu(SYSTEM, [REFS]).score - sacrebleu.corpus_bleu(BASE, [REFS]).score
   assert want > 10 and out["delta_bleu"] == pytest.approx(want)

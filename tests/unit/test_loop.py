@@ -1,11 +1,9 @@
-"""BLEU during training: the stratified dev sample, and the scores of its translations (with stand-in translators)."""
-
-import collections
+"""BLEU during training: the per-language dev sample, and the scores of its translations (with stand-in translators)."""
 
 import numpy as np
 import pytest
 
-from gshard_mt.data import packing, pipeline
+from gshard_mt.data import packing
 from gshard_mt.errors import ConfigError
 from gshard_mt.training import loop
 from tests.helpers import small_config
@@ -25,31 +23,36 @@ SIZES = {"fra": 40, "deu": 3, "kab": 1, "ell": 12, "spa": 25}
 
 def test_sample_is_fixed_by_the_seed():
   split = fake_split(SIZES)
-  a, b = (loop.stratified_sample(split, list(SIZES), 20, seed=0) for _ in range(2))
+  a, b = (loop.language_sample(split, list(SIZES), 4, 100, seed=0) for _ in range(2))
   assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
-  other = loop.stratified_sample(split, list(SIZES), 20, seed=1)
+  other = loop.language_sample(split, list(SIZES), 4, 100, seed=1)
   assert any(not np.array_equal(a[k], other[k]) for k in a)
 
 
-@pytest.mark.parametrize("budget", [1, 3, 5, 11, 20, 60, 81, 500])
-def test_sample_spreads_the_budget_over_the_languages(budget):
+@pytest.mark.parametrize("per_language", [1, 2, 3, 8, 40, 500])
+def test_sample_takes_the_same_number_of_every_language(per_language):
   split = fake_split(SIZES)
-  sample = loop.stratified_sample(split, list(SIZES), budget, seed=0)
-  counts = collections.Counter({lang: len(positions) for lang, positions in sample.items()})
-  assert sum(counts.values()) == min(budget, sum(SIZES.values()))
-  assert len(sample) == min(budget, len(SIZES))  # every language once the budget allows
-  # Even: a language has fewer than another only when it has no more pairs.
-  for lang, n in SIZES.items():
-    assert counts[lang] <= n
-    if counts[lang] < n:
-      assert counts[lang] >= max(counts.values()) - 1
+  sample = loop.language_sample(split, list(SIZES), per_language, 10**6, seed=0)
+  assert sorted(sample) == sorted(SIZES)
   for lang, positions in sample.items():  # distinct, sorted positions among the language's pairs
+    assert len(positions) == min(per_language, SIZES[lang])
     assert np.all(np.diff(positions) > 0) and positions[-1] < SIZES[lang]
+
+
+@pytest.mark.parametrize("max_sentences,languages", [(1, 1), (7, 1), (8, 2), (15, 3), (16, 5), (10**6, 5)])
+def test_a_cap_leaves_whole_languages_out(max_sentences, languages):
+  """4 of each language would be 4 + 3 + 1 + 4 + 4 = 16 pairs: a cap below that keeps max_sentences // 4 languages
+  (at least one), each with all of its sampled pairs, and the same pairs as without the cap."""
+  split = fake_split(SIZES)
+  full = loop.language_sample(split, list(SIZES), 4, 10**6, seed=0)
+  sample = loop.language_sample(split, list(SIZES), 4, max_sentences, seed=0)
+  assert len(sample) == languages
+  assert all(np.array_equal(positions, full[lang]) for lang, positions in sample.items())
 
 
 def test_sample_skips_languages_without_pairs():
   split = fake_split({"fra": 5, "deu": 0})
-  assert list(loop.stratified_sample(split, ["fra", "deu"], 10, seed=0)) == ["fra"]
+  assert list(loop.language_sample(split, ["fra", "deu"], 10, 100, seed=0)) == ["fra"]
 
 
 class EchoTranslator:
@@ -70,22 +73,15 @@ class EchoTranslator:
 
 def test_bleu_of_the_references_is_100_and_of_other_sentences_low(data):
   dev = data.tokens["dev"]
-  sample = loop.stratified_sample(dev, list(data.text["dev"]), 12, seed=0)
+  sample = loop.language_sample(dev, list(data.text["dev"]), 3, 100, seed=0)
   perfect = EchoTranslator(dev)
   scores = loop.evaluate_bleu(perfect, data, sample, rows=8, max_length=24)
-  assert scores["dev_bleu"] == pytest.approx(100.0) and scores["dev_chrf"] == pytest.approx(100.0)
-  assert scores["dev_bleu_sentences"] == 12 and perfect.rows == [8, 8]
+  assert scores["dev_bleu_greedy"] == pytest.approx(100.0) and scores["dev_chrf_greedy"] == pytest.approx(100.0)
+  assert scores["dev_bleu_sentences"] == 15 and perfect.rows == [8, 8]
+  assert scores["dev_bleu_languages"] == 5 and scores["dev_bleu_per_language"] == 3
   # Each language's references line up with its own pairs: another pair's target scores far lower.
   wrong = loop.evaluate_bleu(EchoTranslator(dev, shift=1), data, sample, rows=8, max_length=24)
-  assert wrong["dev_bleu"] < 30 and wrong["dev_chrf"] < 50
-
-
-def test_sample_covers_the_dev_languages(data):
-  dev = data.tokens["dev"]
-  sample = loop.stratified_sample(dev, list(data.text["dev"]), 64, seed=0)
-  assert sorted(sample) == sorted(data.text["dev"])
-  for lang, positions in sample.items():
-    assert len(positions) >= min(64 // len(sample), len(pipeline.language_ids(dev, lang)))
+  assert wrong["dev_bleu_greedy"] < 30 and wrong["dev_chrf_greedy"] < 50
 
 
 def test_bad_bleu_keys_are_config_errors():
@@ -93,3 +89,5 @@ def test_bad_bleu_keys_are_config_errors():
     small_config(eval_bleu_every=-1)
   with pytest.raises(ConfigError, match="eval_bleu_sentences=0: expected a positive integer"):
     small_config(eval_bleu_sentences=0)
+  with pytest.raises(ConfigError, match="eval_bleu_per_language=0: expected a positive integer"):
+    small_config(eval_bleu_per_language=0)
