@@ -1,5 +1,5 @@
 """The real TPU compiler on any machine: compile-only devices of a TPU topology (libtpu, no TPU needed) and the
-compiler's own cost of a program. Each generation's figures are in `gshard_mt.compiler.chips`.
+compiler's own cost of a program. Each generation's figures are in `gshard_mt.parallel.chips`.
 
 A topology is named as libtpu names it: 'v3:32x32' is 32x32 v3 chips, 2,048 cores. v2, v3 and v4 topologies give
 one device per TensorCore (two per chip); v5p gives one per chip (its two cores work as one, "megacore"); v5e and
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 
-from gshard_mt import cli
-from gshard_mt.compiler import chips
+from gshard_mt import xla_flags
 from gshard_mt.errors import UserError
+from gshard_mt.parallel import chips
 
 GENERATIONS = {chip.name: chip for chip in chips.TPUS}
 
@@ -38,7 +38,7 @@ def topology_devices(name: str) -> list:
   # libtpu locks a file so that one process owns the TPU; compile-only devices own nothing, so several dry runs
   # (and the tests) may share it.
   os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
-  cli.quiet_tpu_host_lookup()
+  xla_flags.quiet_tpu_host_lookup()
   import jax
   from jax.experimental import topologies
 
@@ -67,9 +67,9 @@ def compiler_cost(compiled) -> dict[str, float]:
 
 def estimate(compiled) -> dict:
   """What a compiled TPU program costs per device and execution, loops counted as often as they run:
-  'flops', 'bytes accessed', 'transcendentals' (gshard_mt.compiler.hlo.costs), the compiler's own 'compiler_flops'
+  'flops', 'bytes accessed', 'transcendentals' (gshard_mt.tpu.estimates.hlo.costs), the compiler's own 'compiler_flops'
   and 'compiler_seconds' (loop bodies once; `compiler_cost`)."""
-  from gshard_mt.compiler import hlo
+  from gshard_mt.tpu.estimates import hlo
 
   raw = compiler_cost(compiled)
   return {**hlo.costs(compiled.as_text()), "compiler_flops": raw["flops"], "compiler_seconds": raw["optimal_seconds"]}

@@ -21,18 +21,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
-from gshard_mt.model import pallas_vmem
-from gshard_mt.pallas_tpu import on_tpu
+from gshard_mt.model import loss
+from gshard_mt.model.loss import reference
+from gshard_mt.tpu.kernels import vmem as pallas_vmem
+from gshard_mt.tpu.kernels.pallas import on_tpu
 
 BLOCK_BYTES = 4 << 20  # one [T, V] block in float32: the double-buffered input and the working copies fit VMEM
-
-
-def reference(z: jax.Array, targets: jax.Array) -> tuple[jax.Array, ...]:
-  """z [N, V] in any float dtype, targets [N] -> (log-sum-exp, target logit, sum of the logits) float32 [N] and
-  the argmax int32 [N] (the first of equal maxima), as jnp reduces them in float32."""
-  z32 = z.astype(jnp.float32)
-  return (jax.nn.logsumexp(z32, axis=-1), jnp.take_along_axis(z32, targets[:, None], axis=-1)[:, 0],
-          jnp.sum(z32, -1), jnp.argmax(z, -1).astype(jnp.int32))
 
 
 def _kernel(z_ref, t_ref, lse_ref, target_ref, sum_ref, argmax_ref):
@@ -74,11 +68,8 @@ def _rows(z, targets):
                 elsewhere=lambda z, t: reference(z, t[:, 0]))
 
 
-@jax.custom_vjp
-def logit_stats(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, ...]:
-  """logits [B, L, V], targets [B, L] -> (log-sum-exp, target logit, sum of the logits) float32 [B, L] and the
-  argmax int32 [B, L], differentiable in the logits (not in the argmax). The backward is jnp over the whole
-  logits, outside any shard_map, so that XLA fuses it into the logits' matmuls."""
+def _forward(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, ...]:
+  """logits [B, L, V], targets [B, L] -> `reference`'s four [B, L], the kernel per device on a TPU."""
   B, L, V = logits.shape
 
   def per_device(z, t):  # rows in (L, B) order, as the TPU lays out the activations ([B, L, V] as [L, B, V])
@@ -96,18 +87,6 @@ def logit_stats(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, ...]:
                        check_vma=False)(logits, targets)
 
 
-def _forward(logits, targets):
-  stats = logit_stats(logits, targets)
-  return stats, (logits, targets, stats[0])
-
-
-def _backward(residuals, cotangents):
-  logits, targets, lse = residuals
-  d_lse, d_target, d_sum, _ = cotangents
-  column = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 2)
-  dz = (d_lse[..., None] * jnp.exp(logits.astype(jnp.float32) - lse[..., None])
-        + jnp.where(column == targets[..., None], d_target[..., None], 0.0) + d_sum[..., None])
-  return dz.astype(logits.dtype), None
-
-
-logit_stats.defvjp(_forward, _backward)
+# Differentiable in the logits: the backward is `gshard_mt.model.loss`'s jnp pass over the whole logits, outside any
+# shard_map, so that XLA fuses it into the logits' matmuls.
+logit_stats = loss.stats_with(_forward)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import re
 
-from gshard_mt.compiler import hlo, roofline
+from gshard_mt.tpu.estimates import hlo, roofline
 
 # (part, test on ('file.py:function' of the innermost frame, HLO op_name, opcode)), first match wins. Dropout (its
 # random bits included) comes before attention and the dense FFN, which hold dropouts of their own.

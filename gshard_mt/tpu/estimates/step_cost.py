@@ -82,8 +82,8 @@ def step_time(config, devices, program, points: dict | None = None) -> dict:
   Returns {'seconds', 'flops' (per device), 'compiles' (new ones), 'points': {'<encoder units>+<decoder units>'
   or 'configured': {'seconds', 'flops', 'uncounted_loops'}}}, where uncounted_loops are the loops of more than
   one iteration left in that program, whose bodies the compiler counted once (0 when exact)."""
-  from gshard_mt.compiler import hlo as hlo_lib
-  from gshard_mt.compiler import tpu
+  from gshard_mt.tpu.estimates import hlo as hlo_lib
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
   def cost(program):
     c = tpu.compiler_cost(program)
@@ -126,7 +126,8 @@ def tpu_estimates(config, devices, program, params, with_time: bool, points: dic
   """FLOPs per device (loops counted), and with `with_time` the compiler's step time and from it steps/s,
   tokens/s (source and target) and a bound on MFU (the model's FLOPs, `metrics.step_flops`, over time x peak):
   all estimates of the TPU compiler, a lower bound on time, not measurements."""
-  from gshard_mt.compiler import chips, tpu
+  from gshard_mt.parallel import chips
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
   from gshard_mt.training import metrics
 
   chip, peak = chips.chip_of(devices[0].device_kind), chips.peak_flops(devices[0])

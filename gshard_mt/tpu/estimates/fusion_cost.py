@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-from gshard_mt.compiler import hlo
+from gshard_mt.tpu.estimates import hlo
 
 _HEADER = re.compile(r"^(?:ENTRY )?%([\w.\-]+) \(")
 _FUSION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = .* fusion\(.*calls=%?([\w.\-]+)")
@@ -89,7 +89,7 @@ def module_seconds(module: str, device) -> float:
   from jax._src.lib.mlir import ir
   from jaxlib import _hlo
 
-  from gshard_mt.compiler import tpu
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
   with mlir.make_ir_context():
     proto = _hlo.hlo_module_from_text(module).as_serialized_hlo_module_proto()

@@ -1,0 +1,55 @@
+"""What the loss reads from the logits, per position: the log-sum-exp, the target's logit, the sum of the logits
+(for label smoothing) and the argmax (for the accuracy), so that no float32 [B, L, V] log-probabilities are kept.
+
+The backward, with the log-sum-exp saved, is one jnp pass: the derivatives of (lse, target logit, sum) in z are
+(softmax, one-hot, 1). `stats_with` puts any forward of the same four reductions (the TPU kernel of
+`gshard_mt.tpu.kernels.logit_stats`) in front of that backward. Letters: B rows, L positions, V the vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+Stats = tuple[jax.Array, jax.Array, jax.Array, jax.Array]
+
+
+def reference(z: jax.Array, targets: jax.Array) -> Stats:
+  """z [N, V] in any float dtype, targets [N] -> (log-sum-exp, target logit, sum of the logits) float32 [N] and
+  the argmax int32 [N] (the first of equal maxima), as jnp reduces them in float32."""
+  z32 = z.astype(jnp.float32)
+  return (jax.nn.logsumexp(z32, axis=-1), jnp.take_along_axis(z32, targets[:, None], axis=-1)[:, 0],
+          jnp.sum(z32, -1), jnp.argmax(z, -1).astype(jnp.int32))
+
+
+def _backward(residuals, cotangents):
+  logits, targets, lse = residuals
+  d_lse, d_target, d_sum, _ = cotangents
+  column = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 2)
+  dz = (d_lse[..., None] * jnp.exp(logits.astype(jnp.float32) - lse[..., None])
+        + jnp.where(column == targets[..., None], d_target[..., None], 0.0) + d_sum[..., None])
+  return dz.astype(logits.dtype), None
+
+
+def stats_with(forward: Callable[[jax.Array, jax.Array], Stats]) -> Callable[[jax.Array, jax.Array], Stats]:
+  """A differentiable logits [B, L, V], targets [B, L] -> the four [B, L] reductions, computed by `forward` (same
+  signature), differentiated by the one jnp backward (not in the argmax)."""
+  def saving(logits, targets):
+    out = forward(logits, targets)
+    return out, (logits, targets, out[0])
+
+  stats = jax.custom_vjp(forward)
+  stats.defvjp(saving, _backward)
+  return stats
+
+
+def _by_rows(logits: jax.Array, targets: jax.Array) -> Stats:
+  """`reference` over the rows in (L, B) order, as the TPU lays out the activations."""
+  B, L, V = logits.shape
+  stats = reference(logits.transpose(1, 0, 2).reshape(-1, V), targets.T.reshape(-1))
+  return tuple(s.reshape(L, B).T for s in stats)
+
+
+logit_stats = stats_with(_by_rows)  # the default on every platform: plain jnp
