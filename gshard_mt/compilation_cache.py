@@ -113,7 +113,10 @@ def counts() -> dict:
 
 
 def summary() -> str:
-  """What the cache did so far, for a log line: '3 programs loaded from the compilation cache, 1 written'."""
+  """What the cache did so far, for a log line ('compilation cache: 3 programs loaded, 1 written'); '' where
+  `setup` has not run (a library call, not a command)."""
+  if _state["source"] is None:
+    return ""
   if _state["folder"] is None:
     return "compilation cache off"
   return f"compilation cache: {_counts['loaded']} programs loaded, {_counts['written']} written"

@@ -116,19 +116,23 @@ def build(data_config, stage: pathlib.Path, processes: int) -> dict:
   """Steps 1-4 into the local folder `stage`; returns the manifest (written last)."""
   seconds, last = {}, [time.perf_counter()]
 
-  def lap(step: str):
+  def lap(step: str, done: str):  # each step says when it starts (log.info) and here how long it took
     now = time.perf_counter()
     seconds[step], last[0] = round(now - last[0], 2), now
+    log.info("data: %s in %.1f s", done, seconds[step])
 
+  log.info("data: preparing the corpus (once, with %d processes): reading it", processes)
   with _pool(processes) as run:
     splits, origins, empty = _read_and_assemble(data_config, stage, run)
-    lap("read")
+    lap("read", f"read {sum(n for _, n in splits['train'])} train pairs")
     train = shards.open_text(stage, {"splits": splits, "origins": {}}, "train")
     tags = tokenizer_lib.tag_pieces([s for s, _ in splits["train"]], data_config.source_tags)
+    log.info("data: training the tokenizer (SentencePiece, %d pieces)", data_config.vocab_size)
     model = tokenizer_lib.train(_tokenizer_sentences(list(train.values())), data_config.vocab_size, tags,
                                 data_config.character_coverage)
     (stage / shards.MODEL).write_bytes(model)
-    lap("tokenizer")
+    lap("tokenizer", "trained the tokenizer")
+    log.info("data: tokenizing every split")
     dtype = shards.token_dtype(data_config.vocab_size)
     writers = {(split, side): shards.RaggedWriter(shards.array_path(stage, split, f"{side}_tokens"),
                                                   shards.array_path(stage, split, f"{side}_offsets"))
@@ -142,7 +146,7 @@ def build(data_config, stage: pathlib.Path, processes: int) -> dict:
         writers[split, side].add(tokens, lengths)
     for writer in writers.values():
       writer.close()
-    lap("tokenize")
+    lap("tokenize", "tokenized")
   manifest = {"format": FORMAT, "splits": splits, "origins": origins, "token_dtype": dtype,
               "info": {"empty_lines_skipped": empty, "processes": processes, "seconds": seconds}}
   (stage / shards.MANIFEST).write_text(json.dumps(manifest, indent=1))

@@ -29,6 +29,7 @@ import os
 import pathlib
 import re
 import sys
+import time
 
 from gshard_mt import cli, io
 from gshard_mt import config as config_lib
@@ -92,7 +93,9 @@ def dry_run(config, devices, with_time: bool = True, points: dict | None = None)
   from gshard_mt.parallel import mesh as mesh_lib
   from gshard_mt.tools import step_cost
 
+  say(f"lowering and compiling the training step for {len(devices)} {devices[0].device_kind} devices")
   setup, state, program, lower_s, compile_s = step_cost.compile_step(config, devices)
+  say(f"lowered in {lower_s:.1f} s, compiled in {compile_s:.1f} s")
   n_params = sum(int(x.size) for x in jax.tree.leaves(state.params))
   hlo = program.as_text()
   expert_shapes = {leaf.shape[-3:] for path, leaf in jax.tree_util.tree_flatten_with_path(state.params)[0]
@@ -114,8 +117,18 @@ def dry_run(config, devices, with_time: bool = True, points: dict | None = None)
       "lower_seconds": round(lower_s, 2), "compile_seconds": round(compile_s, 2),
   }
   if devices[0].platform == "tpu":
+    started = time.perf_counter()
+    if with_time:
+      say("estimating the step time with the TPU compiler's cost model (more compiles)")
     report["estimate"] = step_cost.tpu_estimates(config, devices, program, state.params, with_time, points)
+    if with_time:
+      say(f"estimated in {time.perf_counter() - started:.1f} s")
   return report
+
+
+def say(what: str):
+  """A line on standard error as a long step starts or ends (standard output is the report)."""
+  print(f"dry run: {what}", file=sys.stderr, flush=True)
 
 
 def remat_policies(config, devices, report: dict, policies: list[str], with_time: bool) -> dict:
@@ -259,4 +272,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, prog="python -m gshard_mt.tools.dryrun")
+  # Without the compilation cache: the report's compile time is a measurement, which a cached program would hide.
+  cli.run(main, prog="python -m gshard_mt.tools.dryrun", cache=False)

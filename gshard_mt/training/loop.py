@@ -139,7 +139,7 @@ class StepLogger:
     """Writes one evaluation's metrics; its `seconds` are left out of the next training step times and of the
     progress bar's rate."""
     self.timer += seconds
-    self.bar.unpause()
+    leave_out(self.bar, seconds)
     dev = dev | {"dev_seconds": seconds, "wall_s": time.perf_counter() - self.started}
     self.writer.write(step, dev)
     self.last.update(dev)
@@ -180,7 +180,7 @@ class StepLogger:
 def progress_bar(total: int, start: int, enabled: bool) -> tqdm:
   """The training progress bar. Its rate, and so its ETA, count training steps only: the mean over the steps
   since the run's first step (smoothing=0: one slow step does not move the ETA; `leave_out_first_step`, as that one
-  compiles), with the time of each evaluation left out (`tqdm.unpause` after it)."""
+  compiles), with the time of each evaluation left out (`leave_out`)."""
   return tqdm(total=total, initial=start, disable=not enabled, desc="train", unit="step", smoothing=0)
 
 
@@ -189,6 +189,13 @@ def leave_out_first_step(bar: tqdm):
   step itself."""
   bar.unpause()  # the time since the bar's last update leaves its clock
   bar.initial = bar.n + 1  # the rate is (n - initial) / elapsed
+
+
+def leave_out(bar: tqdm, seconds: float):
+  """Takes `seconds` (an evaluation's) out of the time the bar's rate divides by (tqdm's own `unpause` would
+  take out the time since the bar last printed, which may include steps)."""
+  if not bar.disable:
+    bar.start_t += seconds
 
 
 @contextlib.contextmanager
