@@ -5,7 +5,7 @@
 See README.md for what it prints and writes. The logic lives in gshard_mt/training/loop.py.
 """
 
-from gshard_mt import cli
+from gshard_mt import cli, io
 
 
 def main(argv):
@@ -18,8 +18,13 @@ def main(argv):
   from gshard_mt.training import loop
 
   distributed.initialize_distributed(config)
+  # Before any data is read: a work directory that cannot be created or written ends here, in one line (exit 74).
+  distributed.checked_on_process_0(lambda: io.check_writable(args.workdir, "work directory"))
   result = loop.train_and_evaluate(config, args.workdir)
   print(f"done: step {result['step']}" + (f", dev loss {result['dev_loss']:.3f}" if "dev_loss" in result else ""))
+  if "loss" not in result and result["step"] >= config.num_train_steps:  # no step ran: the run had finished
+    print(f"{args.workdir} is trained to num_train_steps={config.num_train_steps} already; to train it longer, "
+          f"run the same command with --config.num_train_steps=N (N > {result['step']})")
   if jax.process_index() == 0:
     from gshard_mt.tools import plot
 

@@ -2,8 +2,8 @@
 be a local folder or object storage (`gs://bucket/run` on a TPU pod, whose hosts share no disk).
 
 Writes never leave half of a file under its final name: a temporary name beside it, then a rename. Storage
-faults (a full disk, a read-only or forbidden path) are recognised by `storage_fault`, which the entry points
-turn into one line (`gshard_mt.cli.run`).
+faults (a full disk, a read-only or forbidden path, a directory that cannot be created) are recognised by
+`storage_fault`, which the entry points turn into one line (`gshard_mt.cli.run`).
 """
 
 from __future__ import annotations
@@ -160,18 +160,58 @@ def directory_atomically(target: PathLike):
   remove_tree(old)
 
 
-def check_writable(directory: PathLike, what: str = "output directory") -> epath.Path:
-  """Creates `directory` and writes and removes a probe file in it, so that a directory that cannot be written
-  is refused in one line before any expensive work."""
+class PathFault(OSError):
+  """A path that cannot be a directory for a reason other than STORAGE_ERRNOS: a file in its way, or a filesystem
+  that creates nothing there (/proc). A storage fault all the same (`storage_fault`): one line, STORAGE_EXIT_CODE;
+  its filename is the path and its strerror says why."""
+
+
+def make_directory(directory: PathLike, what: str = "directory") -> epath.Path:
+  """Creates `directory` and its missing parents. A path that cannot be created fails as a storage fault naming it
+  and why: a denied or read-only one as its OSError, any other as a PathFault ('runs/x/y: cannot create the work
+  directory: runs/x is a file, not a directory')."""
   directory = path(directory)
   try:
     directory.mkdir(parents=True, exist_ok=True)
-    probe = _temporary(directory / "probe", "write")
+  except OSError as e:
+    raise _unusable(directory, what, e) from None
+  return directory
+
+
+def check_writable(directory: PathLike, what: str = "output directory") -> epath.Path:
+  """Creates `directory` (`make_directory`) and writes and removes a probe file in it, so that a directory that
+  cannot be written is refused in one line, as a storage fault, before any expensive work."""
+  directory = make_directory(directory, what)
+  probe = _temporary(directory / "probe", "write")
+  try:
     probe.write_text("")
     probe.unlink()
-  except OSError as e:
-    raise UserError(f"{what} {directory} cannot be written: {e.strerror or e}") from None
+  except OSError as e:  # named by the directory, not by the probe's temporary name
+    raise _unusable(directory, what, OSError(e.errno, e.strerror, os.fspath(directory))) from None
   return directory
+
+
+def _unusable(directory: epath.Path, what: str, error: OSError) -> OSError:
+  """The storage fault of a directory that could not be created or written: `error` itself, named, where its
+  errno is one of STORAGE_ERRNOS; else a PathFault saying why."""
+  if error.errno in STORAGE_ERRNOS:
+    return OSError(error.errno, error.strerror, error.filename or os.fspath(directory))
+  if not is_local(directory):
+    return PathFault(error.errno, f"cannot create the {what} ({error.strerror or error})", os.fspath(directory))
+  # The nearest part of the path that exists: a file there is the cause (README.md/x, or the path itself);
+  # a directory there refuses what is created in it (/proc).
+  part = os.path.normpath(os.fspath(directory))
+  while not os.path.lexists(part) and os.path.dirname(part) not in ("", part):
+    part = os.path.dirname(part)
+  if not os.path.lexists(part):
+    part = "."
+  if not os.path.isdir(part):
+    line = f"cannot create the {what}: {part} is a file, not a directory"
+  elif part == os.path.normpath(os.fspath(directory)):
+    line = f"cannot write in the {what} ({error.strerror or error})"
+  else:
+    line = f"cannot create the {what} in {part} ({error.strerror or error})"
+  return PathFault(error.errno, line, os.fspath(directory))
 
 
 def _tensorstore_fault(error: BaseException) -> OSError | None:
@@ -185,16 +225,16 @@ def _tensorstore_fault(error: BaseException) -> OSError | None:
 
 
 def storage_fault(error: BaseException) -> OSError | None:
-  """The storage fault (ENOSPC, EDQUOT, EROFS, EACCES, EPERM) behind `error`, following causes, contexts and
-  exception groups (Orbax and thread pools wrap the OSError of a failed write); None when there is none. A fault
-  that names its file is preferred to one that does not."""
+  """The storage fault (ENOSPC, EDQUOT, EROFS, EACCES, EPERM, a PathFault) behind `error`, following causes,
+  contexts and exception groups (Orbax and thread pools wrap the OSError of a failed write); None when there is
+  none. A fault that names its file is preferred to one that does not."""
   seen, todo, found = set(), [error], []
   while todo:
     e = todo.pop()
     if e is None or id(e) in seen:
       continue
     seen.add(id(e))
-    if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
+    if isinstance(e, PathFault) or isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
       found.append(e)
     elif (fault := _tensorstore_fault(e)) is not None:
       found.append(fault)
@@ -205,6 +245,8 @@ def storage_fault(error: BaseException) -> OSError | None:
 def describe_fault(fault: OSError) -> str:
   """One line: the path, what failed, and the free space of its filesystem where it can be read."""
   where = fault.filename or "(a file)"
+  if isinstance(fault, PathFault):
+    return f"{where}: {fault.strerror}"
   line = f"{where}: {STORAGE_ERRNOS[fault.errno]} ({fault.strerror or os.strerror(fault.errno)})"
   if where != "(a file)" and is_local(where):
     probe = os.path.abspath(os.fspath(where))

@@ -46,8 +46,7 @@ def hold(directory: io.PathLike, *, name: str = LOCK_NAME, enabled: bool = True,
   if not enabled:
     yield
     return
-  directory = io.path(directory)
-  directory.mkdir(parents=True, exist_ok=True)
+  directory = io.make_directory(directory)
   if io.is_local(directory):
     with _file_lock(directory, name):
       yield

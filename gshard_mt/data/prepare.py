@@ -91,7 +91,7 @@ def _stage(target: io.epath.Path) -> pathlib.Path:
   """A new local staging folder for `target`: beside it on a local disk (so that publishing is a rename), else in
   the system's temporary folder. Those of earlier preparations whose process is gone (killed) are removed."""
   folder = pathlib.Path(os.fspath(target.parent) if io.is_local(target) else tempfile.gettempdir())
-  folder.mkdir(parents=True, exist_ok=True)
+  io.make_directory(folder, "directory of the prepared corpus")  # a path that cannot be one ends here, in one line
   for old in folder.glob(f".{target.name}.tmp*"):
     pid = old.name.rsplit(".tmp", 1)[1]
     if pid.isdigit() and not _running(int(pid)):

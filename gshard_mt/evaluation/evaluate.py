@@ -102,6 +102,8 @@ def restore(workdir, *, step: int | None = None, split: str = "test", average_la
   if not steps:
     raise WorkdirError(f"{workdir}/checkpoints has no checkpoint: train first (python train.py ... --workdir "
                        f"{workdir})")
+  if step is not None and step not in steps:  # before the data is read
+    raise WorkdirError(f"no checkpoint for step {step} in {workdir}/checkpoints (have {steps})")
   averaged = steps_to_average(steps, step, average_last, workdir) if average_last is not None else ()
   data = pipeline.load(config, workdir)
   from gshard_mt.training.setup import build  # JAX-heavy; imported once the inputs have been checked
@@ -213,6 +215,9 @@ def evaluate(workdir, *, split="test", step=None, beam_size=4, alpha=0.6, max_de
   flags.check(beam_size=beam_size, max_decode_len=max_decode_len, batch_size=batch_size, average_last=average_last,
               bootstrap=bootstrap_samples)
   base = distributed.checked_on_process_0(lambda: _baseline_scores(io.path(baseline), split) if baseline else None)
+  config_lib.load_saved(workdir)  # a directory that is not a run: refused before anything is created in it
+  # Where directory_atomically writes: a directory that cannot be written is refused before the data is read.
+  distributed.checked_on_process_0(lambda: io.check_writable(io.path(workdir) / "eval", "eval output directory"))
   run = restore(workdir, step=step, split=split, average_last=average_last)
   tokens = run.data.tokens[split]
   wanted = languages or sorted(run.data.text[split])
@@ -222,8 +227,6 @@ def evaluate(workdir, *, split="test", step=None, beam_size=4, alpha=0.6, max_de
   max_len = max_decode_len or run.config.data.max_length
   rows = batch_size or run.config.batch_size
   out_dir = run.workdir / "eval" / (f"{split}-{run.step}" + (f"-avg{len(run.averaged)}" if run.averaged else ""))
-  # Where directory_atomically writes: a directory that cannot be written is refused before decoding.
-  distributed.checked_on_process_0(lambda: io.check_writable(out_dir.parent, "eval output directory"))
   with contextlib.ExitStack() as held:
     # One writer per output: a second eval.py of the same split and step is refused before it decodes.
     distributed.checked_on_process_0(lambda: held.enter_context(

@@ -191,6 +191,8 @@ def translate(workdir, *, input_path: str | None = None, output_path: str | None
       return files.enter_context(_opened(input_path, "rb", stdin or sys.stdin.buffer))
 
     source = distributed.checked_on_process_0(open_input)
+    if output_path is not None:  # a folder that cannot hold the output is refused before the model is read
+      distributed.checked_on_process_0(lambda: io.check_writable(io.path(output_path).parent, "output directory"))
     run = restore(workdir, step=step, average_last=average_last)
     known = source_languages(run)
     if src_lang is not None:

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from gshard_mt import io
 from gshard_mt.errors import ConfigError, UserError
 from gshard_mt.parallel.shardings import batch_sharding
 
@@ -80,13 +81,15 @@ def broadcast_object(value):
 
 def checked_on_process_0(check: Callable[[], object]):
   """Runs `check` (of something only process 0 reads or writes) on process 0 alone and returns its result there
-  (None elsewhere); a UserError it raises is raised on every process, so that no process goes on to wait for the
-  others in a collective."""
+  (None elsewhere); a UserError or a storage fault (`io.storage_fault`) it raises is raised on every process, so
+  that no process goes on to wait for the others in a collective."""
   result, error = None, None
   if jax.process_index() == 0:
     try:
       result = check()
-    except UserError as e:
+    except Exception as e:
+      if not isinstance(e, UserError) and io.storage_fault(e) is None:
+        raise
       error = e
   error = broadcast_object(error)
   if error is not None:

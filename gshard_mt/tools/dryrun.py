@@ -258,7 +258,8 @@ def main(argv):
     overrides[f"mesh.{key}"] = str(value)
   remat = parse_remat_policies(parsed.remat_policies)
   name = (parsed.topology or str(parsed.devices)).replace(":", "-")
-  out = io.path(parsed.out or f"runs/dryrun/{pathlib.Path(parsed.config).stem}-{name}")  # its scheme: before compiling
+  out = io.check_writable(parsed.out or f"runs/dryrun/{pathlib.Path(parsed.config).stem}-{name}",
+                         "output directory")  # before compiling
   report = plan(parsed.config, overrides, parsed.topology, parsed.devices, parsed.hbm_gib, not parsed.no_step_time,
                 cpu_all_to_all=parsed.cpu_all_to_all, remat=remat)
   write(report, parsed.config, out)

@@ -18,7 +18,7 @@ import json
 import numpy as np
 from etils import epath
 
-from gshard_mt import cli
+from gshard_mt import cli, io
 from gshard_mt.data.corpus import language_of
 from gshard_mt.io import write_atomically
 from gshard_mt.tools import study
@@ -168,11 +168,11 @@ def main(argv):
   parser.add_argument("--report_only", action="store_true", help="report the runs already finished")
   parser.add_argument("--report_dir", default=None, help="default: bench/results/<sweep file name>")
   args, base, runs, root, extra = sweep_lib.parse(parser, argv)
+  out = epath.Path(args.report_dir or sweep_lib.ROOT / "bench" / "results" / epath.Path(args.sweep).stem)
+  io.check_writable(out, "report directory")  # before any run
   done = study.run_and_collect(args, base, runs, root, extra, summarize_run)
   points = aggregate(done)
   v = verdict(points)
-  out = epath.Path(args.report_dir or sweep_lib.ROOT / "bench" / "results" / epath.Path(args.sweep).stem)
-  out.mkdir(parents=True, exist_ok=True)
   write_atomically(out / "report.json", json.dumps({"points": points, "verdict": v, "runs": done}, indent=2))
   write_atomically(out / "report.md", markdown(points, v))
   pictures = plot(done, points, out)

@@ -124,7 +124,8 @@ def run_points(points: list[dict], run_point: Callable[[dict, epath.Path | None]
   """`run_point(point, log)` for every point, `jobs` at a time, each logging to <root>/<point>/sweep.log when more
   than one runs (their processes share the accelerators; GPUs and CPUs allow that, a TPU host one process only).
   The first failure stops the sweep: running points finish, queued ones do not start, and the error names the
-  failed point's log."""
+  failed point's log. A root that cannot be created or written ends the sweep before any point starts."""
+  io.check_writable(root, "sweep root")
   if jobs == 1:
     for point in points:
       run_point(point, None)

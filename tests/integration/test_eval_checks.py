@@ -1,6 +1,6 @@
 """eval.py's and translate.py's up-front checks: impossible flags refused in one line (exit 2) before anything is
-loaded, the config overrides limited to the process layout, and an eval output directory that cannot be written
-refused before decoding."""
+loaded, the config overrides limited to the process layout, and an eval output directory that cannot be written or
+a step without a checkpoint refused before the data is read."""
 
 import argparse
 import subprocess
@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
-from gshard_mt.errors import ConfigError, UserError
+from gshard_mt import io
+from gshard_mt.data import pipeline
+from gshard_mt.errors import ConfigError, UserError, WorkdirError
 from gshard_mt.evaluation import evaluate, flags
 from tests.helpers import ROOT, initialised_run
 
@@ -36,10 +38,34 @@ def test_parse_takes_only_the_process_layout():
 
 
 @pytest.mark.slow
-def test_eval_output_that_cannot_be_written_is_refused_before_decoding(tmp_path, tokenizer_dir, monkeypatch):
+def test_eval_output_that_cannot_be_written_is_refused_before_reading_data(tmp_path, tokenizer_dir, monkeypatch):
   run = initialised_run(tmp_path / "run", tokenizer_dir)
   (run / "eval").write_text("a file where eval.py writes its directories")
-  monkeypatch.setattr(evaluate, "decode_pairs", lambda *a, **k: pytest.fail("decoded before the check"))
-  with pytest.raises(UserError, match=r"eval output directory .*/run/eval cannot be written"):
+  monkeypatch.setattr(pipeline, "load", lambda *a, **k: pytest.fail("read the data before the check"))
+  with pytest.raises(io.PathFault) as caught:  # a storage fault: one line, exit 74
     evaluate.evaluate(run, split="test", languages=["fra"], beam_size=1)
+  assert io.describe_fault(caught.value) == (f"{run}/eval: cannot create the eval output directory: {run}/eval is "
+                                             "a file, not a directory")
   assert (run / "eval").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("average_last", [None, 1])
+def test_a_step_without_a_checkpoint_is_refused_before_reading_data(tmp_path, tokenizer_dir, monkeypatch,
+                                                                    average_last):
+  run = initialised_run(tmp_path / "run", tokenizer_dir)
+  monkeypatch.setattr(pipeline, "load", lambda *a, **k: pytest.fail("read the data before the check"))
+  with pytest.raises(WorkdirError, match=r"no checkpoint for step 123 in .*/run/checkpoints \(have \[1\]\)"):
+    evaluate.evaluate(run, split="test", step=123, beam_size=1, average_last=average_last)
+
+
+def test_translate_output_that_cannot_be_written_is_refused_before_the_model_is_read(tmp_path):
+  import io as std_io
+
+  from gshard_mt.evaluation import translate
+
+  (tmp_path / "notes").write_text("a file")
+  # The work directory is not a run: reading it first would end with its ConfigError instead.
+  with pytest.raises(io.PathFault, match="cannot create the output directory: .*/notes is a file, not a directory"):
+    translate.translate(tmp_path / "nothing", output_path=str(tmp_path / "notes" / "out.txt"),
+                        stdin=std_io.BytesIO(b"bonjour\n"))

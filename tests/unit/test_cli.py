@@ -69,3 +69,15 @@ def test_config_with_overrides(tmp_path):
   assert args.workdir == "w" and config.moe.num_experts == 8
   with pytest.raises(ConfigError, match="unknown config key 'moe.num_expert'"):
     cli.parse_with_overrides(parser, ["--config", str(ROOT / "configs" / "tiny.py"), "--config.moe.num_expert=8"])
+
+
+def test_a_directory_that_cannot_be_created_ends_in_one_line_with_74(tmp_path, capsys, monkeypatch):
+  from gshard_mt import io
+
+  exits = []
+  monkeypatch.setattr(os, "_exit", exits.append)
+  (tmp_path / "README.md").write_text("a file")
+  cli.run(lambda argv: io.check_writable(tmp_path / "README.md" / "x", "work directory"), [], prog="tool")
+  assert exits == [74]
+  assert capsys.readouterr().err == (f"tool: error: {tmp_path}/README.md/x: cannot create the work directory: "
+                                     f"{tmp_path}/README.md is a file, not a directory\n")

@@ -1,6 +1,8 @@
 """Atomic writes: the final name holds the old content or the whole new one, never a part, and no temporary is
-left behind."""
+left behind. A directory that cannot be created or written is a storage fault whose one line names the path and
+the cause."""
 
+import os
 import shutil
 
 import pytest
@@ -89,3 +91,67 @@ def test_storage_faults_behind_wrappers_and_tensorstore():
   assert io.storage_fault(OSError(errno.ENOENT, "missing", "f")) is None  # not a storage fault: a bug or bad input
   assert io.describe_fault(OSError(errno.EROFS, "Read-only file system", "/no/such/dir/f")).startswith(
       "/no/such/dir/f: read-only file system (Read-only file system); ")
+
+
+# A directory that cannot be created or written is a storage fault: one line naming the path and the cause.
+def fault_line(error: BaseException) -> str:
+  fault = io.storage_fault(error)
+  assert fault is not None, error
+  line = io.describe_fault(fault)
+  assert "\n" not in line
+  return line
+
+
+@pytest.mark.parametrize("below", ["", "x", "x/y"])
+def test_a_file_on_the_way_of_a_directory(tmp_path, below):
+  (tmp_path / "notes").write_text("a file")
+  target = tmp_path / "notes" / below if below else tmp_path / "notes"
+  with pytest.raises(io.PathFault) as caught:
+    io.check_writable(target, "work directory")
+  assert fault_line(caught.value) == (f"{os.path.normpath(target)}: cannot create the work directory: "
+                                      f"{tmp_path / 'notes'} is a file, not a directory")
+
+
+def test_a_relative_path_is_named_as_given(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "README.md").write_text("a file")
+  with pytest.raises(io.PathFault) as caught:
+    io.make_directory("README.md/x", "work directory")
+  assert fault_line(caught.value) == ("README.md/x: cannot create the work directory: README.md is a file, not a "
+                                      "directory")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where nothing can be created")
+def test_a_directory_that_cannot_be_created(tmp_path):
+  with pytest.raises(io.PathFault) as caught:  # ENOENT, as root too: procfs creates nothing
+    io.check_writable("/proc/x/run", "work directory")
+  assert fault_line(caught.value) == ("/proc/x/run: cannot create the work directory in /proc (No such file or "
+                                      "directory)")
+
+
+@pytest.mark.skipif(not os.path.isdir("/sys/kernel"), reason="needs Linux's /sys, which refuses new directories")
+@pytest.mark.parametrize("target, named", [("/sys/x/run", "/sys/x"), ("/sys/kernel", "/sys/kernel")])
+def test_a_directory_without_permission_as_any_user(target, named):
+  with pytest.raises(OSError) as caught:  # EPERM or EACCES, as root too: sysfs creates nothing
+    io.check_writable(target, "work directory")
+  line = fault_line(caught.value)
+  assert line.startswith(f"{named}: ") and ("permission denied" in line or "operation not permitted" in line), line
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write in any directory whatever its permissions; "
+                    "test_a_directory_without_permission_as_any_user covers root")
+@pytest.mark.parametrize("where", ["in", "below"])
+def test_a_directory_without_permission(tmp_path, where):
+  locked = tmp_path / "locked"
+  locked.mkdir(mode=0o500)
+  try:
+    with pytest.raises(PermissionError) as caught:
+      io.check_writable(locked if where == "in" else locked / "run", "work directory")
+    assert fault_line(caught.value).startswith(f"{locked}") and "permission denied" in fault_line(caught.value)
+  finally:
+    locked.chmod(0o700)
+
+
+def test_a_writable_directory_is_created_and_left_empty(tmp_path):
+  assert io.check_writable(tmp_path / "a" / "b") == tmp_path / "a" / "b"
+  assert list((tmp_path / "a" / "b").iterdir()) == []
