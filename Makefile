@@ -83,7 +83,7 @@ bench: venv
 	$(PY) bench/moe_layer.py --small --tpu v5p:1x1x1  # the TPU compiler's estimate (libtpu), any machine
 	$(PY) bench/input_pipeline.py
 
-bench-gpu: venv  # the accelerator suite (README, Results): bench/results/<date>-<device>.json, RESULTS.md
+bench-gpu: venv  # the accelerator suite: bench/results/<date>-<device>.json (docs/performance.md: python bench/report.py)
 	$(PY) bench/gpu_suite.py $(ARGS)
 
 inspect-data: venv

@@ -1,13 +1,14 @@
 """The accelerator benchmark suite in one command: the MoE layer for every dispatch, the training steps of
 configs/base.py and configs/dense_base.py, and beam-4 decoding of the test split with configs/base.py.
 
-  make bench-gpu                       # = python bench/gpu_suite.py, on a GPU machine (minutes: see README)
+  make bench-gpu                       # = python bench/gpu_suite.py, on a GPU machine (about 9 minutes on an H100)
   python bench/gpu_suite.py --sections training --runs dense_base:defaults,dense_base:scanned   # some steps only
-  python bench/gpu_suite.py --small --out /tmp/suite --results_md ""   # the same code at CPU sizes (a minute)
-  python bench/gpu_suite.py --from_json bench/results/<date>-<device>.json   # the section of a run a limit stopped
+  python bench/gpu_suite.py --small --out /tmp/suite   # the same code at CPU sizes (a minute)
+  python bench/gpu_suite.py --from_json bench/results/<date>-<device>.json   # the tables of a run a limit stopped
 
 Writes <out>/<date>-<device>.json (default bench/results/; again after each section and each training step, with
-"finished": false until the end) and appends a section to --results_md (default bench/RESULTS.md; "" for none).
+"finished": false until the end) and prints its tables; it writes no document. docs/performance.md is generated
+from the JSON files by `python bench/report.py`.
 Sections:
 
 - MoE layer: forward + backward of bench/moe_layer.py's reference shape (16,384 tokens, M=1024, H=4096, E=32,
@@ -259,15 +260,6 @@ def small_backend():
   xla_flags.add((("xla_backend_optimization_level", "0"),))
 
 
-def append_section(result: dict, results_md: str) -> str:
-  """The RESULTS.md section of `result`, appended to `results_md` unless that is ""."""
-  section = markdown(result)
-  if results_md:
-    with open(results_md, "a") as f:
-      f.write("\n" + section)
-  return section
-
-
 def run_section(fn, *args) -> dict:
   start = time.perf_counter()
   try:
@@ -282,16 +274,14 @@ def main(argv) -> int:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--small", action="store_true", help="CPU-sized shapes, seconds per section")
   parser.add_argument("--out", default=str(ROOT / "bench" / "results"), help="folder of the JSON file")
-  parser.add_argument("--results_md", default=str(ROOT / "bench" / "RESULTS.md"),
-                      help='the markdown file to append a section to ("" for none)')
   parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated, of " + ",".join(SECTIONS))
   parser.add_argument("--runs", default="", help="the training section's config:variant pairs, comma-separated "
                       "(default: RUNS), e.g. dense_base:defaults,dense_base:scanned")
-  parser.add_argument("--from_json", default="", help="write the markdown of a JSON this suite wrote (one a time "
-                      "limit stopped, say) to --results_md, and run nothing")
+  parser.add_argument("--from_json", default="", help="print the tables of a JSON this suite wrote (one a time "
+                      "limit stopped, say), and run nothing")
   args = parser.parse_args(argv)
   if args.from_json:
-    print(append_section(json.loads(pathlib.Path(args.from_json).read_text()), args.results_md))
+    print(markdown(json.loads(pathlib.Path(args.from_json).read_text())))
     return 0
   sections = args.sections.split(",")
   runs = [tuple(run.split(":", 1)) for run in args.runs.split(",") if run] or RUNS[args.small]
@@ -342,8 +332,7 @@ def main(argv) -> int:
             profile_section, args.small, name, sizes["train_warmup"], sizes["profile_steps"]))
         save()
   save(finished=True)
-  section = append_section(result, args.results_md)
-  print(f"\n{section}\nwrote {path}" + (f" and a section of {args.results_md}" if args.results_md else ""))
+  print(f"\n{markdown(result)}\nwrote {path} (docs/performance.md: python bench/report.py)")
   moe = result.get("moe_layer", {})
   failed = "error" in moe or any("error" in r for r in moe.get("rows", []) + result.get("training", []) + result.get(
       "profile", [])) or "error" in result.get("decoding", {})

@@ -17,8 +17,8 @@ mutant that compiles to the unmutated program can reuse its compiled code.
   python bench/mutate.py --list
 
 Per module it prints generated / killed / survived / timed out / no tests, writes the diff of every surviving mutant to
-mutants/<name>/survivors.diff and the counts to mutants/summary.json. bench/RESULTS.md records a run and a verdict on
-each survivor.
+mutants/<name>/survivors.diff and the counts to mutants/summary.json. docs/decisions.md records the last run's verdict
+on each survivor.
 """
 
 import argparse

@@ -1,10 +1,10 @@
-"""The RESULTS.md section of an accelerator-suite run (bench/gpu_suite.py): its JSON's figures as tables."""
+"""The tables of an accelerator-suite run (bench/gpu_suite.py) as markdown, printed by the suite: its JSON's figures."""
 
 from __future__ import annotations
 
 
 def markdown(result: dict) -> str:
-  """The RESULTS.md section of a suite run."""
+  """The tables of a suite run, as markdown."""
   env = result["environment"]
   lines = [f"## Accelerator suite: {env['device']} ({env['date']})", "",
            f"{env['device_count']} x {env['device']} ({env['platform']}), JAX {env['jax']}, flax {env['flax']}, "

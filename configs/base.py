@@ -5,10 +5,10 @@
 M=512, 8 heads, dense FFN 2048, expert FFN 2048 (top-2: 2 x 2048 per token), 512 rows x 64 source / 40 target
 tokens per step (sources take ~1.6x the tokens of their targets: 92% of the slots hold tokens, 79% with 64 / 64),
 bf16 computation. Compare with configs/dense_base.py (same FLOPs per token, no experts). Step time, tokens/s
-and MFU go to runs/base/metrics.jsonl; the H100 figures are in bench/RESULTS.md.
+and MFU go to runs/base/metrics.jsonl; the H100 figures are in docs/performance.md.
 
 The layers are unrolled (model.scan_layers=False): on one H100 the scanned step is markedly slower, for a little
-less compilation (bench/RESULTS.md, "The training step on one H100").
+less compilation (docs/decisions.md).
 """
 
 from gshard_mt.config import defaults

@@ -6,7 +6,7 @@
   python train.py --config configs/moe_2048e_12l.py --workdir gs://.../moe_2048e_12l   # on 2048 v3 cores
 
 The rest (float32, Adafactor, 64k vocabulary; bf16 with --config.model.dtype=bfloat16) is configs/paper/gshard.py.
-Dry run: see bench/RESULTS.md, Paper models.
+Dry run: see docs/scaling.md.
 """
 
 import pathlib

@@ -6,7 +6,7 @@
   python train.py --config configs/moe_512e_12l.py --workdir gs://.../moe_512e_12l   # on 512 v3 cores
 
 The rest (float32, Adafactor, 64k vocabulary; bf16 with --config.model.dtype=bfloat16) is configs/paper/gshard.py.
-Dry run: see bench/RESULTS.md, Paper models.
+Dry run: see docs/scaling.md.
 """
 
 import pathlib

@@ -4,7 +4,7 @@ sampled at the paper's temperature T=5, on the tiny geometry (M=128, 2+2 layers,
   make study      # = python -m gshard_mt.tools.study --sweep configs/sweeps/study.py
 
 runs every point of configs/sweeps/study.py (dense, 4-32 experts at equal FLOPs per token, bilingual baselines)
-and writes the report into runs/sweeps/study/. Measured results: bench/RESULTS.md, "MoE versus dense".
+and writes the report into runs/sweeps/study/. Measured results: docs/performance.md.
 """
 
 from gshard_mt.config import defaults

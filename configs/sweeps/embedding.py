@@ -4,7 +4,7 @@
 
 Compares gshard_mt's scheme before 2026-11-23 (std-1 embedding times sqrt(M), tied logits), the same with the
 embedding std at M^-0.5, Vaswani et al.'s tied scheme, and the default (Vaswani's input scale, untied logits).
-Measured curves: bench/RESULTS.md, "Initialisation".
+Measured: docs/decisions.md.
 """
 
 BASE = "configs/multi30k.py"

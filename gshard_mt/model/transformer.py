@@ -32,7 +32,7 @@ BLM = ("batch", "length", "embed")
 EMBEDDING_SCHEMES = {
     "t5": (0.0, 0.0, -0.5),  # T5 and Flax's examples/wmt: std 1, logits scaled down
     "vaswani": (-0.5, 0.5, 0.0),  # Vaswani et al., tensor2tensor, fairseq: std M^-0.5, inputs scaled up
-    # Mixtures of the two, kept to reproduce the comparison in bench/RESULTS.md: inputs sqrt(M) times too large
+    # Mixtures of the two, kept to reproduce the comparison in docs/decisions.md: inputs sqrt(M) times too large
     # (initial loss grows with M), and logits sqrt(M) times too small (slow start).
     "sqrt_input": (0.0, 0.5, -0.5),
     "small_logits": (-0.5, 0.5, -0.5),

@@ -5,7 +5,7 @@ M]) -> [G, S, M]` returns the weighted expert outputs to their tokens. Both keep
 in which the G -> E and E -> G all-to-alls (when E is split over devices) send and deliver the buffers: the index
 dispatcher's gathers write and read that layout directly (G as the gather's batch dimension). So the forward pass
 moves no transpose of the buffers through HBM beside the all-to-alls, and the backward pass one, in the combine's
-scatter-add (`take_slots`; bench/RESULTS.md, "The MoE buffers E-major").
+scatter-add (`take_slots`; docs/decisions.md).
 
 - EinsumDispatcher: the paper's one-hot einsums over the dense [G, S, E, C] tensors (the readable reference).
 - IndexDispatcher: gathers by slot index; never builds the [G, S, E, C] one-hot (same outputs and gradients);
@@ -114,7 +114,7 @@ class IndexDispatcher:
   """Gather/scatter by slot index: O(G·E·C·M) data movement, no dense one-hot. With gather_backward=True
   (moe.dispatch='index_gather') the gathers' backward passes are gathers too (`take_rows`: a slot holds at most
   one token, a token sits in at most K slots) instead of XLA's scatter-adds, which were the MoE layer's longest
-  kernels in the H100 profile; on the TPU estimate they cost more (bench/RESULTS.md)."""
+  kernels in the H100 profile; on the TPU estimate they cost more (docs/decisions.md)."""
 
   routing: Routing
   gather_backward: bool = struct.field(pytree_node=False, default=False)
@@ -140,8 +140,7 @@ class IndexDispatcher:
   def dispatch(self, x: jax.Array) -> jax.Array:
     """[G, S, M] -> [E, G, C, M]. An empty slot holds its group's last token instead of zeros: no assignment
     reads it back with a nonzero weight (`combine`), so its gradients are exact zeros and the layer's outputs and
-    gradients are those of zero-filled slots, without a padded copy of x (bench/RESULTS.md, "The MoE buffers
-    E-major")."""
+    gradients are those of zero-filled slots, without a padded copy of x (docs/decisions.md)."""
     G, S, M = x.shape
     E, C, K = self.routing.num_experts, self.routing.capacity, self.routing.slot.shape[-1]
     token_of_slot = jnp.minimum(self._position_of_slot() // K, S - 1).reshape(G, E, C)  # s, or S - 1 if empty

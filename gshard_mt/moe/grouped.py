@@ -6,7 +6,7 @@ expert's rows (twice each). `moe.grouped_kernel` picks who computes them:
 
 - 'ragged_dot': XLA's `jax.lax.ragged_dot`. On TPU a Mosaic kernel, handed the float32 master weights as they
   are (it rounds them as it multiplies: no cast pass over the E expert matrices; 0.72 -> 0.82 of the dense FFN on
-  the TPU estimate, bench/RESULTS.md). Elsewhere the weights are cast to the rows' dtype first; on GPUs XLA
+  the TPU estimate, docs/decisions.md). Elsewhere the weights are cast to the rows' dtype first; on GPUs XLA
   multiplies every row by every expert's weights (0.03 of the dense FFN on an H100).
 - 'mosaic_gpu': on a Hopper GPU, JAX's Pallas Mosaic GPU kernels (`jax.experimental.pallas.ops.gpu`:
   `ragged_dot_mgpu` for x W and x W^T, `transposed_ragged_dot_mgpu` for the weight gradients), each block of

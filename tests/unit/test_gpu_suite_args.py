@@ -1,5 +1,5 @@
-"""bench/gpu_suite.py's choice of sections and training runs: bad names end before any work, and the RESULTS.md
-section holds only what ran."""
+"""bench/gpu_suite.py's choice of sections and training runs: bad names end before any work, and the tables it
+prints hold only what ran."""
 
 import json
 import sys
@@ -49,18 +49,17 @@ def test_a_failed_profile_is_said_below_its_heading():
   assert lines[heading + 1:heading + 3] == ["", "configs/base.py: failed (RuntimeError: out of memory)."]
 
 
-def test_the_section_of_a_run_a_time_limit_stopped(tmp_path, capsys):
-  """A run stopped after its first training step left its JSON (written after each step): --from_json makes its
-  section, which says so."""
+def test_the_tables_of_a_run_a_time_limit_stopped(tmp_path, capsys):
+  """A run stopped after its first training step left its JSON (written after each step): --from_json prints its
+  tables, which say so, and writes nothing."""
   row = dict(config="configs/dense_base.py", variant="defaults", step_ms=50.0, mfu=0.2, tokens_per_s=1e6,
              batch_size=512, row_lengths=[64, 40])
   result = dict(environment=dict(device="GPU", date="2026-11-26", device_count=1, platform="gpu", jax="0.11.2",
                                  flax="0.12.10", commit="abc", xla_flags=""),
                 command="python bench/gpu_suite.py", seconds=600, json="x.json", finished=False, training=[row])
   (tmp_path / "x.json").write_text(json.dumps(result))
-  markdown = tmp_path / "RESULTS.md"
-  assert gpu_suite.main(["--from_json", str(tmp_path / "x.json"), "--results_md", str(markdown)]) == 0
-  text = markdown.read_text()
+  assert gpu_suite.main(["--from_json", str(tmp_path / "x.json")]) == 0
+  text = capsys.readouterr().out
   assert "(10.0 minutes, stopped before the end: the sections below ran)" in text
   assert "| configs/dense_base.py | defaults | 512 x 64 / 40 | 50.0 | 1.00x |" in text
-  assert text.strip() in capsys.readouterr().out
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json"]

@@ -1,7 +1,7 @@
 """Tests that kill the mutants `make mutate` (bench/mutate.py) found surviving the modules' own unit tests.
 
 One class per module (bench/mutate.py runs each module against its unit test file and its class here); each test
-names the mutmut mutants it kills. bench/RESULTS.md ("Mutation testing") lists the survivors left, all equivalent.
+names the mutmut mutants it kills. docs/decisions.md ("Testing") lists the survivors left, all equivalent.
 """
 
 import math
@@ -163,7 +163,7 @@ class TestGating:
 class TestReport:
   """The whole report text, byte for byte: kills the mutants of report.markdown, report.summary and report._fmt
   that change a separator, a blank line, a header, a sign or a format (x_markdown__mutmut_17, _35, _39, _40, _52 to
-  _56, _101 to _116, _144 to _166, x__fmt__mutmut_1 to _16, x_summary__mutmut_*: see bench/RESULTS.md)."""
+  _56, _101 to _116, _144 to _166, x__fmt__mutmut_1 to _16, x_summary__mutmut_*: see docs/decisions.md)."""
 
   @staticmethod
   def with_baseline():

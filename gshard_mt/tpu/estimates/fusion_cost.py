@@ -1,7 +1,7 @@
 """The TPU compiler's own estimate of each fusion of a compiled program: each fused computation compiled alone.
 
 `optimal_seconds` is one total for the program. `roofline.instruction_costs` charges each instruction its FLOPs and
-its operands' and result's bytes, and the sum falls short of the total (bench/RESULTS.md: by the bytes that the
+its operands' and result's bytes, and the sum falls short of the total (docs/decisions.md: by the bytes that the
 compiler counts beyond those). Here the compiler is asked itself, one fusion at a time: the fused computation
 becomes the entry computation of a module of its own, which the same compile-only client compiles.
 

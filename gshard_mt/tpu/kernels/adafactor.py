@@ -2,8 +2,8 @@
 kernels for TPUs, behind the same state as the optax chain (so a checkpoint restores with either setting).
 
 XLA compiles the chain into more passes over each weight, and it copies weights into VMEM ahead of the passes
-that follow a reduction, which the TPU compiler's estimate charges at about twice the pass (bench/RESULTS.md,
-"Adafactor in three passes"). Here, for a weight X with gradient G, decay d, step size lr and weight decay wd:
+that follow a reduction, which the TPU compiler's estimate charges at about twice the pass (docs/decisions.md).
+Here, for a weight X with gradient G, decay d, step size lr and weight decay wd:
 
   1. sums of G^2 (over L and over S for a factored weight) and of X^2: the global norm, hence the clipping scale
      s; V_row, V_col; RMS(X)

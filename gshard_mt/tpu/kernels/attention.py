@@ -5,7 +5,7 @@ that recomputes it; the packing mask built inside from the segment ids.
 One kernel per direction, so that neither the normalized rows nor any [B, L, A·D] tensor (q, k, v, the core's
 output, or their cotangents) goes through HBM: a block of rows is normalized, projected, attended and projected
 back in VMEM, the weights staying there over the grid, in as many rows as the TPU's VMEM holds (`pallas_vmem`;
-bench/RESULTS.md, "The whole attention block in one Pallas kernel"). Our rows are short (64 source,
+docs/decisions.md). Our rows are short (64 source,
 40 target positions), so each row's scores [Q, K] fit whole: no online softmax. Activations are read as 2-D
 [B·L, M] blocks; each head's D columns are taken inside. The backward accumulates the gradients of the weights
 and of the norm's scale and bias over its grid in float32, one partial per TensorCore (the grid's first, parallel

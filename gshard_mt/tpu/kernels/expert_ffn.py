@@ -3,8 +3,8 @@ kernels for TPUs, one per direction.
 
 What XLA's fusions of the same matmuls are charged for on the TPU estimate, and these kernels are not: the ReLU
 mask packed into bits along G inside the first matmul, the float32 weights converted to bf16 inside every matmul
-that reads them, and the transposes of the buffers around the all-to-alls (bench/RESULTS.md, "The experts' FFN in
-two Pallas kernels"). Here each expert's weights are cast once into VMEM, where they stay over its blocks of rows,
+that reads them, and the transposes of the buffers around the all-to-alls (docs/decisions.md).
+Here each expert's weights are cast once into VMEM, where they stay over its blocks of rows,
 and the hidden activation goes through HBM once: the forward writes h = relu(x wi), from which the backward reads
 both the ReLU's mask (h > 0) and dwo's operand. The backward accumulates dwi and dwo in float32 over an expert's
 rows, in VMEM.

@@ -21,7 +21,7 @@ def on_tpu(run, *args, pin_from: int = 0, elsewhere=None):
   mode, `run(True)`): chosen where the program is lowered, not by the host's default backend (a TPU program
   compiled ahead of time on a CPU host gets the kernels). On a TPU the args from `pin_from` on stay in HBM, where
   the kernel's blocks stream from: left to it, the compiler copies whole operands into VMEM ahead of a call,
-  which its estimate charges at about twice the call (bench/RESULTS.md, "Adafactor in three passes")."""
+  which its estimate charges at about twice the call (docs/decisions.md)."""
   def pinned(*args):
     return run(False)(*args[:pin_from], *(pltpu.with_memory_space_constraint(x, pltpu.HBM)
                                           for x in args[pin_from:]))

@@ -1,6 +1,6 @@
 """What the Pallas attention kernels (`pallas_attention`) hold in VMEM, the rows per block that fit a TPU, and
-whether they fit at all: the training setup's check before compiling (bench/RESULTS.md, "The whole attention
-block in one Pallas kernel"). Letters as in `layers`: Q, K positions, M model dim, A·D the heads' width. Also
+whether they fit at all: the training setup's check before compiling (docs/decisions.md).
+Letters as in `layers`: Q, K positions, M model dim, A·D the heads' width. Also
 Mosaic's rule for the row blocks of the other kernels (`divisor_rows`).
 """
 

@@ -1,0 +1,100 @@
+"""The documents against the code: docs/config.md lists every config key with its default, docs/performance.md is
+what bench/report.py writes from bench/results/, the README stays short, and the documents' links lead somewhere."""
+
+import ast
+import dataclasses
+import re
+import sys
+
+import pytest
+
+from gshard_mt.config.defaults import get_config
+from gshard_mt.moe.config import MoeConfig
+from tests.helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import report  # noqa: E402  (bench/report.py)
+
+CONFIG_DOC = ROOT / "docs" / "config.md"
+ROW = re.compile(r"^\| `([a-z_][a-z0-9_.]*)` \| `(.*?)` \|")
+
+
+def flatten(tree, prefix=""):
+  """{'a.b': value} of a ConfigDict, dict or dataclass tree."""
+  if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+    tree = dataclasses.asdict(tree)
+  if hasattr(tree, "to_dict"):
+    tree = tree.to_dict()
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict) or hasattr(value, "to_dict") or dataclasses.is_dataclass(value):
+      out |= flatten(value, f"{prefix}{key}.")
+    else:
+      out[prefix + key] = value
+  return out
+
+
+def documented(text: str) -> dict:
+  """{key: default} of the document's table rows `| `key` | `default` | meaning |`."""
+  rows = {}
+  for line in text.splitlines():
+    if m := ROW.match(line):
+      assert m.group(1) not in rows, f"docs/config.md lists {m.group(1)} twice"
+      rows[m.group(1)] = ast.literal_eval(m.group(2))
+  return rows
+
+
+def differences(doc: dict, defaults: dict) -> list[str]:
+  problems = [f"{k}: not in docs/config.md (default {defaults[k]!r})" for k in defaults if k not in doc]
+  problems += [f"{k}: in docs/config.md, not in the config" for k in doc if k not in defaults]
+  problems += [f"{k}: docs/config.md says {doc[k]!r}, the code {defaults[k]!r}" for k in doc
+               if k in defaults and (doc[k] != defaults[k] or type(doc[k]) is not type(defaults[k]))]
+  return problems
+
+
+def test_every_config_key_is_documented_with_its_default():
+  assert differences(documented(CONFIG_DOC.read_text()), flatten(get_config())) == []
+
+
+def test_the_moe_rows_are_moe_config():
+  moe = {f"moe.{f.name}": f.default for f in dataclasses.fields(MoeConfig)}
+  doc = {k: v for k, v in documented(CONFIG_DOC.read_text()).items() if k.startswith("moe.")}
+  assert differences(doc, moe) == []
+
+
+def test_the_check_fails_on_a_missing_key_or_another_default():
+  text = CONFIG_DOC.read_text()
+  defaults = flatten(get_config())
+  missing = "\n".join(line for line in text.splitlines() if not line.startswith("| `moe.num_experts` |"))
+  assert differences(documented(missing), defaults) == ["moe.num_experts: not in docs/config.md (default 32)"]
+  changed = text.replace("| `data.temperature` | `5.0` |", "| `data.temperature` | `1.0` |")
+  assert differences(documented(changed), defaults) == ["data.temperature: docs/config.md says 1.0, the code 5.0"]
+  typed = text.replace("| `data.temperature` | `5.0` |", "| `data.temperature` | `5` |")
+  assert differences(documented(typed), defaults) == ["data.temperature: docs/config.md says 5, the code 5.0"]
+  extra = text + "\n| `model.nope` | `1` | no such key |\n"
+  assert differences(documented(extra), defaults) == ["model.nope: in docs/config.md, not in the config"]
+
+
+def test_performance_md_is_what_bench_report_writes():
+  assert (ROOT / "docs" / "performance.md").read_text() == report.render(), (
+      "docs/performance.md differs from bench/report.py's output: run `python bench/report.py`")
+
+
+def test_every_result_file_has_a_source(tmp_path):
+  """A JSON result without its environment and command, and not in sources.json, is refused."""
+  (tmp_path / "sources.json").write_text("{}")
+  (tmp_path / "x.json").write_text('{"points": []}')
+  with pytest.raises(ValueError, match="x.json: no environment and command"):
+    report.load(tmp_path)
+
+
+def test_the_readme_is_short():
+  assert len((ROOT / "README.md").read_text().splitlines()) <= 300
+
+
+@pytest.mark.parametrize("doc", ["README.md", *[f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md"))]])
+def test_relative_links_lead_to_files(doc):
+  path = ROOT / doc
+  links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", path.read_text())
+  missing = [link for link in links if "://" not in link and not (path.parent / link).exists()]
+  assert missing == []
