@@ -1,10 +1,11 @@
 """The compiler flags that every entry point sets (`cli.run`, before JAX starts a backend, which reads them once):
-XLA's GPU flags in XLA_FLAGS where JAX will use an NVIDIA GPU, and libtpu's flags in LIBTPU_INIT_ARGS where libtpu is
-installed (a TPU VM, and the compile-only TPU devices of the dry run and bench/step_breakdown.py, whose estimates so
-see what training compiles). An unknown flag aborts the process: tests/unit/test_xla_flags.py checks the GPU flags
-against the installed jaxlib, and a libtpu flag is added only where the installed libtpu names it (libtpu is
-unpinned; a scan of libtpu.so, 0.2 s once cached). A flag already set keeps the user's value; GSHARD_MT_GPU_FLAGS=0
-and GSHARD_MT_TPU_FLAGS=0 set none.
+XLA's GPU flags in XLA_FLAGS where JAX will use an NVIDIA GPU, and libtpu's flags in LIBTPU_INIT_ARGS where a TPU
+will run the program: a host with TPU chips (a TPU VM), and the compile-only TPU devices of the dry run and the
+benchmarks (`tpu_compiler.topology_devices` adds them, so that their estimates see what training compiles). A CPU
+machine gets neither and logs nothing about them, libtpu installed or not. An unknown flag aborts the process:
+tests/unit/test_xla_flags.py checks the GPU flags against the installed jaxlib, and a libtpu flag is added only
+where the installed libtpu names it (libtpu is unpinned; a scan of libtpu.so, 0.2 s once cached). A flag already
+set keeps the user's value; GSHARD_MT_GPU_FLAGS=0 and GSHARD_MT_TPU_FLAGS=0 set none.
 
 GPU: those that MaxText's GPU training scripts and NVIDIA's JAX-Toolbox recommend. Left out: command buffers (CUDA
 graphs) keep XLA's default, which already captures fusions and library calls; MaxText's `--xla_gpu_graph_level=0`
@@ -14,7 +15,7 @@ thresholds and pipelining tune many-GPU FSDP runs and are left to the user's XLA
 TPU: every gather that the SparseCores can do goes to them (v5p, v6e; chips without them ignore the flag). XLA
 otherwise offloads only gathers from tables of 16 MiB or more and emits the others as fusions of the TensorCore: the
 MoE layer's dispatch, 20,480 rows of 1 KiB from 8 MiB of tokens per v5p chip in configs/base.py, is estimated at
-95 us as a fusion and 25 us offloaded (bench/RESULTS.md, "Gathers on the SparseCores").
+95 us as a fusion and 25 us offloaded (docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ import importlib.util
 import logging
 import mmap
 import os
+
+# What `quiet_tpu_host_lookup` names where no TPU chip is present: a local host and any accelerator type.
+TPU_HOST_VARIABLES = {"TPU_WORKER_HOSTNAMES": "localhost", "TPU_ACCELERATOR_TYPE": "v3-8"}
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +78,25 @@ def apply_gpu(environ=os.environ) -> list[str]:
   return _logged(add(GPU_FLAGS, environ), "GPU XLA flags", GPU_SWITCH)
 
 
-def apply_tpu(environ=os.environ) -> list[str]:
-  """Adds the TPU_FLAGS that the installed libtpu knows to environ['LIBTPU_INIT_ARGS'] (unless
+def will_use_tpu(platforms: str) -> bool:
+  """Whether JAX will run the program on a TPU, judged without starting it: this host has TPU chips (JAX's own
+  count of them, from the PCI devices), and JAX_PLATFORMS (`platforms`, comma-separated) is empty or names the TPU.
+  libtpu installed on a CPU or GPU machine (the test extra installs it, for the TPU compiler) is not a TPU."""
+  named = {p.strip() for p in platforms.split(",") if p.strip()}
+  if named and "tpu" not in named:
+    return False
+  from jax._src import hardware_utils
+
+  return hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0
+
+
+def apply_tpu(environ=os.environ, *, compile_only: bool = False) -> list[str]:
+  """Adds the TPU_FLAGS that the installed libtpu knows to environ['LIBTPU_INIT_ARGS'] when a TPU will run the
+  program (`will_use_tpu`) or, with `compile_only`, when the program compiles for compile-only TPU devices (unless
   GSHARD_MT_TPU_FLAGS=0); returns them. Nothing where libtpu is not installed."""
   if environ.get(TPU_SWITCH, "1") == "0" or (spec := importlib.util.find_spec(TPU_LIBRARY)) is None:
+    return []
+  if not compile_only and not will_use_tpu(environ.get("JAX_PLATFORMS", "")):
     return []
   known = known_flags([name for name, _ in TPU_FLAGS], spec)
   for name, _ in TPU_FLAGS:
@@ -106,3 +125,15 @@ def _logged(added: list[str], what: str, switch: str) -> list[str]:
   if added:
     log.info("%s added (%s=0 leaves them out): %s", what, switch, " ".join(added))
   return added
+
+
+def quiet_tpu_host_lookup():
+  """Without TPU hardware the installed libtpu (there for the TPU compiler) still starts when JAX looks for
+  devices, cannot look up this host's TPU type and worker names, and prints six lines of warnings about
+  TPU_ACCELERATOR_TYPE and TPU_WORKER_HOSTNAMES. Naming a local host and any accelerator type skips the look-up
+  and changes nothing else: JAX finds no TPU chip and uses the CPU or GPU. On a TPU VM nothing is set."""
+  from jax._src import hardware_utils
+
+  if hardware_utils.num_available_tpu_chips_and_device_id()[0] == 0:
+    for name, value in TPU_HOST_VARIABLES.items():
+      os.environ.setdefault(name, value)

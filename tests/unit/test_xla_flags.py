@@ -1,7 +1,8 @@
 """The compiler flags of the entry points. GPU: added where JAX will use a CUDA backend (the platform mocked),
-nothing on a CPU or TPU. TPU: added where libtpu is installed (mocked), and libtpu knows them and offloads the MoE
-dispatch's gather with them. Both: the user's own value of a flag wins, a switch turns them off, XLA knows every
-flag."""
+nothing on a CPU or TPU. TPU: added where a TPU will run the program (libtpu installed and TPU chips, both mocked, or
+compile-only TPU devices), nothing on a CPU machine that has libtpu for the TPU compiler; libtpu knows them and
+offloads the MoE dispatch's gather with them. Both: the user's own value of a flag wins, a switch turns them off,
+XLA knows every flag."""
 
 import logging
 import os
@@ -94,8 +95,21 @@ TPU_LISTED = [f"--{name}={value}" for name, value in xla_flags.TPU_FLAGS]
 
 
 @pytest.fixture
-def libtpu_installed(monkeypatch, tmp_path):
-  """A libtpu package whose library names `names`: a module `fake_libtpu` with a fake_libtpu.so beside it."""
+def tpu_chips(monkeypatch):
+  """Sets how many TPU chips JAX finds on this host's PCI bus (4 unless a test says otherwise)."""
+  from jax._src import hardware_utils
+
+  def attach(count: int):
+    monkeypatch.setattr(hardware_utils, "num_available_tpu_chips_and_device_id", lambda: (count, None))
+
+  attach(4)
+  return attach
+
+
+@pytest.fixture
+def libtpu_installed(monkeypatch, tmp_path, tpu_chips):
+  """A TPU host: its chips (`tpu_chips`), and a libtpu package whose library names `names`: a module `fake_libtpu`
+  with a fake_libtpu.so beside it."""
   def install(names=tuple(name for name, _ in xla_flags.TPU_FLAGS)):
     package = tmp_path / "fake_libtpu"
     package.mkdir(exist_ok=True)
@@ -104,6 +118,7 @@ def libtpu_installed(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(xla_flags, "TPU_LIBRARY", "fake_libtpu")
 
+  monkeypatch.delenv("JAX_PLATFORMS", raising=False)
   install()
   return install
 
@@ -127,6 +142,54 @@ def test_the_tpu_flags_keep_the_users_value_and_their_switch(libtpu_installed, m
   assert xla_flags.apply_tpu({}) == []
 
 
+@pytest.mark.parametrize("platforms", ["cpu", "cuda", "cpu,cuda"])
+def test_a_tpu_host_told_to_use_another_platform_gets_no_tpu_flags(libtpu_installed, platforms):
+  env = {"JAX_PLATFORMS": platforms}
+  assert xla_flags.apply_tpu(env) == [] and env == {"JAX_PLATFORMS": platforms}
+  env = {"JAX_PLATFORMS": "tpu,cpu"}
+  assert xla_flags.apply_tpu(env) == TPU_LISTED
+
+
+def test_libtpu_on_a_cpu_machine_gets_no_tpu_flags_and_logs_nothing(libtpu_installed, tpu_chips, caplog):
+  tpu_chips(0)
+  env = {}
+  with caplog.at_level(logging.INFO, logger=xla_flags.__name__):
+    assert xla_flags.apply_tpu(env) == [] and xla_flags.apply(env) == [] and env == {}
+  assert caplog.text == ""
+  # Compile-only TPU devices (the dry run, the benchmarks) compile with them all the same.
+  assert xla_flags.apply_tpu(env, compile_only=True) == TPU_LISTED and env == {"LIBTPU_INIT_ARGS": " ".join(TPU_LISTED)}
+
+
+def tpu_chips_here() -> int:
+  from jax._src import hardware_utils
+
+  return hardware_utils.num_available_tpu_chips_and_device_id()[0]
+
+
+@pytest.mark.skipif(tpu_chips_here() > 0, reason="a TPU host: it gets the libtpu flags")
+def test_a_command_on_a_machine_without_tpu_says_nothing_about_libtpu(tmp_path):
+  env = {k: v for k, v in os.environ.items() if k not in (xla_flags.TPU_SWITCH, "LIBTPU_INIT_ARGS")}
+  from tests.helpers import ROOT
+
+  proc = subprocess.run([sys.executable, "train.py", "--config", "configs/tiny.py", "--workdir", str(tmp_path / "x"),
+                         "--config.num_train_steps=0"], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 2 and "num_train_steps=0" in proc.stderr, proc.stderr[-2000:]
+  assert "libtpu" not in proc.stderr and "LIBTPU_INIT_ARGS" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_compile_only_tpu_devices_get_the_flags(tmp_path):
+  """The dry run and the benchmarks ask for compile-only TPU devices: their estimates compile with the flags."""
+  if sys.platform != "linux":
+    pytest.skip("libtpu (the TPU compiler) has wheels for Linux only")
+  program = ("import os\nfrom gshard_mt.tpu.estimates import tpu_compiler as tpu\n"
+             "print(len(tpu.topology_devices('v5p:1x1x1')), os.environ.get('LIBTPU_INIT_ARGS'))")
+  env = {k: v for k, v in os.environ.items() if k not in (xla_flags.TPU_SWITCH, "LIBTPU_INIT_ARGS")}
+  proc = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.split() == ["1", *TPU_LISTED]
+
+
 def test_a_flag_that_the_installed_libtpu_does_not_name_is_left_out(libtpu_installed, caplog):
   libtpu_installed(names=("xla_tpu_some_other_flag",))
   env = {}
@@ -144,7 +207,7 @@ def test_libtpu_knows_the_flags_and_offloads_the_dispatch_gather():
 
   program = """
 import jax, jax.numpy as jnp
-from gshard_mt.compiler import tpu
+from gshard_mt.tpu.estimates import tpu_compiler as tpu
 device, sharding = tpu.one_chip("v5p:1x1x1")
 x = jax.ShapeDtypeStruct((8192, 512), jnp.bfloat16, sharding=sharding)
 index = jax.ShapeDtypeStruct((20480,), jnp.int32, sharding=sharding)
