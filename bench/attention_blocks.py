@@ -2,7 +2,7 @@
 The compiler's estimate (not a measurement) of one attention core (QK^T, softmax, PV; forward + backward) on
 dense_base's per-chip batch (128 rows x 64 source tokens, 8 heads of 64, bf16), with r rows concatenated into
 one attention block of r x 64 positions (the mask keeps them apart, so the FLOPs grow r times), against the
-per-instruction roofline (`gshard_mt.compiler.roofline`: FLOPs at peak, bytes at bandwidth).
+per-instruction roofline (`gshard_mt.tpu.estimates.roofline`: FLOPs at peak, bytes at bandwidth).
 
   python bench/attention_blocks.py [--topology v5p:2x2x1]
 """
@@ -21,7 +21,8 @@ def main(argv):
   import jax
   import jax.numpy as jnp
 
-  from gshard_mt.compiler import roofline, tpu
+  from gshard_mt.tpu.estimates import roofline
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
   device, sharding = tpu.one_chip(args.topology)
   B, L, A, D = 128, 64, 8, 64

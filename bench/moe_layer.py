@@ -1,6 +1,6 @@
 """Forward + backward of the MoE layer per dispatch implementation, against a dense FFN of hidden 2H.
 
-Reference shape (bench/RESULTS.md): 16,384 tokens, M=1024, H=4096, E=32, top-2, capacity factor 1.25,
+Reference shape (docs/decisions.md): 16,384 tokens, M=1024, H=4096, E=32, top-2, capacity factor 1.25,
 bf16. The dense FFN of hidden 2H does the same useful FLOPs per token with no routing; every variant is reported
 as a ratio to it, measured (or estimated) in the same process.
 
@@ -13,7 +13,7 @@ as a ratio to it, measured (or estimated) in the same process.
 
 --tpu TOPOLOGY compiles forward + backward for compile-only devices of that TPU topology (libtpu, no TPU needed)
 and reports the compiler's estimate instead of a time: `optimal_seconds` of the program's cost analysis, its
-roofline model, a lower bound on time. Each row splits it by kind of operation (gshard_mt.compiler.roofline: a
+roofline model, a lower bound on time. Each row splits it by kind of operation (gshard_mt.tpu.estimates.roofline: a
 roofline per scheduled HLO instruction from the FLOPs and bytes in the compiled program's text, at the compiler's
 own peak and bandwidth; the per-instruction sum is printed beside the total). On several devices the tokens per
 device stay the reference count, the experts are split over the devices ('expert' rules) and the dense FFN runs
@@ -36,13 +36,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from gshard_mt import cli
-from gshard_mt.compiler import roofline, tpu
 from gshard_mt.errors import one_line
 from gshard_mt.moe import grouped
 from gshard_mt.moe.config import MoeConfig
 from gshard_mt.moe.layer import MoeFeedForward
 from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.parallel import rules as rules_lib
+from gshard_mt.tpu.estimates import roofline
+from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
 # bf16 rows: the grouped FFN's kernels agree with ragged_dot to about 1e-2 of the largest value (the Mosaic GPU
 # kernels also round the weight gradients to bf16 once).

@@ -9,7 +9,7 @@ its real shapes and shardings.
 The update is `training.step.apply_update` with the training setup's optimizer (`make_optimizer`; with
 --config.optimizer.kernel=pallas, Adafactor's update as Pallas kernels), behind the finite check of the gradient's
 global norm. --optax compiles optax's own chain instead (optax.clip_by_global_norm then optax.adafactor with the
-same settings), for the comparison in bench/RESULTS.md.
+same settings), for the comparison in docs/decisions.md.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ def main(argv):
   import jax.numpy as jnp
   import optax
 
-  from gshard_mt.compiler import roofline, tpu
   from gshard_mt.tools import dryrun
+  from gshard_mt.tpu.estimates import roofline
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
   from gshard_mt.training import optimizer, step
   from gshard_mt.training.setup import build
 

@@ -1,5 +1,5 @@
 """The attention block on the TPU compiler's estimate (an estimate, not a measurement): model.attention='pallas'
-(`gshard_mt.model.pallas_attention`: the whole block in Pallas kernels with a declared cost) against the einsums
+(`gshard_mt.tpu.kernels.attention`: the whole block in Pallas kernels with a declared cost) against the einsums
 of 'xla'.
 
   python bench/pallas_attention.py [--topology v5p:2x2x1]
@@ -29,8 +29,8 @@ def block_costs(shape, Q: int, K: int, causal: bool, cross: bool, attention: str
   import jax
   import jax.numpy as jnp
 
-  from gshard_mt.compiler import tpu
   from gshard_mt.model import layers
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
   B, M, A, D = 128, 512, 8, 64
   x, kv = shape((B, Q, M), jnp.bfloat16), shape((B, K, M), jnp.bfloat16)
@@ -58,7 +58,7 @@ def main(argv):
   args = p.parse_args(argv)
   import jax
 
-  from gshard_mt.compiler import tpu
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
   _, sharding = tpu.one_chip(args.topology)
   shape = lambda s, dtype: jax.ShapeDtypeStruct(s, dtype, sharding=sharding)  # noqa: E731

@@ -25,7 +25,7 @@ GIB = 2**30
 
 
 def dry_run(model: str, out: pathlib.Path, step_time: bool, points: dict) -> dict:
-  """The report of configs/moe_<model>.py on its v3 topology; `points` as in gshard_mt.tools.step_cost.step_time,
+  """The report of configs/moe_<model>.py on its v3 topology; `points` as in tpu.estimates.step_cost.step_time,
   shared by the models of one expert count and batch."""
   from gshard_mt import config as config_lib
   from gshard_mt.tools import dryrun

@@ -1,5 +1,5 @@
 """Where a training step's time goes, measured on the machine it runs on: a `jax.profiler` trace of a few warmed-up
-steps, each device operation's time summed by part of the model (`gshard_mt.compiler.parts`: the parts of
+steps, each device operation's time summed by part of the model (`gshard_mt.tpu.estimates.parts`: the parts of
 bench/step_breakdown.py's TPU estimate), the matmuls' share of each part, and the time the device sat idle
 between operations (waiting for the host).
 
@@ -43,11 +43,11 @@ import jax  # noqa: E402
 
 from gshard_mt import cli, io, xla_flags  # noqa: E402
 from gshard_mt import config as config_lib  # noqa: E402
-from gshard_mt.compiler import parts  # noqa: E402
 from gshard_mt.data import pipeline  # noqa: E402
 from gshard_mt.errors import UserError  # noqa: E402
 from gshard_mt.model.transformer import Transformer  # noqa: E402
 from gshard_mt.parallel import distributed  # noqa: E402
+from gshard_mt.tpu.estimates import parts  # noqa: E402
 from gshard_mt.training.setup import build  # noqa: E402
 
 IDLE = "idle: the device waits (for the host)"

@@ -5,15 +5,15 @@ time, not a measurement).
       --config.model.num_encoder_layers=2 --config.model.num_decoder_layers=2
 
 Compiles the step with the layers unrolled (model.scan_layers=False, so every layer is counted), splits the
-compiler's roofline per scheduled instruction (`gshard_mt.compiler.roofline.instruction_costs`) and sums it by part
-(`gshard_mt.compiler.parts`, the parts that bench/profile_step.py measures on an accelerator): the optimizer, the
+compiler's roofline per scheduled instruction (`gshard_mt.tpu.estimates.roofline.instruction_costs`) and sums it by part
+(`gshard_mt.tpu.estimates.parts`, the parts that bench/profile_step.py measures on an accelerator): the optimizer, the
 logits and loss, attention, the MoE expert matmuls, ... Prints the compiler's own total (`optimal_seconds`) beside
 the per-instruction sum: the two differ, and the difference is printed too, and so are the bytes each counts.
 --top N then lists the N costliest instructions (of the parts named with --part) with their part, result shape and
 JAX operation.
 
 --per-fusion adds a column: the compiler's own estimate of each fusion compiled alone
-(`gshard_mt.compiler.fusion_cost`), the per-instruction roofline for the rest; its sum is printed beside the other
+(`gshard_mt.tpu.estimates.fusion_cost`), the per-instruction roofline for the rest; its sum is printed beside the other
 two. It says which parts the compiler charges beyond their FLOPs and bytes (an estimate of an estimate: a fusion
 alone chooses its own layouts).
 """
@@ -24,7 +24,7 @@ import collections
 
 from gshard_mt import cli
 from gshard_mt import config as config_lib
-from gshard_mt.compiler.parts import part_of
+from gshard_mt.tpu.estimates.parts import part_of
 
 
 def main(argv):
@@ -35,8 +35,9 @@ def main(argv):
   parser.add_argument("--part", default="", help="list only the instructions of parts whose name contains this")
   parser.add_argument("--per-fusion", action="store_true", help="also each fusion's estimate, compiled alone")
   parsed = parser.parse_args(args)
-  from gshard_mt.compiler import fusion_cost, roofline, tpu
-  from gshard_mt.tools import dryrun, step_cost
+  from gshard_mt.tools import dryrun
+  from gshard_mt.tpu.estimates import fusion_cost, roofline, step_cost
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
   devices = tpu.topology_devices(parsed.topology)
   config = dryrun.load_for(parsed.config, {**overrides, "model.scan_layers": "False"}, len(devices))

@@ -1,7 +1,7 @@
 """Where the TPU estimate's unattributed time lives: the compiler's estimate (not a measurement) of each piece of
 configs/dense_base.py's layers on its per-chip batch (128 rows of 64 source / 40 target positions, M=512, FFN
 3072, 8 heads of 64, V=16,000; bf16 compute, float32 weights), forward + backward, against the per-instruction roofline
-(`gshard_mt.compiler.roofline`: FLOPs at the compiler's peak, bytes at its bandwidth). The difference is what the
+(`gshard_mt.tpu.estimates.roofline`: FLOPs at the compiler's peak, bytes at its bandwidth). The difference is what the
 compiler charges beyond FLOPs and bytes, the "unattributed" of bench/step_breakdown.py.
 
   python bench/step_pieces.py [--topology v5p:2x2x1]
@@ -34,7 +34,7 @@ def dense_base():
 def pieces(jnp, jax):
   """{name: (function, argument shapes and dtypes)} of the step's pieces, each differentiated where it trains, at
   CONFIG's shapes on one of CHIPS chips."""
-  from gshard_mt.model.pallas_attention import pallas_attention
+  from gshard_mt.tpu.kernels.attention import pallas_attention
 
   c = dense_base()
   B, L, T, M, F = c.batch_size // CHIPS, c.data.max_length, c.data.max_target_length, c.model.emb_dim, c.model.mlp_dim
@@ -156,7 +156,8 @@ def main(argv):
   import jax
   import jax.numpy as jnp
 
-  from gshard_mt.compiler import roofline, tpu
+  from gshard_mt.tpu.estimates import roofline
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
   device, sharding = tpu.one_chip(args.topology)
   print("| piece, forward + backward | compiler's optimal_seconds | per-instruction roofline | unattributed |")

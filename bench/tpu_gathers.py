@@ -25,7 +25,7 @@ def estimates(topology: str) -> list[tuple[str, float]]:
   import jax
   import jax.numpy as jnp
 
-  from gshard_mt.compiler import tpu
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
   _, sharding = tpu.one_chip(topology)
   index = jax.ShapeDtypeStruct((ROWS,), jnp.int32, sharding=sharding)

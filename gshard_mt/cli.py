@@ -16,8 +16,6 @@ from gshard_mt import compilation_cache, io, xla_flags
 from gshard_mt.errors import UserError
 
 QUIET = ("absl", "jax._src.xla_bridge", "orbax")
-# What `quiet_tpu_host_lookup` names where no TPU chip is present: a local host and any accelerator type.
-TPU_HOST_VARIABLES = {"TPU_WORKER_HOSTNAMES": "localhost", "TPU_ACCELERATOR_TYPE": "v3-8"}
 
 
 def setup_logging():
@@ -30,18 +28,6 @@ def setup_logging():
     handler.addFilter(lambda record: not (record.exc_info and io.storage_fault(record.exc_info[1])))
   report = threading.excepthook
   threading.excepthook = lambda args: None if io.storage_fault(args.exc_value) else report(args)
-
-
-def quiet_tpu_host_lookup():
-  """Without TPU hardware the installed libtpu (there for the TPU compiler) still starts when JAX looks for
-  devices, cannot look up this host's TPU type and worker names, and prints six lines of warnings about
-  TPU_ACCELERATOR_TYPE and TPU_WORKER_HOSTNAMES. Naming a local host and any accelerator type skips the look-up
-  and changes nothing else: JAX finds no TPU chip and uses the CPU or GPU. On a TPU VM nothing is set."""
-  from jax._src import hardware_utils
-
-  if hardware_utils.num_available_tpu_chips_and_device_id()[0] == 0:
-    for name, value in TPU_HOST_VARIABLES.items():
-      os.environ.setdefault(name, value)
 
 
 def parser(doc: str, *, config: bool = False) -> argparse.ArgumentParser:
@@ -74,7 +60,7 @@ def run(main: Callable[[list[str]], object], argv: list[str] | None = None, prog
   status 130."""
   setup_logging()
   xla_flags.apply()
-  quiet_tpu_host_lookup()
+  xla_flags.quiet_tpu_host_lookup()
   prog = prog or sys.argv[0]
   argv, cache_flag = compilation_cache.take_flag(sys.argv[1:] if argv is None else argv)
   try:

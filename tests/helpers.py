@@ -3,8 +3,8 @@
 import os
 import pathlib
 
-from gshard_mt import cli
 from gshard_mt import config as config_lib
+from gshard_mt import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LANGUAGES = "fra,deu,spa,ell,kab"
@@ -33,9 +33,9 @@ def small_args(**overrides) -> list[str]:
 
 def fresh_env(**extra) -> dict[str, str]:
   """The environment for a subprocess as a fresh shell gives it: without the libtpu host variables that any
-  in-process `cli.run` or TPU compile of this test session sets (`cli.quiet_tpu_host_lookup`), which would hide
+  in-process `cli.run` or TPU compile of this test session sets (`xla_flags.quiet_tpu_host_lookup`), which would hide
   the warnings libtpu prints where a program does not set them itself."""
-  env = {k: v for k, v in os.environ.items() if k not in cli.TPU_HOST_VARIABLES}
+  env = {k: v for k, v in os.environ.items() if k not in xla_flags.TPU_HOST_VARIABLES}
   return {**env, **extra}
 
 

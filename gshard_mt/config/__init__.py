@@ -20,7 +20,7 @@ from gshard_mt import io
 from gshard_mt.config import defaults
 from gshard_mt.data import packing
 from gshard_mt.data.corpus import SOURCES, known_source
-from gshard_mt.errors import ConfigError, UserError
+from gshard_mt.errors import ConfigError, UserError, article
 from gshard_mt.model.layers import ATTENTIONS, DROPOUT_KEYS
 from gshard_mt.model.transformer import EMBEDDING_SCHEMES, REMAT_POLICIES
 from gshard_mt.moe.config import MoeConfig
@@ -39,6 +39,7 @@ CHOICES = {
     "model.attention": ATTENTIONS,
     "optimizer.name": ("adafactor", "adam"),
     "optimizer.kernel": ("xla", "pallas"),
+    "optimizer.loss_kernel": ("xla", "pallas"),
     "optimizer.schedule": ("rsqrt", "constant"),
     "optimizer.warmup": ("linear", "constant"),
     "partitioning": ("data", "expert", "expert_model"),
@@ -131,11 +132,12 @@ def _parse_value(key: str, text: str, current):
     if text.lower() in ("inf", "infinity", "nan"):
       value = float(text.lower())
     else:
-      raise ConfigError(f"--config.{key}={text}: expected a {type(current).__name__}") from None
+      raise ConfigError(f"--config.{key}={text}: expected {article(type(current).__name__)}") from None
   if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
     value = float(value)
   if type(value) is not type(current):
-    raise ConfigError(f"--config.{key}={text}: expected a {type(current).__name__}, got {type(value).__name__}")
+    raise ConfigError(f"--config.{key}={text}: expected {article(type(current).__name__)}, got "
+                      f"{article(type(value).__name__)}")
   return value
 
 

@@ -11,11 +11,8 @@ import dataclasses
 
 import numpy as np
 
+from gshard_mt.batch import FIELDS
 from gshard_mt.data.tokenizer import EOS_ID
-
-FIELDS = ("inputs", "targets")
-BATCH_KEYS = tuple(f"{f}{suffix}" for f in FIELDS for suffix in ("", "_segmentation", "_position"))
-SOURCE_KEYS = BATCH_KEYS[:3]  # what encoding (and so decoding) reads
 
 
 def row_lengths(config) -> tuple[int, int]:

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gshard_mt.data.packing import SOURCE_KEYS
+from gshard_mt.batch import SOURCE_KEYS
 from gshard_mt.data.tokenizer import EOS_ID, PAD_ID, UNK_ID
 from gshard_mt.model.layers import NEG_INF
 from gshard_mt.model.transformer import Transformer

@@ -13,13 +13,14 @@ uses the cached einsum path.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from gshard_mt.parallel.einsum import weight_einsum
 
 NEG_INF = -1e10  # additive mask: exp(NEG_INF - max) is exactly 0 in float32 and bfloat16
 LAYER_NORM_EPSILON = 1e-6  # flax's default
@@ -28,7 +29,7 @@ NORM_INITS = {"scale": nn.initializers.ones, "bias": nn.initializers.zeros}  # a
 # 'rbg' draws them with XLA's RngBitGenerator, its bits depending on the backend and the XLA version: on GPUs (and
 # CPUs) fused Philox, cheaper per element than threefry's hash. Not the default: on a TPU it is a separate op whose
 # bits go through memory, drawn for the whole batch on every device unless libtpu has
-# --xla_tpu_spmd_rng_bit_generator_unsafe, and the compiler's estimate turns negative (bench/RESULTS.md).
+# --xla_tpu_spmd_rng_bit_generator_unsafe, and the compiler's estimate turns negative (docs/decisions.md).
 DROPOUT_KEYS = {
     "threefry": lambda key: key,
     "rbg": lambda key: jax.random.wrap_key_data(jax.random.bits(key, (4,), jnp.uint32), impl="rbg"),
@@ -126,38 +127,6 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array) 
   return jnp.einsum("ABQK,ABKD->ABQD", probs, v).transpose(1, 2, 0, 3)
 
 
-def weight_einsum(equation: str, x: jax.Array, w: jax.Array) -> jax.Array:
-  """einsum(equation, x, w) with the float32 weight w cast to x's dtype, as jnp.einsum computes it; but its
-  gradient in w comes out of the matmul in float32 (its accumulator), not rounded to x's dtype and then cast: one
-  pass less over every weight's gradient, and a more precise one. `equation` 'x,w->y' where every letter of x and
-  w is in the other or in y (a matmul: its transposes are einsums of the same letters). Inside shard_map, each
-  operand is first marked as varying over the mesh axes the other varies over, as jnp.einsum does implicitly, so
-  that the transpose of the mark sums its gradient over those axes."""
-  x_axes, w_axes = (jax.typeof(a).manual_axis_type.varying for a in (x, w))
-  spread = lambda a, axes: jax.lax.pcast(a, tuple(sorted(axes)), to="varying") if axes else a  # noqa: E731
-  return _weight_einsum(equation, spread(x, w_axes - x_axes), spread(w, x_axes - w_axes))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _weight_einsum(equation: str, x: jax.Array, w: jax.Array) -> jax.Array:
-  return jnp.einsum(equation, x, w.astype(x.dtype))
-
-
-def _weight_einsum_forward(equation, x, w):
-  return _weight_einsum(equation, x, w), (x, w)
-
-
-def _weight_einsum_backward(equation, residuals, dy):
-  x, w = residuals
-  xs, rest = equation.split(",")
-  ws, ys = rest.split("->")
-  return (jnp.einsum(f"{ys},{ws}->{xs}", dy, w.astype(x.dtype)),
-          jnp.einsum(f"{xs},{ys}->{ws}", x, dy, preferred_element_type=w.dtype))
-
-
-_weight_einsum.defvjp(_weight_einsum_forward, _weight_einsum_backward)
-
-
 def param(module: nn.Module, name: str, shape: tuple, names: tuple, init=None):
   """A float32 parameter with logical axis names (LeCun normal unless `init` is given)."""
   init = init or nn.initializers.lecun_normal()
@@ -228,7 +197,7 @@ class Attention(nn.Module):
     wo = param(self, "out", (A, D, M), ("heads", "kv", "embed"),
                nn.initializers.variance_scaling(1.0, "fan_in", "normal", in_axis=(0, 1), out_axis=2))
     if self.attention == "pallas" and not self.decode:  # the whole block in Pallas kernels
-      from gshard_mt.model.pallas_attention import pallas_attention  # it imports from here
+      from gshard_mt.tpu.kernels.attention import pallas_attention  # it imports from here
 
       return pallas_attention(x, kv if self.is_cross else None, norm, (wq, wk, wv, wo), *bias, causal=self.causal,
                               dtype=dt, vmem=self.kernel_vmem)

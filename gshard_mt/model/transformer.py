@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from gshard_mt.data.packing import BATCH_KEYS
+from gshard_mt.batch import BATCH_KEYS
 from gshard_mt.model import layers
 from gshard_mt.model.layers import Attention, DenseFFN, layer_norm, packing_mask, shift_right, sinusoidal, source_bias
 from gshard_mt.moe import balance, routers

@@ -14,10 +14,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from gshard_mt.model.layers import weight_einsum
-from gshard_mt.moe import balance, expert_kernel, gating, grouped, manual, routers
+from gshard_mt.moe import balance, gating, grouped, manual, routers
 from gshard_mt.moe import dispatch as dispatch_lib
 from gshard_mt.moe.config import MoeConfig
+from gshard_mt.parallel.einsum import weight_einsum
 
 ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu}  # keys: moe.config.ACTIVATIONS (tested)
 
@@ -81,8 +81,9 @@ class MoeFeedForward(nn.Module):
   With deterministic=True the evaluation capacity factor is used, no noise or random routing is applied (the
   'random' second-expert policy becomes 'all'), and a token count that S does not divide (a last evaluation
   batch, beams while decoding) is padded with masked tokens instead of being an error.
-  With moe.balance='bias' the layer has a selection bias (`balance`), whose next value it writes into the
-  'balance' collection while training, when that collection is mutable.
+  With moe.balance='bias' the layer has a selection bias (`balance`); while training, when the 'balance'
+  collection is mutable, it writes there the assignments its router asked of each expert (int [E], before
+  capacity), by which the train step moves the bias once per step.
   """
 
   cfg: MoeConfig
@@ -136,8 +137,7 @@ class MoeFeedForward(nn.Module):
                            rng=self.make_rng("gating") if router.needs_rng else None,
                            bias=None if bias is None else jax.lax.stop_gradient(bias))  # chooses, never trained
     if bias is not None and not deterministic and self.is_mutable_collection(balance.COLLECTION):
-      self.put_variable(balance.COLLECTION, balance.NAME,
-                        balance.updated_bias(bias, routing.metrics["expert_load"], cfg.bias_update_rate))
+      self.put_variable(balance.COLLECTION, balance.NAME, routing.requested)  # the train step moves the bias
 
     x = x.astype(self.dtype)
     if cfg.dispatch == "grouped":  # takes the weights in param_dtype (their gradients stay in it)
@@ -153,6 +153,8 @@ class MoeFeedForward(nn.Module):
     else:  # the float32 weights as they are: weight_einsum casts them, and keeps their gradients float32
       dispatcher = dispatch_lib.make_dispatcher(cfg.dispatch, routing)
       if cfg.expert_kernel == "pallas":  # the all-to-alls inside, around the kernels
+        from gshard_mt.tpu.kernels import expert_ffn as expert_kernel  # optional: TPU kernels, only when asked
+
         expert_in = nn.with_logical_constraint(dispatcher.dispatch(x), EGCM_BY_GROUP)
         expert_out = expert_kernel.expert_ffn(expert_in, wi, wo, EGCM_BY_GROUP, EMH, self.kernel_vmem)
       else:

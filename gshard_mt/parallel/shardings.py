@@ -12,7 +12,7 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from gshard_mt.data.packing import BATCH_KEYS
+from gshard_mt.batch import BATCH_KEYS
 
 BATCH_AXES = ("batch", "length")  # every batch array is [rows, length]
 

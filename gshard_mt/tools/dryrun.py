@@ -9,13 +9,13 @@ TPU topology also FLOPs per device and the compiler's estimated step time, token
                              [--out runs/dryrun/...] [--config.key=value ...]
 
 Writes dryrun.json and dryrun.md into --out. Exits non-zero only with --require_fit when it does not fit.
-HBM per device: the chip's (gshard_mt/compiler/chips.py) with --topology, else --hbm_gib (default 16).
+HBM per device: the chip's (gshard_mt/parallel/chips.py) with --topology, else --hbm_gib (default 16).
 --remat_policies compiles the step again with each other model.remat policy and reports its peak memory (and,
 for a TPU topology, its estimated step time) beside the configured one's.
 
 The step time is the TPU compiler's estimate, a lower bound on time, not a measurement: that of the configured
 program when its layers are unrolled, else taken from more compiles with unrolled layers
-(gshard_mt.tools.step_cost); --no_step_time skips them.
+(gshard_mt.tpu.estimates.step_cost); --no_step_time skips them.
 
 The CPU backend's all-to-all decomposer is switched off: it rewrites each all-to-all into one operand per device
 (a CPU-runtime detail the accelerators do not have), which makes the program, and the compile time, grow with the
@@ -89,9 +89,9 @@ def dry_run(config, devices, with_time: bool = True, points: dict | None = None)
   `points` as in `step_cost.step_time`)."""
   import jax
 
-  from gshard_mt.compiler import hlo as hlo_lib
   from gshard_mt.parallel import mesh as mesh_lib
-  from gshard_mt.tools import step_cost
+  from gshard_mt.tpu.estimates import hlo as hlo_lib
+  from gshard_mt.tpu.estimates import step_cost
 
   say(f"lowering and compiling the training step for {len(devices)} {devices[0].device_kind} devices")
   setup, state, program, lower_s, compile_s = step_cost.compile_step(config, devices)
@@ -146,7 +146,7 @@ def remat_policies(config, devices, report: dict, policies: list[str], with_time
 
 
 def markdown(report: dict, config_path: str) -> str:
-  from gshard_mt.tools import step_cost
+  from gshard_mt.tpu.estimates import step_cost
 
   gib = lambda b: f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"  # noqa: E731
   m = report["per_device_bytes"]
@@ -203,7 +203,8 @@ def plan(config_path: str, overrides: dict, topology: str | None = None, num_dev
   its CPU backend), with 'topology', 'hbm_gib' and 'fits' added to `dry_run`'s report, and with `remat`
   policies their `remat_policies` ('remat_policies')."""
   if topology:
-    from gshard_mt.compiler import chips, tpu
+    from gshard_mt.parallel import chips
+    from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
     devices = tpu.topology_devices(topology)
     hbm_gib = hbm_gib or chips.hbm_bytes(devices[0]) / 2**30

@@ -20,15 +20,17 @@ from tensorboardX.proto import event_pb2
 from tensorboardX.record_writer import masked_crc32c
 
 from gshard_mt import io
-from gshard_mt.compiler import chips
+from gshard_mt.parallel import chips
 
 
 def moe_summary(stats: dict) -> dict:
   """{'encoder'|'decoder': layer stats stacked over MoE layers [U]} -> flat scalars per MoE layer.
 
-  For each layer: dropped fraction of top-1 and top-2 assignments, the expert load's min / max / coefficient
-  of variation (load = fraction of kept assignments per expert; 1/E each when balanced), and the load itself
-  (`.../load`, [E]; the step logger writes it to expert_load.jsonl, not with the scalars).
+  For each layer: dropped fraction of top-1 and top-2 assignments, the kept load's min / max / coefficient
+  of variation (load = fraction of kept assignments per expert; 1/E each when balanced), the kept load itself
+  (`.../load`, [E]) and the requested load (`.../requested_load`, [E]: the share of the assignments the router
+  asked of each expert before capacity, what moe.balance='bias' balances); the step logger writes the [E] vectors
+  to expert_load.jsonl, not with the scalars.
   """
   out = {}
   for side, s in stats.items():
@@ -44,6 +46,8 @@ def moe_summary(stats: dict) -> dict:
       out[f"{prefix}/load_max"] = load[u].max()
       out[f"{prefix}/load_cv"] = cv[u]
       out[f"{prefix}/load"] = load[u]
+      if "requested_load" in s["metrics"]:
+        out[f"{prefix}/requested_load"] = s["metrics"]["requested_load"][u]
   return out
 
 
@@ -79,7 +83,7 @@ def step_flops(params, num_experts: int, source_tokens: float, target_tokens: fl
 
 def mfu(flops_per_second: float, device, num_devices: int) -> float | None:
   """Model FLOPs utilisation of `num_devices` devices like `device` (a jax.Device), against the peak of
-  `gshard_mt.compiler.chips`; None for a device the table does not know (a CPU): no MFU rather than a wrong one."""
+  `gshard_mt.parallel.chips`; None for a device the table does not know (a CPU): no MFU rather than a wrong one."""
   peak = chips.peak_flops(device)
   return None if peak is None else flops_per_second / (peak * num_devices)
 

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gshard_mt.training import fused_adafactor
+from gshard_mt.tpu.kernels import adafactor as fused_adafactor
 
 # optax.adafactor's arguments, each set to the value above (not left to optax's defaults).
 ADAFACTOR = dict(

@@ -12,15 +12,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gshard_mt.compiler import chips
 from gshard_mt.data import packing
 from gshard_mt.errors import ConfigError
-from gshard_mt.model import pallas_vmem
 from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch
-from gshard_mt.moe import expert_kernel
+from gshard_mt.parallel import chips, shardings
 from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.parallel import rules as rules_lib
-from gshard_mt.parallel import shardings
+from gshard_mt.tpu.kernels import expert_ffn as expert_kernel
+from gshard_mt.tpu.kernels import vmem as pallas_vmem
 from gshard_mt.training import checkpoint as checkpoint_lib
 from gshard_mt.training.optimizer import make_optimizer
 from gshard_mt.training.step import TrainState, train_step

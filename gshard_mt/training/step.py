@@ -10,11 +10,11 @@ import numpy as np
 import optax
 from flax import struct
 
+from gshard_mt.model import loss
 from gshard_mt.model.layers import DROPOUT_KEYS
 from gshard_mt.model.transformer import Transformer
 from gshard_mt.moe import balance
 from gshard_mt.training import metrics as metrics_lib
-from gshard_mt.training.logit_stats import logit_stats
 from gshard_mt.training.optimizer import FusedAdafactor, learning_rate_schedule
 
 
@@ -28,12 +28,12 @@ class TrainState:
   rng: jax.Array  # raw key data; step keys are fold_in(rng, step), so a resumed run draws the same noise
 
 
-def cross_entropy(logits, targets, weights, label_smoothing: float):
+def cross_entropy(logits, targets, weights, label_smoothing: float, stats_fn=loss.logit_stats):
   """(smoothed loss sum, nll sum, correct count) over the weighted positions; logits [B, L, V] in any float dtype,
-  read in float32. Written with per-position reductions only (`logit_stats`: log-sum-exp, target logit, logit
-  sum, argmax), so that no float32 [B, L, V] log-probabilities are materialised."""
+  read in float32, through the per-position reductions of `stats_fn` (`loss.logit_stats`, or the TPU kernel of
+  optimizer.loss_kernel='pallas')."""
   V = logits.shape[-1]
-  lse, target_logit, logit_sum, argmax = logit_stats(logits, targets)  # [B, L] each, one pass on a TPU
+  lse, target_logit, logit_sum, argmax = stats_fn(logits, targets)  # [B, L] each
   nll = lse - target_logit
   if label_smoothing > 0:
     confidence, low = 1.0 - label_smoothing, label_smoothing / (V - 1)
@@ -47,6 +47,15 @@ def cross_entropy(logits, targets, weights, label_smoothing: float):
   return jnp.sum(loss * weights), jnp.sum(nll * weights), jnp.sum(correct * weights)
 
 
+def loss_stats(loss_kernel: str):
+  """The logits' reductions of optimizer.loss_kernel: 'xla' plain jnp (`logit_stats`), 'pallas' the TPU kernel."""
+  if loss_kernel == "pallas":
+    from gshard_mt.tpu.kernels import logit_stats as kernel  # optional: TPU kernels, only when this option asks
+
+    return kernel.logit_stats
+  return loss.logit_stats
+
+
 def microbatches(batch: dict, num_microbatches: int) -> dict:
   """[B, ...] arrays -> [K, B/K, ...]: microbatch k holds rows k, K + k, 2K + k, ..., so that each device's block of
   rows splits evenly into the K microbatches and each microbatch is sharded as the batch is (no data moves)."""
@@ -56,18 +65,20 @@ def microbatches(batch: dict, num_microbatches: int) -> dict:
 
 def _microbatch_loss(params, batch, rng, *, model: Transformer, config, num_tokens, num_microbatches: int):
   """(this microbatch's share of the step's loss, its sums and means): the smoothed cross entropy summed over its
-  tokens / the whole batch's `num_tokens`, plus the MoE losses (means over groups and tokens) / K. The means hold
-  the MoE layers' next selection biases too (moe.balance='bias'; empty otherwise)."""
+  tokens / the whole batch's `num_tokens`, plus the MoE losses (means over groups and tokens) / K. The sums hold
+  the assignments each MoE layer's router asked of each expert too (moe.balance='bias', at the selection biases'
+  paths; empty otherwise)."""
   dropout_rng, gating_rng = jax.random.split(rng)
   weights = (batch["targets_segmentation"] > 0).astype(jnp.float32)
-  (logits, stats), biases = model.apply({"params": params}, batch, mutable=[balance.COLLECTION],
+  (logits, stats), requested = model.apply({"params": params}, batch, mutable=[balance.COLLECTION],
                                         rngs={"dropout": DROPOUT_KEYS[model.cfg.dropout_rng](dropout_rng),
                                               "gating": gating_rng})
-  loss, nll, correct = cross_entropy(logits, batch["targets"], weights, config.optimizer.label_smoothing)
+  loss, nll, correct = cross_entropy(logits, batch["targets"], weights, config.optimizer.label_smoothing,
+                                     loss_stats(config.optimizer.loss_kernel))
   aux, z = metrics_lib.total_moe_losses(stats)
   moe_loss = config.moe.aux_loss_weight * aux + config.moe.z_loss_weight * z
-  return loss / num_tokens + moe_loss / num_microbatches, {"sums": (nll, correct),
-                                                           "means": (aux, z, stats, dict(biases))}
+  return loss / num_tokens + moe_loss / num_microbatches, {
+      "sums": (nll, correct, dict(requested.get(balance.COLLECTION, {}))), "means": (aux, z, stats)}
 
 
 def apply_update(state: TrainState, grads, tx, loss_finite: jax.Array, biases=None):
@@ -95,7 +106,8 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer, tx, config
 
   With config.num_microbatches = K > 1 the gradients of K microbatches (`microbatches`) are summed in a scan (in
   the parameters' dtype, float32) before the one update; the MoE layers form their groups within each
-  microbatch (and the selection biases of moe.balance='bias' move by the mean of the microbatches' steps). The
+  microbatch (and the selection biases of moe.balance='bias' move once, by the assignments asked for in all
+  microbatches together: `balance.moved_biases`). The
   loss and its gradient are then those of the whole batch with its rows in microbatch order: the
   cross entropy, summed over tokens, is divided by the whole batch's token count, and the aux loss, a mean over
   equally many groups in each microbatch, averages over the microbatches. The z-loss, a mean over each
@@ -119,8 +131,9 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer, tx, config
     (loss, grads), outs = jax.lax.scan(accumulate, zero, (jnp.arange(K), microbatches(batch, K)))
     out = {"sums": jax.tree.map(lambda x: x.sum(0), outs["sums"]),
            "means": jax.tree.map(lambda x: x.mean(0), outs["means"])}
-  (nll, correct), (aux, z, stats, biases) = out["sums"], out["means"]
-  new, grad_norm, finite = apply_update(state, grads, tx, jnp.isfinite(loss), biases.get(balance.COLLECTION))
+  (nll, correct, requested), (aux, z, stats) = out["sums"], out["means"]
+  biases = balance.moved_biases(state.params, requested, config.moe.bias_update_rate) if requested else None
+  new, grad_norm, finite = apply_update(state, grads, tx, jnp.isfinite(loss), biases)
   metrics = {"loss": loss, "nll": nll / num_tokens, "accuracy": correct / num_tokens, "aux_loss": aux,
              "z_loss": z, "grad_norm": grad_norm, "learning_rate": learning_rate_schedule(config.optimizer)(
                  state.step), "finite": finite, "target_tokens": weights.sum(),

@@ -14,13 +14,13 @@ import jax
 import numpy as np
 import optax
 
-from gshard_mt.compiler import hlo as hlo_lib
 from gshard_mt.data import pipeline
 from gshard_mt.model.transformer import Transformer
 from gshard_mt.moe.config import MoeConfig
 from gshard_mt.parallel import distributed
 from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.parallel import rules as rules_lib
+from gshard_mt.tpu.estimates import hlo as hlo_lib
 from gshard_mt.training import checkpoint as checkpoint_lib
 from gshard_mt.training.setup import build
 from tests.helpers import small_config

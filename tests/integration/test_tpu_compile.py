@@ -27,15 +27,15 @@ TINY = ROOT / "configs" / "tiny.py"
 
 
 def worker() -> dict:
-  from gshard_mt import cli
+  from gshard_mt import xla_flags
 
-  cli.quiet_tpu_host_lookup()  # as every entry point does before JAX looks for devices
+  xla_flags.quiet_tpu_host_lookup()  # as every entry point does before JAX looks for devices
   import jax
   import jax.numpy as jnp
 
   jax.config.update("jax_num_cpu_devices", 8)
-  from gshard_mt.compiler import tpu
   from gshard_mt.tools import dryrun
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
   def report(devices, mesh, layers=2):
     start = time.perf_counter()
@@ -102,7 +102,7 @@ def test_flops_count_the_scanned_layers_like_the_unrolled_model(compiled):
 
 
 def test_a_large_bf16_matmul_runs_at_the_tables_peak(compiled):
-  from gshard_mt.compiler import tpu
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
   assert compiled["matmul_flops_per_second"] == pytest.approx(tpu.chip_of("v3").peak_flops_per_core, rel=0.01)
 

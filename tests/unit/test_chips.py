@@ -7,7 +7,7 @@ import types
 import jax
 import pytest
 
-from gshard_mt.compiler import chips
+from gshard_mt.parallel import chips
 from gshard_mt.training import metrics
 
 GIB = 2**30
@@ -52,7 +52,7 @@ def test_kinds_are_matched_exactly_and_unknown_ones_give_no_mfu():
     ("v2:2x2", "v2", 22.5), ("v3:2x2", "v3", 61.5), ("v4:2x2x1", "v4", 137.5), ("v5e:2x2", "v5e", 197),
     ("v5p:2x2x1", "v5p", 459), ("v6e:2x2", "v6e", 918)])
 def test_the_devices_of_libtpu_topologies(topology, name, tflops):
-  from gshard_mt.compiler import tpu
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
   d = tpu.topology_devices(topology)[0]
   assert chips.chip_of(d.device_kind).name == name and tpu.chip_of(topology).name == name

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gshard_mt.data.packing import SOURCE_KEYS
+from gshard_mt.batch import SOURCE_KEYS
 from gshard_mt.data.tokenizer import EOS_ID, PAD_ID, UNK_ID
 from gshard_mt.evaluation import decode
 from gshard_mt.model.transformer import Transformer, dummy_batch

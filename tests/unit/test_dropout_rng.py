@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gshard_mt import config as config_lib
-from gshard_mt.data.packing import BATCH_KEYS
+from gshard_mt.batch import BATCH_KEYS
 from gshard_mt.errors import ConfigError
 from gshard_mt.model.layers import DROPOUT_KEYS
 from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch

@@ -5,7 +5,8 @@ import pytest
 
 from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError
-from gshard_mt.tools import dryrun, step_cost
+from gshard_mt.tools import dryrun
+from gshard_mt.tpu.estimates import step_cost
 from tests.helpers import ROOT
 
 TINY = ROOT / "configs" / "tiny.py"  # 8 rows x 128 / 80 tokens = 1024 / 640 tokens, group size 128: 8 / 5 groups

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from gshard_mt.errors import ConfigError
-from gshard_mt.moe import expert_kernel
 from gshard_mt.moe.config import MoeConfig
 from gshard_mt.moe.layer import expert_ffn
+from gshard_mt.tpu.kernels import expert_ffn as expert_kernel
 from tests.helpers import ROOT, run_on_cpu_devices
 
 
@@ -173,7 +173,9 @@ def test_the_kernels_compile_for_a_tpu_charged_what_they_declare():
   """base's encoder buffers on one v5p chip (8 experts, 32 groups of 80 slots, M=512, H=2048, bf16): two Mosaic
   kernels, and the compiler's estimate of the FFN's gradient within 1.15x of the FLOPs they declare at its
   peak (no weight copied into VMEM ahead of a call, which the estimate would charge again)."""
-  from gshard_mt.compiler import chips, roofline, tpu
+  from gshard_mt.parallel import chips
+  from gshard_mt.tpu.estimates import roofline
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
   device = tpu.topology_devices("v5p:1x1x1")[0]
   sharding = jax.sharding.SingleDeviceSharding(device)
@@ -194,7 +196,7 @@ def test_build_warns_off_a_tpu_and_refuses_what_does_not_fit_one(caplog):
   devices, nothing compiled): a one-line refusal, before compiling, of experts whose weights do not fit VMEM."""
   import logging
 
-  from gshard_mt.compiler import tpu
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
   from gshard_mt.training.setup import build
   from tests.helpers import small_config
 

@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError
-from gshard_mt.training import fused_adafactor
+from gshard_mt.tpu.kernels import adafactor as fused_adafactor
 from gshard_mt.training.optimizer import FusedAdafactor, make_optimizer
 from tests.helpers import run_on_cpu_devices, small_config
 
@@ -158,7 +158,8 @@ def test_the_kernels_compile_for_a_tpu_and_are_charged_their_bytes():
   """On a v5p (libtpu's compile-only device), dense_base's FFN weights: one Mosaic kernel per pass, neither weight
   copied into VMEM ahead of them, and the compiler's estimate within 1.5x the bytes they declare: 1.31x here, the
   rest the small sums between the passes (weights that XLA prefetches into VMEM are charged about twice that)."""
-  from gshard_mt.compiler import hlo, roofline, tpu
+  from gshard_mt.tpu.estimates import hlo, roofline
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
   device = tpu.topology_devices("v5p:1x1x1")[0]
   sharding = jax.sharding.SingleDeviceSharding(device)

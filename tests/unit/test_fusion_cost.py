@@ -1,10 +1,10 @@
-"""Each fusion of a compiled program as a module of its own (gshard_mt.compiler.fusion_cost)."""
+"""Each fusion of a compiled program as a module of its own (gshard_mt.tpu.estimates.fusion_cost)."""
 
 import sys
 
 import pytest
 
-from gshard_mt.compiler import fusion_cost
+from gshard_mt.tpu.estimates import fusion_cost
 
 # The shape of a compiled TPU program: a float-normalised bf16 multiply (float32, marked with its original type),
 # a fusion inside the fusion, a bitcast between layouts, and a reducer that the fused computation calls.
@@ -62,7 +62,7 @@ def test_a_one_fusion_program_costs_alone_what_it_costs_in_the_program():
   import jax.numpy as jnp
   import libtpu  # noqa: F401 - .[test] installs it on Linux: a missing or broken one fails, never skips
 
-  from gshard_mt.compiler import tpu
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
   device, sharding = tpu.one_chip("v5p:1x1x1")
   dy = jax.ShapeDtypeStruct((2, 256, 512), jnp.bfloat16, sharding=sharding)

@@ -72,7 +72,7 @@ def test_grouped_expert_ffn_matches_a_loop_over_rows(activation):
 def test_grouped_expert_ffn_reads_float32_weights_without_a_cast_on_tpu():
   """Compiled for a TPU (libtpu's compile-only devices), the grouped matmuls read the float32 weights: no bf16
   copy of an [E, M, H] weight is made. On the CPU the weights are cast first."""
-  from gshard_mt.compiler import tpu
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
   E_, M_, H_, R = 4, 128, 256, 512
   grad = jax.grad(lambda r, wi, wo, sizes: jnp.sum(grouped.grouped_expert_ffn(r, sizes, wi, wo).astype(

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gshard_mt.compiler import hlo
+from gshard_mt.tpu.estimates import hlo
 
 HLO = """\
 %body (p: (s32[], f32[4])) -> (s32[], f32[4]) {
@@ -172,8 +172,8 @@ def test_costs_count_the_flops_a_pallas_kernel_declares():
   import jax
   import jax.numpy as jnp
 
-  from gshard_mt.compiler import tpu
-  from gshard_mt.training import logit_stats
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
+  from gshard_mt.tpu.kernels import logit_stats
 
   sharding = jax.sharding.SingleDeviceSharding(tpu.topology_devices("v5p:1x1x1")[0])
   z = jax.ShapeDtypeStruct((64, 1024), jnp.bfloat16, sharding=sharding)

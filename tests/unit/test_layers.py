@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from gshard_mt.model import layers
+from gshard_mt.parallel import einsum
 
 
 def test_attention_bias_masks_other_segments_padding_and_the_future():
@@ -93,7 +94,7 @@ def test_weight_einsum_is_the_einsum_with_a_float32_weight_gradient(equation, x_
     y, vjp = jax.vjp(f, x, jnp.asarray(w, jnp.float32))
     return (y, *vjp(jnp.asarray(dy, y.dtype)))
 
-  ours = lambda x: value_and_grads(lambda x, w: layers.weight_einsum(equation, x, w), x)  # noqa: E731
+  ours = lambda x: value_and_grads(lambda x, w: einsum.weight_einsum(equation, x, w), x)  # noqa: E731
   theirs = lambda x: value_and_grads(lambda x, w: jnp.einsum(equation, x, w.astype(x.dtype)), x)  # noqa: E731
   for a, b in zip(ours(jnp.asarray(x, jnp.float32)), theirs(jnp.asarray(x, jnp.float32))):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
@@ -126,5 +127,5 @@ def test_weight_einsum_under_shard_map_sums_gradients_as_autodiff_does(split):
                          in_specs=specs, out_specs=P())
     return jax.grad(loss, (0, 1))(x, w)
 
-  for ours, theirs in zip(grads(layers.weight_einsum), grads(jnp.einsum)):
+  for ours, theirs in zip(grads(einsum.weight_einsum), grads(jnp.einsum)):
     np.testing.assert_allclose(ours, theirs, rtol=1e-6)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gshard_mt.training import logit_stats
+from gshard_mt.tpu.kernels import logit_stats
 
 
 def logits_and_targets(N: int, V: int, dtype, seed: int = 0):
@@ -58,7 +58,7 @@ def test_the_kernel_compiles_for_a_tpu_and_reads_the_logits_where_the_matmul_wro
   kernel, and the logits go from their matmul to it without a copy (its (L, B) rows are the TPU's layout)."""
   import re
 
-  from gshard_mt.compiler import tpu
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
   device = tpu.topology_devices("v5p:1x1x1")[0]
   sharding = jax.sharding.SingleDeviceSharding(device)

@@ -16,7 +16,8 @@ from jax.experimental import pallas as pl
 
 from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError
-from gshard_mt.model import pallas_attention, pallas_vmem
+from gshard_mt.tpu.kernels import attention as pallas_attention
+from gshard_mt.tpu.kernels import vmem as pallas_vmem
 from tests.helpers import ROOT, run_on_cpu_devices, small_config
 from tests.unit.test_fused_attention import (
   attention_outputs_and_gradients,
@@ -189,7 +190,7 @@ def test_build_warns_that_it_is_interpreted_off_a_tpu(caplog):
 def test_the_kernels_compile_for_a_tpu(cross, causal):
   """The Mosaic kernels lower and fit VMEM for a TPU (libtpu's compile-only devices): forward and backward of a
   decoder's rows (40 target positions, 64 source: rows that are not whole bf16 tiles), on two cores' blocks."""
-  from gshard_mt.compiler import tpu
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
   device = tpu.topology_devices("v5p:1x1x1")[0]
   assert tpu_kernels(block_of(cross, causal), block_shapes(32, 40, 64 if cross else 40, 128, 2, 64, device)) == 2
@@ -257,7 +258,8 @@ def test_the_training_setup_tells_the_model_the_tpus_vmem_or_refuses(caplog):
 def test_dense_base_rows_compile_within_the_tpus_vmem(topology, residual):
   """dense_base's encoder block (64 x 64 rows, M = A·D = 512) with the rows `block_rows` picks for the TPU's VMEM:
   the compiler fits it (blocks of 8 alone would not fit a v4)."""
-  from gshard_mt.compiler import chips, tpu
+  from gshard_mt.parallel import chips
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
   device = tpu.topology_devices(topology)[0]
   vmem = chips.chip_of(device.device_kind).vmem_bytes

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from gshard_mt.compiler import parts
+from gshard_mt.tpu.estimates import parts
 
 STEP = "jit(train_step)/jvp(Transformer)/Transformer.encode/encoder/while/body/eval_jaxpr/units"
 
@@ -42,7 +42,7 @@ def test_part_of(op_name, part):
 @pytest.mark.parametrize("function", ["kernel", "_backward", "reference"])
 def test_the_losss_reductions_are_the_loss(function):
   # training.logit_stats, whose kernel runs under shard_map outside the model's operations
-  assert parts.part_of(("/x/gshard_mt/training/logit_stats.py", function), "jit(train_step)/shard_map/pallas_call",
+  assert parts.part_of(("/x/gshard_mt/tpu/kernels/logit_stats.py", function), "jit(train_step)/shard_map/pallas_call",
                        "custom-call") == "logits and cross-entropy"
 
 

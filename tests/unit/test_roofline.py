@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from gshard_mt.compiler import roofline
+from gshard_mt.tpu.estimates import roofline
 
 # The expert matmul EGCM x EMH -> EGCH as the TPU compiler writes it: E and G as windowed spatial dimensions.
 EXPERT_MATMUL = ("bf16[32,16,80,4096]", "bf16[32,16,80,1024]", "bf16[32,1024,4096,1]",
@@ -84,9 +84,9 @@ def test_a_compiled_moe_layer_flops_match_the_compiler():
   import jax.numpy as jnp
   import libtpu  # noqa: F401 - .[test] installs it on Linux: a missing or broken one fails, never skips
 
-  from gshard_mt.compiler import tpu
   from gshard_mt.moe.config import MoeConfig
   from gshard_mt.moe.layer import MoeFeedForward
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
   device = tpu.topology_devices("v5p:1x1x1")[0]
   layer = MoeFeedForward(MoeConfig(num_experts=4, hidden_dim=256, group_size=64, dispatch="index",
@@ -114,7 +114,7 @@ def test_a_pallas_call_is_charged_its_declared_bytes():
   import libtpu  # noqa: F401 - .[test] installs it on Linux: a missing or broken one fails, never skips
   from jax.experimental import pallas as pl
 
-  from gshard_mt.compiler import tpu
+  from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
   device, sharding = tpu.one_chip("v5p:1x1x1")
   x = jax.ShapeDtypeStruct((256, 256), jnp.float32, sharding=sharding)

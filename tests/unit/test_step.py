@@ -60,7 +60,7 @@ def test_accumulated_microbatches_make_the_whole_batchs_step():
   import jax
   import optax
 
-  from gshard_mt.data.packing import BATCH_KEYS
+  from gshard_mt.batch import BATCH_KEYS
   from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch
   from gshard_mt.training.step import TrainState, train_step
   from tests.helpers import small_config

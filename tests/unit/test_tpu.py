@@ -5,8 +5,9 @@ import sys
 
 import pytest
 
-from gshard_mt.compiler import chips, tpu
 from gshard_mt.errors import UserError
+from gshard_mt.parallel import chips
+from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
 
 @pytest.mark.parametrize("name, generation", [("v3:32x32", "v3"), ("v2", "v2"), ("v5p:2x2x1", "v5p"),

@@ -18,9 +18,9 @@ from gshard_mt.tpu.estimates import hlo, roofline
 # random bits included) comes before attention and the dense FFN, which hold dropouts of their own.
 PARTS = (
     ("collectives", lambda f, op, code: code.startswith(("all-", "reduce-scatter", "collective-"))),
-    # The logits' matmul and its transposes (layers.weight_einsum's backward: 'BLV,MV->BLM', 'BLM,BLV->MV').
+    # The logits' matmul and its transposes (weight_einsum's backward: 'BLV,MV->BLM', 'BLM,BLV->MV').
     ("logits and cross-entropy", lambda f, op, code: re.search(r"decode_logits/[A-Z,>\-]*MV\b", op) is not None
-     or f == "step.py:cross_entropy" or f.startswith("logit_stats.py:")),
+     or f == "step.py:cross_entropy" or f.startswith(("loss.py:", "logit_stats.py:"))),
     # No JAX operation: what XLA adds itself (a loop's buffers and their set-up, layout copies).
     ("XLA's own: loop buffers, copies", lambda f, op, code: not op and not f.strip(":")),
     ("optimizer, gradient norm, finite check", lambda f, op, code: "Transformer" not in op

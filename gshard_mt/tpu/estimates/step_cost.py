@@ -14,7 +14,8 @@ import sys
 import time
 
 from gshard_mt import config as config_lib
-from gshard_mt.data.packing import BATCH_KEYS, FIELDS, row_lengths
+from gshard_mt.batch import BATCH_KEYS, FIELDS
+from gshard_mt.data.packing import row_lengths
 
 
 def compile_step(config, devices):
