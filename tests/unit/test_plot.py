@@ -75,3 +75,12 @@ def test_sweep_picture_from_results_csv(tmp_path):
     [{"name": "only", "moe.num_experts": 4, "dev_loss": None}]])
 def test_sweep_picture_of_categories_and_unfinished_points(tmp_path, rows):
   assert plot.plot_run(fake_sweep(tmp_path, rows))[0].stat().length > 10_000
+
+
+def test_the_greedy_sample_is_named_with_its_size():
+  """Runs log the per-language sample (dev_bleu_greedy); runs logged before it, a sample spread over the languages."""
+  rows = [{"step": 10, "dev_bleu_greedy": 1.0, "dev_chrf_greedy": 9.0, "dev_bleu_per_language": 32,
+           "dev_bleu_languages": 112, "dev_bleu_sentences": 3351}]
+  assert plot.greedy_sample(rows) == ("dev_bleu_greedy", "dev_chrf_greedy", "32 sentences x 112 languages")
+  old = [{"step": 10, "dev_bleu": 8.4, "dev_chrf": 9.8, "dev_bleu_sentences": 112}]
+  assert plot.greedy_sample(old) == ("dev_bleu", "dev_chrf", "112-sentence sample")
