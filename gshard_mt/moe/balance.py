@@ -3,9 +3,13 @@
 Each MoE layer keeps a per-expert bias b [E] beside its parameters (the parameter 'router_bias', so that
 checkpoints, resuming, evaluation, decoding and extraction all carry it with nothing added), used to choose the
 experts only: the top-k of p + b, the gates p alone. No gradient reaches it (the layer stops it) and the optimizer
-does not move it: after every training step it moves by b <- b + gamma * sign(mean load - load_e). The layer
-writes that new value into the 'balance' collection while training, and the train step puts it in place of the
-parameter (`with_updated_biases`), over whatever the optimizer did with its zero gradient.
+does not move it: once per training step it moves by b <- b + gamma * sign(mean load - load_e), where load_e is
+the number of assignments the router *asked* of expert e (`Routing.requested`: every choice of every real token,
+before capacity drops any), summed over all groups and microbatches of the step. The kept load (after capacity)
+would hide the imbalance exactly where capacity binds: an expert asked for too often is cut to C and looks
+balanced. While training, the layer writes its requested counts into the 'balance' collection (at the bias's
+path); the train step sums them over its microbatches and puts the moved biases in place of the parameters
+(`moved_biases`, `with_updated_biases`), over whatever the optimizer did with their zero gradient.
 """
 
 from __future__ import annotations
@@ -14,14 +18,28 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
-COLLECTION = "balance"  # the training apply's mutable collection holding the new biases
-NAME = "router_bias"  # the parameter, and its new value in COLLECTION, at the same path
+COLLECTION = "balance"  # the training apply's mutable collection holding the requested counts
+NAME = "router_bias"  # the parameter, and its layer's requested counts in COLLECTION, at the same path
 
 
-def updated_bias(bias: jax.Array, load: jax.Array, rate: float) -> jax.Array:
-  """bias [E], load [E] (any scale: the fraction of assignments per expert) -> the bias after one step: raised for
-  the experts under the mean load, lowered for those above it, by `rate`."""
-  return bias + rate * jnp.sign(jnp.mean(load) - load)
+def updated_bias(bias: jax.Array, counts: jax.Array, rate: float) -> jax.Array:
+  """bias [..., E], counts int [..., E] (assignments asked of each expert) -> the bias after one step: raised by
+  `rate` for the experts under the mean count, lowered for those above it, unmoved at the mean. Exact: compares
+  count_e * E with the total in integers (as count_e with floor and ceil of total / E, which cannot overflow)."""
+  counts = counts.astype(jnp.int32)
+  E = counts.shape[-1]
+  total = counts.sum(axis=-1, keepdims=True)
+  over = counts > total // E  # count_e * E > total
+  under = counts < -(-total // E)  # count_e * E < total
+  return bias + rate * (under.astype(bias.dtype) - over.astype(bias.dtype))
+
+
+def moved_biases(params: dict, counts: dict, rate: float) -> dict:
+  """The biases of `params` at the paths of `counts` (the COLLECTION of a training apply, summed over the step's
+  microbatches), each moved once by its counts (`updated_bias`); in `counts`' structure."""
+  flat = traverse_util.flatten_dict(params)
+  return traverse_util.unflatten_dict({path: updated_bias(flat[path], c, rate)
+                                       for path, c in traverse_util.flatten_dict(counts).items()})
 
 
 def biases_of(params: dict, balance: dict) -> dict:
@@ -31,8 +49,8 @@ def biases_of(params: dict, balance: dict) -> dict:
 
 
 def with_updated_biases(params: dict, balance: dict) -> dict:
-  """`params` with each leaf of `balance` (the COLLECTION a training apply returned, mirroring the parameters'
-  paths) in place of the parameter at the same path; `balance` empty: `params` unchanged."""
+  """`params` with each leaf of `balance` (new biases at the parameters' paths) in place of the parameter at the
+  same path; `balance` empty or None: `params` unchanged."""
   if not balance:
     return params
   flat = traverse_util.flatten_dict(params)

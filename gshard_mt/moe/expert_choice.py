@@ -43,9 +43,11 @@ def expert_choice_gating(logits: jax.Array, expert_capacity: int, *,
   kept = (slot < C) & valid[..., None]
   experts = jnp.broadcast_to(jnp.arange(E, dtype=jnp.int32), (G, S, E))
   _, z_loss = topk.balance_losses(logits, gates, jnp.zeros((G, S, E), jnp.int32), valid)
-  metrics = topk.routing_metrics(gates, valid, kept, experts)
+  requested = jnp.sum(kept, axis=(0, 1)).astype(jnp.int32)  # an expert asks for its tokens: nothing is dropped
+  metrics = topk.routing_metrics(gates, valid, kept, experts, requested)
   # Per token, "first choice dropped" is "no expert took it".
   metrics |= {"top1_dropped": metrics["unrouted"], "top2_dropped": jnp.zeros((), jnp.float32),
               "second_expert_sampled": jnp.zeros((), jnp.float32)}
   return Routing(expert_index=experts, slot=jnp.where(kept, slot, 0), weight=gates * kept, kept=kept,
-                 aux_loss=jnp.zeros((), jnp.float32), z_loss=z_loss, metrics=metrics, num_experts=E, capacity=C)
+                 aux_loss=jnp.zeros((), jnp.float32), z_loss=z_loss, metrics=metrics, num_experts=E, capacity=C,
+                 requested=requested)

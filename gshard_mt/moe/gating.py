@@ -46,7 +46,10 @@ class Routing:
   kept:         bool  [G, S, K]  the assignment occupies a slot (< C) and survived the second-expert policy.
   aux_loss:     f32 []           load-balancing loss, mean(density * proxy) * E^2 (1.0 when balanced).
   z_loss:       f32 []           mean over real tokens of logsumexp(logits)^2.
-  metrics:      dict of f32 scalars and `expert_load` [E].
+  metrics:      dict of f32 scalars, `expert_load` [E] (the kept assignments' share of each expert) and
+                `requested_load` [E] (the share of the assignments the router asked for, before capacity).
+  requested:    int32 [E]     assignments the router asked of each expert before capacity: every choice of every
+                real token (not a second choice the 'random' policy declined); what moe.balance='bias' balances.
   """
 
   expert_index: jax.Array
@@ -58,6 +61,7 @@ class Routing:
   metrics: dict
   num_experts: int = struct.field(pytree_node=False)
   capacity: int = struct.field(pytree_node=False)
+  requested: jax.Array | None = None
 
   def _dense(self, values: jax.Array) -> jax.Array:
     """[G, S, K] values -> [G, S, E, C], placed at (expert_index, slot)."""
@@ -126,7 +130,9 @@ def top2_gating(
 
   total_valid = jnp.maximum(valid.sum(), 1).astype(jnp.float32)
   z_loss = jnp.sum(jax.nn.logsumexp(logits, axis=-1) ** 2 * valid) / total_valid
-  metrics = _routing_metrics(gates, valid, kept, want2, mask1 + mask2, total_valid)
+  requested = jnp.sum(onehot1 * valid[..., None] + onehot2 * want2[..., None], axis=(0, 1)).astype(jnp.int32)
+  metrics = _routing_metrics(gates, valid, kept, want2, mask1 + mask2, total_valid) | {
+      "requested_load": requested / jnp.maximum(requested.sum(), 1).astype(jnp.float32)}
   return Routing(
       expert_index=jnp.stack([e1, e2], axis=-1).astype(jnp.int32),
       slot=slot,
@@ -137,6 +143,7 @@ def top2_gating(
       metrics=metrics,
       num_experts=E,
       capacity=C,
+      requested=requested,
   )
 
 

@@ -70,9 +70,11 @@ def topk_gating(logits: jax.Array, k: int, expert_capacity: int, *, normalize: b
   kept_e, position = assign_slots(onehot * valid[..., None, None], expert_capacity)
   kept = jnp.sum(kept_e, axis=-1) > 0  # GSK
   aux_loss, z_loss = balance_losses(logits, gates, onehot[:, :, 0], valid)
+  requested = jnp.sum(onehot * valid[..., None, None], axis=(0, 1, 2)).astype(jnp.int32)  # every choice, before C
   return Routing(expert_index=experts, slot=jnp.sum(position * onehot, axis=-1).astype(jnp.int32),
                  weight=weight * kept, kept=kept, aux_loss=aux_loss, z_loss=z_loss,
-                 metrics=routing_metrics(gates, valid, kept, experts), num_experts=E, capacity=expert_capacity)
+                 metrics=routing_metrics(gates, valid, kept, experts, requested), num_experts=E,
+                 capacity=expert_capacity, requested=requested)
 
 
 def balance_losses(logits, gates, first_choice, valid) -> tuple[jax.Array, jax.Array]:
@@ -88,10 +90,11 @@ def balance_losses(logits, gates, first_choice, valid) -> tuple[jax.Array, jax.A
   return jnp.mean(density * proxy) * E * E, z_loss
 
 
-def routing_metrics(gates, valid, kept, experts) -> dict:
+def routing_metrics(gates, valid, kept, experts, requested) -> dict:
   """The top-2 router's metrics for any k: `top1_dropped` (first choices dropped), `top2_dropped` (later choices
   dropped; 0 for k = 1), `unrouted`, `router_entropy`, `expert_load` [E] (kept assignments per expert, summing to
-  1). gates f32 [G, S, E]; valid bool [G, S]; kept bool and experts int [G, S, K]."""
+  1), `requested_load` [E] (the assignments asked for before capacity, `requested` int [E], summing to 1).
+  gates f32 [G, S, E]; valid bool [G, S]; kept bool and experts int [G, S, K]."""
   total = jnp.maximum(valid.sum(), 1).astype(jnp.float32)
   later = jnp.broadcast_to(valid[..., None], kept[..., 1:].shape)
   per_expert = jnp.sum(jax.nn.one_hot(experts, gates.shape[-1]) * kept[..., None], axis=(0, 1, 2))  # E
@@ -103,4 +106,5 @@ def routing_metrics(gates, valid, kept, experts) -> dict:
       "unrouted": jnp.sum(valid & ~kept.any(-1)) / total,
       "router_entropy": jnp.sum(entropy * valid) / total,
       "expert_load": per_expert / jnp.maximum(per_expert.sum(), 1.0),
+      "requested_load": requested / jnp.maximum(requested.sum(), 1).astype(jnp.float32),
   }
