@@ -38,7 +38,7 @@ import numpy as np
 from gshard_mt import io
 from gshard_mt.data import corpus, shards
 from gshard_mt.data import tokenizer as tokenizer_lib
-from gshard_mt.errors import DataError
+from gshard_mt.errors import DataError, counted
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def build(data_config, stage: pathlib.Path, processes: int) -> dict:
     seconds[step], last[0] = round(now - last[0], 2), now
     log.info("data: %s in %.1f s", done, seconds[step])
 
-  log.info("data: preparing the corpus (once, with %d processes): reading it", processes)
+  log.info("data: preparing the corpus (once, with %s): reading it", counted(processes, "process", "processes"))
   with _pool(processes) as run:
     splits, origins, empty = _read_and_assemble(data_config, stage, run)
     lap("read", f"read {sum(n for _, n in splits['train'])} train pairs")
@@ -150,8 +150,8 @@ def build(data_config, stage: pathlib.Path, processes: int) -> dict:
   manifest = {"format": FORMAT, "splits": splits, "origins": origins, "token_dtype": dtype,
               "info": {"empty_lines_skipped": empty, "processes": processes, "seconds": seconds}}
   (stage / shards.MANIFEST).write_text(json.dumps(manifest, indent=1))
-  log.info("prepared %d train pairs in %d streams with %d processes: %s", sum(n for _, n in splits["train"]),
-           len(splits["train"]), processes, seconds)
+  log.info("prepared %d train pairs in %d streams with %s: %s", sum(n for _, n in splits["train"]),
+           len(splits["train"]), counted(processes, "process", "processes"), seconds)
   return manifest
 
 

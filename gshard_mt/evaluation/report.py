@@ -5,6 +5,7 @@ from __future__ import annotations
 from io import BytesIO
 
 from gshard_mt import io
+from gshard_mt.errors import counted
 
 COLOURS = {"high": "#1f77b4", "medium": "#ff7f0e", "low": "#2ca02c"}
 
@@ -17,7 +18,8 @@ def markdown(scores: dict) -> str:
   d, avg = scores["decoding"], scores["average"]
   has_delta = "baseline" in scores
   lines = [f"# {scores['split']} split, step {scores['step']} ({scores['workdir']})", "",
-           f"Average over {len(scores['languages'])} languages: BLEU {avg['bleu']:.2f}, chrF++ {avg['chrf']:.2f}"
+           f"Average over {counted(len(scores['languages']), 'language')}: BLEU {avg['bleu']:.2f}, "
+           f"chrF++ {avg['chrf']:.2f}"
            + (f", ΔBLEU {_fmt(avg.get('delta_bleu'), '.2f', True)} against {scores['baseline']}" if has_delta else ""),
            "", f"Decoding: beam {d['beam_size']}, α {d['alpha']}, max length {d['max_decode_len']}, "
            f"{d['sentences_per_s']:.1f} sentences/s, {d['tokens_per_s']:.0f} tokens/s"
@@ -41,8 +43,8 @@ def summary(scores: dict, show: int = 5) -> str:
   ranked = sorted(scores["languages"].items(), key=lambda kv: -kv[1]["bleu"])
   avg = scores["average"]
   out = [f"{scores['split']} step {scores['step']}: average BLEU {avg['bleu']:.2f}, chrF++ {avg['chrf']:.2f} over "
-         f"{len(ranked)} languages" + (f", ΔBLEU {_fmt(avg.get('delta_bleu'), '.2f', True)}" if "baseline" in scores
-                                       else ""),
+         + counted(len(ranked), "language")
+         + (f", ΔBLEU {_fmt(avg.get('delta_bleu'), '.2f', True)}" if "baseline" in scores else ""),
          f"{'lang':6}{'BLEU':>7}{'chrF++':>8}  resource"]
   shown = ranked if len(ranked) <= 2 * show else ranked[:show] + [("...", None)] + ranked[-show:]
   for lang, s in shown:
@@ -52,26 +54,44 @@ def summary(scores: dict, show: int = 5) -> str:
   return "\n".join(out)
 
 
-def plot(scores: dict, path: io.PathLike):
-  """Bars of BLEU (ΔBLEU with a baseline) per language, sorted, coloured by resource size, written as a PNG to
-  `path` (any storage: rendered in memory, then written whole)."""
-  import matplotlib
+ROW_INCHES, LABEL_POINTS = 0.17, 8  # bleu_by_language.png: the height of a language's bar, its label's size
 
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+
+def figure(scores: dict, plt):
+  """The figure of `plot`: one horizontal bar per language, best first, each labelled with its code at a readable
+  size; the figure grows with the number of languages (112: about 21 inches, 2,500 pixels at 120 dpi)."""
   from matplotlib.patches import Patch
 
   key = "delta_bleu" if "baseline" in scores else "bleu"
   items = sorted(((lang, s.get(key) or 0.0, s["resource"]) for lang, s in scores["languages"].items()),
                  key=lambda t: -t[1])
-  fig, ax = plt.subplots(figsize=(max(6, 0.14 * len(items) + 2), 4))
-  ax.bar(range(len(items)), [v for _, v, _ in items], color=[COLOURS[r] for _, _, r in items])
-  ax.set_xticks(range(len(items)), [lang for lang, _, _ in items], rotation=90, fontsize=6)
-  ax.set_ylabel("ΔBLEU" if key == "delta_bleu" else "BLEU")
+  fig, ax = plt.subplots(figsize=(7, max(3, ROW_INCHES * len(items) + 1.4)))
+  rows = range(len(items))
+  ax.barh(rows, [v for _, v, _ in items], height=0.75, color=[COLOURS[r] for _, _, r in items])
+  ax.set_yticks(rows, [lang for lang, _, _ in items], fontsize=LABEL_POINTS)
+  ax.set_ylim(len(items) - 0.5, -0.5)  # the best at the top
+  ax.tick_params(axis="x", labeltop=True, top=True)  # a scale at both ends of a tall picture
+  ax.grid(axis="x", alpha=0.3)
+  ax.set_xlabel("ΔBLEU" if key == "delta_bleu" else "BLEU")
+  if key == "delta_bleu":
+    ax.axvline(0, color="black", linewidth=0.8)
   ax.set_title(f"{scores['split']} split, step {scores['step']}: {'ΔBLEU' if key == 'delta_bleu' else 'BLEU'} "
-               "per language")
-  ax.legend(handles=[Patch(color=c, label=f"{b} resource") for b, c in COLOURS.items()], fontsize=7)
+               f"per language ({counted(len(items), 'language')})")
+  ax.legend(handles=[Patch(color=c, label=f"{b} resource") for b, c in COLOURS.items()], fontsize=8,
+            loc="lower right")
   fig.tight_layout()
+  return fig
+
+
+def plot(scores: dict, path: io.PathLike):
+  """Bars of BLEU (ΔBLEU with a baseline) per language, sorted, coloured by resource size (`figure`), written as a
+  PNG to `path` (any storage: rendered in memory, then written whole)."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig = figure(scores, plt)
   png = BytesIO()
   fig.savefig(png, format="png", dpi=120)
   plt.close(fig)

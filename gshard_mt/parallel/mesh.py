@@ -7,7 +7,7 @@ import math
 import jax
 from jax.experimental import mesh_utils
 
-from gshard_mt.errors import ConfigError
+from gshard_mt.errors import ConfigError, counted
 
 MESH_AXES = ("data", "expert", "model")
 
@@ -60,9 +60,9 @@ def make_mesh(config, devices=None) -> jax.sharding.Mesh:
   by_slice = len({getattr(d, "slice_index", None) for d in devices}) > 1
   granules = len({d.slice_index if by_slice else d.process_index for d in devices})
   if granules != math.prod(dcn):
+    unit = ("slice", "slices") if by_slice else ("process", "processes")
     raise ConfigError(
-        f"dcn_mesh data={dcn[0]} x expert={dcn[1]} x model={dcn[2]} asks for {math.prod(dcn)} slices, but the "
-        f"{len(devices)} devices are on {granules} {'slices' if by_slice else 'processes'} (one process is one slice "
-        "off TPU)")
+        f"dcn_mesh data={dcn[0]} x expert={dcn[1]} x model={dcn[2]} asks for {counted(math.prod(dcn), 'slice')}, but "
+        f"the devices ({len(devices)}) are on {counted(granules, *unit)} (one process is one slice off TPU)")
   array = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, process_is_granule=not by_slice)
   return jax.sharding.Mesh(array, MESH_AXES, axis_types=axis_types)

@@ -91,20 +91,37 @@ def plot_training(workdir: epath.Path, rows: list[dict], plt) -> epath.Path:
   return save_figure(fig, workdir / "training.png", plt)
 
 
+def load_norm(matrices: list[np.ndarray]):
+  """The one colour scale of every layer's heatmap of load x E: white at 1 (balanced), blue below it down to 0 (an
+  idle expert), red above it up to the largest value of any layer (at least 2), so a colour means the same load in
+  every row."""
+  from matplotlib.colors import TwoSlopeNorm
+
+  return TwoSlopeNorm(vcenter=1.0, vmin=0.0, vmax=max([2.0] + [float(m.max()) for m in matrices if m.size]))
+
+
 def plot_routing(workdir: epath.Path, rows: list[dict], loads: list[dict], plt) -> epath.Path | None:
+  fig = routing_figure(rows, loads, plt)
+  return None if fig is None else save_figure(fig, workdir / "routing.png", plt)
+
+
+def routing_figure(rows: list[dict], loads: list[dict], plt):
+  """routing.png's figure (None without MoE layers): a row per MoE layer, its heatmap of load x E on the scale
+  that every layer shares (`load_norm`, one colour bar), and its fractions dropped at capacity."""
   layers = sorted({k[: -len("/load")] for r in loads for k in r if k.endswith("/load")},
                   key=lambda name: ("decoder" in name, name))  # encoder layers first
   if not layers:
     return None
-  fig, axes = plt.subplots(len(layers), 2, figsize=(13, 2.6 * len(layers)), squeeze=False,
-                           gridspec_kw={"width_ratios": [3, 1]})
+  fig, axes = plt.subplots(len(layers), 2, figsize=(13, 2.6 * len(layers) + 0.6), squeeze=False,
+                           gridspec_kw={"width_ratios": [3, 1]}, layout="constrained")
   steps = [r["step"] for r in loads]
-  for (heat, drops), layer in zip(axes, layers):
-    matrix = np.array([r[f"{layer}/load"] for r in loads]).T  # [E, steps]
+  matrices = [np.array([r[f"{layer}/load"] for r in loads]).T * len(loads[0][f"{layer}/load"])  # [E, steps]
+              for layer in layers]
+  norm = load_norm(matrices)
+  for (heat, drops), layer, matrix in zip(axes, layers, matrices):
     E = matrix.shape[0]
-    image = heat.imshow(matrix * E, aspect="auto", origin="lower", cmap="viridis", interpolation="nearest",
-                        extent=(steps[0], steps[-1], -0.5, E - 0.5), vmin=0)
-    fig.colorbar(image, ax=heat, label="load x E (1 = balanced)")
+    image = heat.imshow(matrix, aspect="auto", origin="lower", cmap="RdBu_r", norm=norm, interpolation="nearest",
+                        extent=(steps[0], steps[-1], -0.5, E - 0.5))
     heat.set(xlabel="step", ylabel="expert", title=f"{layer.removeprefix('moe/')}: expert load")
     heat.set_yticks(range(E) if E <= 16 else np.linspace(0, E - 1, 9).astype(int))
     for key, label in (("top1_dropped", "top-1 dropped"), ("top2_dropped", "top-2 dropped")):
@@ -112,8 +129,9 @@ def plot_routing(workdir: epath.Path, rows: list[dict], loads: list[dict], plt) 
     drops.set(xlabel="step", ylabel="fraction", title="dropped at capacity", ylim=(0, None))
     drops.grid(alpha=0.3)
     drops.legend(fontsize=8)
-  fig.tight_layout()
-  return save_figure(fig, workdir / "routing.png", plt)
+  fig.colorbar(image, ax=axes[:, 0].tolist(), location="left", pad=0.01, aspect=12 * len(layers),
+               label="load x E (1 = balanced; the same scale in every layer)")
+  return fig
 
 
 def read_results(path: epath.Path) -> list[dict]:

@@ -81,3 +81,11 @@ def test_a_directory_that_cannot_be_created_ends_in_one_line_with_74(tmp_path, c
   assert exits == [74]
   assert capsys.readouterr().err == (f"tool: error: {tmp_path}/README.md/x: cannot create the work directory: "
                                      f"{tmp_path}/README.md is a file, not a directory\n")
+
+
+def test_counts_and_articles_in_messages():
+  from gshard_mt.errors import article, counted
+
+  assert [counted(n, "process", "processes") for n in (0, 1, 2)] == ["0 processes", "1 process", "2 processes"]
+  assert counted(1, "slice") == "1 slice" and counted(3, "slice") == "3 slices"
+  assert [article(w) for w in ("int", "float", "Example", "list")] == ["an int", "a float", "an Example", "a list"]

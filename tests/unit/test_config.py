@@ -28,7 +28,9 @@ def test_split_overrides():
 
 @pytest.mark.parametrize("overrides, message", [
     ({"moe.num_expert": "4"}, "unknown config key 'moe.num_expert'; did you mean moe.num_experts"),
-    ({"moe.num_experts": "four"}, "expected a int"),
+    ({"moe.num_experts": "four"}, "moe.num_experts=four: expected an int$"),
+    ({"moe.num_experts": "4.5"}, "moe.num_experts=4.5: expected an int, got a float$"),
+    ({"optimizer.learning_rate": "[1]"}, "optimizer.learning_rate=\\[1\\]: expected a float, got a list$"),
     ({"model.tied_logits": "maybe"}, "expected true or false"),
     ({"model.remat": "true"}, r"model.remat='true': expected one of \('none', 'full', 'dots', 'dots_no_batch'\)"),
     ({"num_microbatches": "3"}, "num_microbatches=3 does not divide batch_size=8"),

@@ -66,3 +66,27 @@ def test_plot_writes_a_png(tmp_path, baseline):
   path = tmp_path / "bleu.png"
   report.plot(scores(baseline=baseline), path)
   assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_one_language_is_one_language():
+  assert report.summary(scores(num_languages=1)).splitlines()[0].endswith("over 1 language")
+  assert "Average over 1 language:" in report.markdown(scores(num_languages=1))
+
+
+def test_every_language_label_can_be_read_with_112_languages():
+  """112 languages (the paper's count): each has a label of at least 8 points, and no two labels overlap."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig = report.figure(scores(num_languages=112), plt)
+  fig.canvas.draw()
+  ax = fig.axes[0]
+  labels = [t for t in ax.get_yticklabels() if t.get_text()]
+  assert sorted(t.get_text() for t in labels) == sorted(f"l{i:02d}" for i in range(112))
+  assert min(t.get_fontsize() for t in labels) >= 8
+  boxes = sorted((t.get_window_extent() for t in labels), key=lambda b: b.y0)
+  assert all(low.y1 <= high.y0 for low, high in zip(boxes, boxes[1:]))  # stacked, none over its neighbour
+  assert [t.get_text() for t in labels][:2] == ["l111", "l110"]  # the best first, at the top
+  plt.close(fig)
