@@ -32,7 +32,7 @@ def main(argv):
   from gshard_mt.tools import dryrun
   from gshard_mt.tpu.estimates import roofline
   from gshard_mt.tpu.estimates import tpu_compiler as tpu
-  from gshard_mt.training import optimizer, step
+  from gshard_mt.training import optimizer, schedules, step
   from gshard_mt.training.setup import build
 
   devices = tpu.topology_devices(parsed.topology)
@@ -45,7 +45,7 @@ def main(argv):
     if opt.name != "adafactor":
       raise UserError("--optax compares Adafactor: the config's optimizer.name is not 'adafactor'")
     tx = optax.chain(optax.clip_by_global_norm(opt.grad_clip_norm) if opt.grad_clip_norm else optax.identity(),
-                     optax.adafactor(optimizer.learning_rate_schedule(opt), **optimizer.ADAFACTOR))
+                     optax.adafactor(schedules.schedule_of(opt, 1000), **optimizer.ADAFACTOR))
 
   def update(state, grads):
     return step.apply_update(state, grads, tx, jnp.bool_(True))[0]

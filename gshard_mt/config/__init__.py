@@ -19,7 +19,7 @@ import ml_collections
 from gshard_mt import io
 from gshard_mt.config import defaults
 from gshard_mt.data import packing
-from gshard_mt.data.corpus import SOURCES, known_source
+from gshard_mt.data.sources import SOURCES
 from gshard_mt.errors import ConfigError, UserError, article
 from gshard_mt.model.layers import ATTENTIONS, DROPOUT_KEYS
 from gshard_mt.model.transformer import EMBEDDING_SCHEMES, REMAT_POLICIES
@@ -173,8 +173,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
     if flat.get(key) not in allowed:
       raise ConfigError(f"{key}={flat.get(key)!r}: expected one of {allowed}")
   sources = str(config.data.source).split("+")
-  if not all(known_source(s) for s in sources) or len(set(sources)) != len(sources):
-    raise ConfigError(f"data.source={config.data.source!r}: expected one of {SOURCES} or tfds:NAME, or several "
+  if not all(s.partition(":")[0] in SOURCES for s in sources) or len(set(sources)) != len(sources):
+    raise ConfigError(f"data.source={config.data.source!r}: expected one of {SOURCES.names()} or tfds:NAME, or several "
                       "different ones joined with '+' (e.g. 'tatoeba+multi30k')")
   for key in POSITIVE_KEYS:
     if not _integer(flat[key]) or flat[key] <= 0:

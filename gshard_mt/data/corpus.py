@@ -1,22 +1,9 @@
-"""Parallel text sources behind one interface: `load_corpus(config) -> {split: {lang: Pairs}}`.
-
-Sources (config key `data.source`; join several with '+', e.g. 'tatoeba+multi30k'):
-  'tatoeba'    the shipped Tatoeba-112 corpus in data/tatoeba (112 languages to English, no download);
-  'multi30k'   the shipped Multi30k task 1 in data/multi30k (deu, fra, ces to English), with its official splits:
-               train, val as dev, test_2016_flickr as test;
-  'folder'     any folder of line-aligned `*.xx-eng.xx` / `*.xx-eng.eng` files (plain or .gz), `data.path`;
-  'tsv'        one file of `lang<TAB>source<TAB>english` lines, `data.path`;
-  'tfds:NAME'  a TFDS translation dataset in array_record format under `data.tfds_data_dir`, e.g.
-               'tfds:wmt19_translate/de-en' (`tfds_source`; 'tfds' alone names `data.tfds_name`)
-Files and TSVs are split per language, deterministically (`split_corpus`); Multi30k and TFDS datasets keep their
-own splits.
+"""Parallel text in memory: `Pairs` of one language, a corpus of streams, and how files, TSVs and Multi30k are read,
+cleaned (empty lines and duplicate pairs dropped) and split. The sources that use them are in `sources`.
 
 A corpus maps stream names to pairs. A stream is named by its language code, or `lang.source` where two joined
 sources share the language ('deu.tatoeba', 'deu.multi30k'): each stream is sampled and scored on its own, and the
 source-language tag is the language's (`language_of`), shared by its streams.
-
-It is read in `Part`s (one language's files, a TSV, Multi30k, one TFDS dataset), each whole by `read_part`, so that
-the preparation (`gshard_mt.data.prepare`) reads them in parallel processes.
 """
 
 from __future__ import annotations
@@ -24,18 +11,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import gzip
-import os
 import pathlib
 import re
 from collections.abc import Sequence
 
 from gshard_mt import io
-from gshard_mt.data import tfds_source
 from gshard_mt.errors import DataError
 
 SPLITS = ("train", "dev", "test")
-SOURCES = ("tatoeba", "multi30k", "folder", "tsv", "tfds")
-TFDS_PREFIX = "tfds:"  # 'tfds:NAME' names a TFDS dataset in data.source
 SHIPPED = pathlib.Path(__file__).resolve().parents[2] / "data"
 # Multi30k's files and language codes -> ours (ISO 639-3, as Tatoeba's).
 MULTI30K_SPLITS = {"train": "train", "dev": "val", "test": "test_2016_flickr"}
@@ -82,16 +65,16 @@ def read_lines(path: io.PathLike) -> tuple[list[str], int]:
   return out, sum(1 for line in out if not line.strip())
 
 
-def _aligned(src_path, tgt_path, lang) -> tuple[Pairs, int]:
+def aligned(src_path, tgt_path, lang) -> tuple[Pairs, int]:
   src, _ = read_lines(src_path)
   tgt, _ = read_lines(tgt_path)
   if len(src) != len(tgt):
     raise DataError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: "
                     "source and target files must be line-aligned")
-  return _clean(src, tgt, f"{src_path}")
+  return clean(src, tgt, f"{src_path}")
 
 
-def _clean(src, tgt, origin) -> tuple[Pairs, int]:
+def clean(src, tgt, origin) -> tuple[Pairs, int]:
   """Drops pairs with an empty side (counted) and exact duplicate pairs (so no pair lands in two splits)."""
   seen, keep_src, keep_tgt, empty = set(), [], [], 0
   for s, t in zip(src, tgt):
@@ -128,7 +111,7 @@ def load_folder(path: io.PathLike) -> tuple[Corpus, int]:
   """All `<prefix>.xx-eng.xx` + `<prefix>.xx-eng.eng` pairs in `path`; returns (corpus, empty lines skipped)."""
   corpus, empty = {}, 0
   for lang, (src_path, tgt_path) in folder_files(path).items():
-    corpus[lang], n = _aligned(src_path, tgt_path, lang)
+    corpus[lang], n = aligned(src_path, tgt_path, lang)
     empty += n
   return corpus, empty
 
@@ -151,7 +134,7 @@ def load_tsv(path: io.PathLike) -> tuple[Corpus, int]:
     tgt.append(fields[2])
   corpus = {}
   for lang, (src, tgt) in sorted(by_lang.items()):
-    corpus[lang], n = _clean(src, tgt, f"{path} ({lang})")
+    corpus[lang], n = clean(src, tgt, f"{path} ({lang})")
     empty += n
   return corpus, empty
 
@@ -183,84 +166,13 @@ def load_multi30k(folder: pathlib.Path = SHIPPED / "multi30k") -> dict[str, Corp
       src, _ = read_lines(path)
       if len(src) != len(english):
         raise DataError(f"{path} has {len(src)} lines but {theirs}.en.gz has {len(english)}")
-      splits[ours][lang], _ = _clean(src, english, str(path))
+      splits[ours][lang], _ = clean(src, english, str(path))
   return splits
-
-
-@dataclasses.dataclass(frozen=True)
-class Part:
-  """A piece of the corpus that one process reads whole (`read_part`): `kind` is 'files' (args: language, source
-  file, English file), 'tsv' (args: the file), 'multi30k' or 'tfds' (args: name, data folder, source key);
-  `label` names its streams' source where two sources share a language."""
-
-  label: str
-  kind: str
-  args: tuple[str, ...] = ()
-
-
-def known_source(source: str) -> bool:
-  return source in SOURCES or (source.startswith(TFDS_PREFIX) and len(source) > len(TFDS_PREFIX))
 
 
 def wanted_streams(languages: str) -> list[str]:
   """The codes of `data.languages` ('' = all)."""
   return [lang.strip() for lang in languages.split(",") if lang.strip()]
-
-
-def parts(data_config) -> list[Part]:
-  """What `data.source` reads, in order; language files outside `data.languages` are left out unread."""
-  sources = data_config.source.split("+")
-  if len(set(sources)) != len(sources):
-    raise DataError(f"data.source={data_config.source!r} names a source twice")
-  wanted = {language_of(w) for w in wanted_streams(data_config.languages)}
-  out = []
-  for source in sources:
-    if source in ("tatoeba", "folder"):
-      files = folder_files(SHIPPED / "tatoeba" if source == "tatoeba" else data_config.path)
-      out += [Part(source, "files", (lang, os.fspath(s), os.fspath(t))) for lang, (s, t) in files.items()
-              if not wanted or lang in wanted]
-    elif source in ("tsv", "multi30k"):
-      out.append(Part(source, source, (str(data_config.path),) if source == "tsv" else ()))
-    elif source == "tfds":
-      out.append(Part("tfds", "tfds", (data_config.tfds_name, data_config.tfds_data_dir, data_config.tfds_source_key)))
-    elif known_source(source):
-      name = source[len(TFDS_PREFIX):]
-      out.append(Part(name.split("/")[0].split(":")[0], "tfds", (name, data_config.tfds_data_dir, "")))
-    else:
-      raise DataError(f"unknown data.source {source!r}; expected one of {SOURCES} or tfds:NAME, or several joined "
-                      "with '+'")
-  return out
-
-
-def part_files(part: Part) -> list[io.epath.Path]:
-  """The files a part reads: their sizes and times key the prepared data (`gshard_mt.data.prepare`)."""
-  if part.kind == "files":
-    return [io.path(p) for p in part.args[1:]]
-  if part.kind == "tsv":
-    return [io.path(part.args[0])]
-  folder = SHIPPED / "multi30k" if part.kind == "multi30k" else tfds_source.builder(*part.args[:2]).data_path
-  return sorted(p for p in io.path(folder).iterdir() if p.is_file())
-
-
-def split_settings(data_config) -> tuple[float, float, int]:
-  """(dev_fraction, test_fraction, min_eval_pairs): how `split_corpus` splits files and TSVs."""
-  return data_config.dev_fraction, data_config.test_fraction, data_config.min_eval_pairs
-
-
-def read_part(part: Part, settings: tuple[float, float, int]) -> tuple[dict[str, Corpus], int]:
-  """One part's splits {split: {lang: pairs}} and the empty lines it skipped; `settings` from `split_settings`."""
-  if part.kind == "tfds":
-    return {name: {lang: _clean(src, tgt, origin)[0]}
-            for name, (lang, src, tgt, origin) in tfds_source.load(*part.args).items()}, 0
-  if part.kind == "multi30k":
-    return load_multi30k(), 0
-  if part.kind == "tsv":
-    corpus, empty = load_tsv(part.args[0])
-  else:
-    lang, src_path, tgt_path = part.args
-    pairs, empty = _aligned(src_path, tgt_path, lang)
-    corpus = {lang: pairs}
-  return split_corpus(corpus, *settings), empty
 
 
 def stream_names(found: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
@@ -284,17 +196,3 @@ def select(streams: list[str], languages: str) -> list[str]:
   if unknown:
     raise DataError(f"unknown language code(s) {unknown} in data.languages; the corpus has {sorted(streams)}")
   return sorted({s for streams_of_w in found.values() for s in streams_of_w})
-
-
-def load_corpus(data_config) -> tuple[dict[str, Corpus], dict]:
-  """The configured source(s), split and filtered to `data.languages`, in memory; returns (splits, info)."""
-  settings = split_settings(data_config)
-  loaded = [(part, *read_part(part, settings)) for part in parts(data_config)]
-  names = stream_names([(part.label, lang) for part, splits, _ in loaded for c in splits.values() for lang in c])
-  chosen = select(list(names.values()), data_config.languages)
-  by_stream = {name: {names[part.label, lang]: pairs for part, splits, _ in loaded
-                      for lang, pairs in splits[name].items()} for name in SPLITS}
-  splits = {name: {s: by_stream[name][s] for s in chosen if s in by_stream[name]} for name in SPLITS}
-  if sum(len(p) for p in splits["train"].values()) == 0:
-    raise DataError(f"the {data_config.source} corpus has no training pairs")
-  return splits, {"empty_lines_skipped": sum(empty for _, _, empty in loaded)}

@@ -7,7 +7,7 @@ sizes, modification times) and every setting that changes what is prepared (sour
 tokenizer settings), so runs with the same data and tokenizer settings share one preparation (`data.prepared_dir`)
 and a changed file is prepared anew. Computing the key reads no corpus, so a prepared corpus is found at once.
 The steps, each in a pool of processes (one per core) for a corpus of more than SERIAL_BELOW bytes:
-  1. read: each `corpus.Part` (one language's files, a TSV, one TFDS dataset) is read, cleaned and split by one
+  1. read: each `sources.Part` (one language's files, a TSV, one TFDS dataset) is read, cleaned and split by one
      process, which writes its text to the staging folder;
   2. assemble: the streams are named and selected, and their text laid out split by split, streams sorted;
   3. tokenizer: trained on the training pairs, all of them up to tokenizer.MAX_SENTENCES sentences, else a
@@ -21,7 +21,6 @@ uploaded to object storage with the manifest last (the staging folder then serve
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import hashlib
 import json
@@ -36,7 +35,7 @@ import time
 import numpy as np
 
 from gshard_mt import io
-from gshard_mt.data import corpus, shards
+from gshard_mt.data import corpus, shards, sources
 from gshard_mt.data import tokenizer as tokenizer_lib
 from gshard_mt.errors import DataError, counted
 
@@ -55,10 +54,10 @@ def root(data_config, workdir: io.PathLike) -> io.epath.Path:
 def key(data_config) -> tuple[str, int]:
   """(the prepared directory's name `spm-<V>-<hash>`, bytes of the corpus's files), from the files' names, sizes
   and modification times and the settings; the corpus itself is not read."""
-  parts = corpus.parts(data_config)
-  files = [(os.fspath(f), s.length, s.mtime) for part in parts for f in corpus.part_files(part) for s in [f.stat()]]
-  settings = {"format": FORMAT, "parts": [dataclasses.astuple(p) for p in parts], "files": files,
-              "languages": data_config.languages, "split": corpus.split_settings(data_config),
+  parts = sources.parts(data_config)
+  files = [(os.fspath(f), s.length, s.mtime) for part in parts for f in sources.part_files(part) for s in [f.stat()]]
+  settings = {"format": FORMAT, "parts": [p.key() for p in parts], "files": files,
+              "languages": data_config.languages, "split": sources.split_settings(data_config),
               "vocab_size": data_config.vocab_size, "character_coverage": data_config.character_coverage,
               "source_tags": data_config.source_tags, "trainer": tokenizer_lib.TRAINER_OPTIONS,
               "max_sentences": tokenizer_lib.MAX_SENTENCES}
@@ -121,7 +120,8 @@ def build(data_config, stage: pathlib.Path, processes: int) -> dict:
     seconds[step], last[0] = round(now - last[0], 2), now
     log.info("data: %s in %.1f s", done, seconds[step])
 
-  log.info("data: preparing the corpus (once, with %s): reading it", counted(processes, "process", "processes"))
+  log.info("data: preparing the corpus (once; %s reading and tokenizing): reading it",
+           counted(processes, "process", "processes"))
   with _pool(processes) as run:
     splits, origins, empty = _read_and_assemble(data_config, stage, run)
     lap("read", f"read {sum(n for _, n in splits['train'])} train pairs")
@@ -158,8 +158,8 @@ def build(data_config, stage: pathlib.Path, processes: int) -> dict:
 def _read_and_assemble(data_config, stage: pathlib.Path, run) -> tuple[dict, dict, int]:
   """Steps 1 and 2, reading with `run` (a map); returns ({split: [[stream, pairs], ...]}, {stream: origin}, empty
   lines skipped)."""
-  parts = corpus.parts(data_config)
-  read = functools.partial(_read_part, stage=stage, settings=corpus.split_settings(data_config))
+  parts = sources.parts(data_config)
+  read = functools.partial(_read_part, stage=stage, settings=sources.split_settings(data_config))
   found = list(run(read, list(enumerate(parts))))  # [({split: {lang: pairs}}, empty, {lang: origin})] per part
   names = corpus.stream_names([(p.label, lang) for p, (counts, _, _) in zip(parts, found)
                                for c in counts.values() for lang in c])
@@ -188,11 +188,11 @@ def _pool(processes: int):
     yield functools.partial(pool.imap, chunksize=1)
 
 
-def _read_part(task: tuple[int, corpus.Part], stage: pathlib.Path, settings) -> tuple[dict, int, dict]:
+def _read_part(task: tuple[int, sources.Part], stage: pathlib.Path, settings) -> tuple[dict, int, dict]:
   """Step 1 for one part: writes each (language, split)'s text to the stage; returns ({split: {lang: pairs}},
   empty lines skipped, {lang: origin})."""
   i, part = task
-  splits, empty = corpus.read_part(part, settings)
+  splits, empty = sources.read_part(part, settings)
   for split, languages in splits.items():
     for lang, pairs in languages.items():
       for side, lines in (("src", pairs.src), ("tgt", pairs.tgt)):

@@ -1,4 +1,4 @@
-"""The optimizer and its learning-rate schedule, from `config.optimizer`.
+"""The optimizer, from `config.optimizer` (its learning-rate schedule: `schedules`).
 
 Adafactor is GShard's (arXiv 2006.16668, Appendix A.2: factored second moment, beta1 = 0, second-moment decay
 1 - t^-0.8, update clipping 1.0), with the rest as the paper's code set it (Lingvo's XLAShardingAdafactor in
@@ -18,7 +18,8 @@ code, which also factors the two largest dims).
 
 The chain is optax.adafactor's, with the same state, except that RMS(X) is one reduction over X where optax's
 takes two (`scale_by_param_rms`); tested equal to optax.clip_by_global_norm then optax.adafactor. With
-optimizer.kernel='pallas' the same update runs as Pallas kernels for TPUs (`fused_adafactor`; tested equal too).
+optimizer.kernel='pallas' the same update runs as Pallas kernels for TPUs (`gshard_mt.tpu.kernels.adafactor`;
+tested equal too).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gshard_mt.tpu.kernels import adafactor as fused_adafactor
+from gshard_mt.training.schedules import schedule_of
 
 # optax.adafactor's arguments, each set to the value above (not left to optax's defaults).
 ADAFACTOR = dict(
@@ -56,21 +57,6 @@ class FusedAdafactor(NamedTuple):
   apply: Callable
 
 
-def learning_rate_schedule(opt_config):
-  """`learning_rate` at the end of `warmup_steps` (reached by a linear ramp, or held throughout with
-  warmup='constant'), then (rsqrt) learning_rate * sqrt(warmup / step). Step 0 counts as step 1."""
-  peak, warmup = opt_config.learning_rate, max(opt_config.warmup_steps, 1)
-
-  def schedule(step):
-    step = jnp.maximum(step.astype(jnp.float32), 1.0)
-    lr = peak if opt_config.warmup == "constant" else peak * jnp.minimum(1.0, step / warmup)
-    if opt_config.schedule == "rsqrt":
-      lr = lr * jnp.sqrt(warmup / jnp.maximum(step, warmup))
-    return lr
-
-  return schedule
-
-
 def scale_by_param_rms(min_scale: float = PARAM_SCALE_FLOOR) -> optax.GradientTransformation:
   """optax.scale_by_param_block_rms: U x max(min_scale, RMS(X)), with one reduction over X where optax takes two
   (its second keeps the RMS differentiable at 0, which an optimizer step never needs)."""
@@ -82,11 +68,13 @@ def scale_by_param_rms(min_scale: float = PARAM_SCALE_FLOOR) -> optax.GradientTr
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def make_optimizer(opt_config, param_specs=None) -> optax.GradientTransformation | FusedAdafactor:
+def make_optimizer(opt_config, param_specs=None, *, total_steps: int | None = None
+                   ) -> optax.GradientTransformation | FusedAdafactor:
   """The configured optimizer behind global-norm clipping (opt_config.grad_clip_norm; 0 = none). The state has one
   structure whatever the clipping and opt_config.kernel, so a checkpoint restores with any setting (tested).
-  param_specs: the parameters' PartitionSpecs on the mesh, for kernel='pallas' (None: nothing split)."""
-  schedule = learning_rate_schedule(opt_config)
+  param_specs: the parameters' PartitionSpecs on the mesh, for kernel='pallas' (None: nothing split);
+  total_steps: the run's num_train_steps, for the schedule (`schedules`)."""
+  schedule = schedule_of(opt_config, total_steps)
   clip = optax.clip_by_global_norm(opt_config.grad_clip_norm) if opt_config.grad_clip_norm else optax.identity()
   if opt_config.name == "adafactor":  # optax.adafactor(schedule, **ADAFACTOR)'s chain (tested equal)
     links = [optax.scale_by_factored_rms(ADAFACTOR["factored"], ADAFACTOR["decay_rate"], 0,
@@ -106,6 +94,8 @@ def make_optimizer(opt_config, param_specs=None) -> optax.GradientTransformation
 def _fused_apply(grads, state, params, loss_finite, opt_config, schedule, param_specs):
   """FusedAdafactor.apply: the step of make_optimizer's chain, its state read and written in the chain's structure
   (clipping, (factored moments, update clipping, learning rate, parameter scale, ...))."""
+  from gshard_mt.tpu.kernels import adafactor as fused_adafactor  # optional: TPU kernels, only with kernel='pallas'
+
   clip_state, links = state
   moments, rate = links[0], links[2]  # optax's FactoredState, ScaleByScheduleState
   d = 1.0 - (moments.count.astype(jnp.float32) + 1.0) ** -ADAFACTOR["decay_rate"]

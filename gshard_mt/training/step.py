@@ -15,7 +15,8 @@ from gshard_mt.model.layers import DROPOUT_KEYS
 from gshard_mt.model.transformer import Transformer
 from gshard_mt.moe import balance
 from gshard_mt.training import metrics as metrics_lib
-from gshard_mt.training.optimizer import FusedAdafactor, learning_rate_schedule
+from gshard_mt.training.optimizer import FusedAdafactor
+from gshard_mt.training.schedules import schedule_of
 
 
 @struct.dataclass
@@ -134,9 +135,10 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer, tx, config
   (nll, correct, requested), (aux, z, stats) = out["sums"], out["means"]
   biases = balance.moved_biases(state.params, requested, config.moe.bias_update_rate) if requested else None
   new, grad_norm, finite = apply_update(state, grads, tx, jnp.isfinite(loss), biases)
+  learning_rate = schedule_of(config.optimizer, config.num_train_steps)(state.step)
   metrics = {"loss": loss, "nll": nll / num_tokens, "accuracy": correct / num_tokens, "aux_loss": aux,
-             "z_loss": z, "grad_norm": grad_norm, "learning_rate": learning_rate_schedule(config.optimizer)(
-                 state.step), "finite": finite, "target_tokens": weights.sum(),
+             "z_loss": z, "grad_norm": grad_norm, "learning_rate": learning_rate, "finite": finite,
+             "target_tokens": weights.sum(),
              "source_tokens": (batch["inputs_segmentation"] > 0).sum().astype(jnp.float32),
              **metrics_lib.moe_summary(stats)}
   return new, metrics

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from gshard_mt.data import corpus
+from gshard_mt.data import sources as sources_lib
 from gshard_mt.evaluation import translate
 from tests.helpers import ROOT, initialised_run, small_config
 
@@ -96,7 +96,7 @@ def test_eval_on_two_processes_writes_what_one_writes(saved, one_process, tmp_pa
 def test_translate_on_two_processes_prints_eval_hypotheses(saved, one_process, tmp_path):
   """translate.py on two processes prints what eval.py on one process wrote (the same sentences in the same
   batches); process 1, whose standard input is empty, prints nothing."""
-  sources = corpus.load_corpus(small_config().data)[0]["test"]["fra"].src
+  sources = sources_lib.load_corpus(small_config().data)[0]["test"]["fra"].src
   assert len(sources) <= ROWS * translate.WINDOW_BATCHES  # one window of input, sorted by length as eval.py's
   text = "".join(s + "\n" for s in sources).encode()
   outputs = finish(launch("translate.py", [saved, saved], ["--src_lang", "fra", *DECODING], text, tmp_path))

@@ -7,7 +7,7 @@ import pytest
 import sacrebleu
 
 from gshard_mt import lock
-from gshard_mt.data import corpus
+from gshard_mt.data import sources
 from gshard_mt.errors import WorkdirError
 from gshard_mt.evaluation import evaluate
 from gshard_mt.training import loop
@@ -37,7 +37,7 @@ def test_train_then_eval_writes_scores_and_report(trained):
   fra = saved["languages"]["fra"]
   assert fra["sentences"] == len((out / "hyp.fra.txt").read_text().splitlines()) == 100
   hyps = (out / "hyp.fra.txt").read_text().splitlines()
-  refs = [r.strip() for r in corpus.load_corpus(
+  refs = [r.strip() for r in sources.load_corpus(
       small_config().data)[0]["test"]["fra"].tgt]
   assert fra["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)  # scored against its references
   assert fra["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs], word_order=2).score)

@@ -4,7 +4,7 @@ import gzip
 
 import pytest
 
-from gshard_mt.data import corpus
+from gshard_mt.data import corpus, sources
 from gshard_mt.errors import DataError
 from tests import tiny_tfds
 from tests.helpers import small_config
@@ -82,13 +82,13 @@ def test_bad_files_give_clear_errors(tmp_path):
 
 def test_config_level_errors(tmp_path):
   with pytest.raises(DataError, match=r"unknown language code\(s\) \['zzz'\] in data.languages"):
-    corpus.load_corpus(small_config(**{"data.languages": "fra,zzz"}).data)
+    sources.load_corpus(small_config(**{"data.languages": "fra,zzz"}).data)
   write_pair(tmp_path, "xx", [""] * 3, ["A"] * 3)
   with pytest.raises(DataError, match="xx has 0 usable pairs"):
-    corpus.load_corpus(small_config(**{"data.source": "folder", "data.path": str(tmp_path),
+    sources.load_corpus(small_config(**{"data.source": "folder", "data.path": str(tmp_path),
                                        "data.languages": ""}).data)
   with pytest.raises(DataError, match="^unknown TFDS dataset 'no_such_dataset_xyz' in data.tfds_data_dir=.*[^\n]$"):
-    corpus.load_corpus(small_config(**{"data.source": "tfds", "data.tfds_name": "no_such_dataset_xyz",
+    sources.load_corpus(small_config(**{"data.source": "tfds", "data.tfds_name": "no_such_dataset_xyz",
                                        "data.tfds_data_dir": str(tmp_path), "data.languages": ""}).data)
 
 
@@ -96,7 +96,7 @@ def test_tfds_datasets_without_tensorflow_one_stream_each(tmp_path):
   joined = tiny_tfds.build(tmp_path)  # tiny_de_en_translate + tiny_fr_en_translate, array_record
   for source in ({"data.source": "tfds", "data.tfds_name": "tiny_de_en_translate"}, {"data.source": joined}):
     config = small_config(**source, **{"data.tfds_data_dir": tmp_path, "data.languages": ""})
-    splits, _ = corpus.load_corpus(config.data)
+    splits, _ = sources.load_corpus(config.data)
     assert len(splits["train"]["de"]) == 30 and len(splits["dev"]["de"]) == 4 and len(splits["test"]["de"]) == 5
     assert sorted(splits["test"]["de"].tgt) == sorted(f"thello {i}" for i in range(5))
     i = splits["train"]["de"].src.index("hallo 7")
@@ -114,7 +114,7 @@ def raw(name):
 
 
 def test_multi30k_official_splits_are_kept():
-  splits, _ = corpus.load_corpus(small_config(**{"data.source": "multi30k", "data.languages": ""}).data)
+  splits, _ = sources.load_corpus(small_config(**{"data.source": "multi30k", "data.languages": ""}).data)
   assert sorted(splits["test"]) == ["ces", "deu", "fra"]
   for code, lang in corpus.MULTI30K_LANGUAGES.items():
     assert splits["test"][lang].src == [s.strip() for s in raw(f"test_2016_flickr.{code}")]

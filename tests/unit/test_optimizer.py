@@ -8,7 +8,8 @@ import numpy as np
 import optax
 import pytest
 
-from gshard_mt.training.optimizer import ADAFACTOR, learning_rate_schedule, make_optimizer
+from gshard_mt.training.optimizer import ADAFACTOR, make_optimizer
+from gshard_mt.training.schedules import schedule_of
 
 
 def opt_config(**kw):
@@ -25,8 +26,8 @@ def opt_config(**kw):
     ("rsqrt", "constant", {0: 0.5, 1: 0.5, 50: 0.5, 100: 0.5, 400: 0.25, 10_000: 0.05}),
     ("constant", "constant", {0: 0.5, 400: 0.5}),
 ])
-def test_learning_rate_schedule(schedule, warmup, expected):
-  lr = learning_rate_schedule(opt_config(schedule=schedule, warmup=warmup))
+def test_learning_rate_schedules(schedule, warmup, expected):
+  lr = schedule_of(opt_config(schedule=schedule, warmup=warmup), 1000)
   for step, value in expected.items():
     assert float(lr(jnp.asarray(step))) == pytest.approx(value, rel=1e-6), step
 
@@ -155,7 +156,7 @@ def test_adafactor_equals_clip_then_optax_adafactor(weight_decay):
                       weight_decay=weight_decay)
   ours = make_optimizer(config)
   theirs = optax.chain(optax.clip_by_global_norm(1.0), optax.adafactor(
-      learning_rate_schedule(config), weight_decay_rate=weight_decay or None, **ADAFACTOR))
+      schedule_of(config, 1000), weight_decay_rate=weight_decay or None, **ADAFACTOR))
   shapes = {"last": (130, 160), "first": (200, 3, 140), "deep": (4, 130, 200), "vector": (96,)}
   keys = iter(jax.random.split(jax.random.key(0), 20))
   params = {k: 0.05 * jax.random.normal(next(keys), s) for k, s in shapes.items()}

@@ -6,7 +6,7 @@ import pytest
 from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError
 from gshard_mt.model.transformer import count_params
-from gshard_mt.training.optimizer import learning_rate_schedule
+from gshard_mt.training.schedules import schedule_of
 from tests.helpers import ROOT
 
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.py"))
@@ -59,7 +59,7 @@ def test_paper_configs_follow_the_paper(name):
   assert (c.model.dropout_rate, c.moe.activation, c.model.moe_interval, c.model.dtype) == (0.1, "relu", 2, "float32")
   assert c.batch_size * c.data.max_length == (4 if c.moe.num_experts == 2048 else 1) * 2**20
   assert c.data.vocab_size == 64_000 and c.moe.train_capacity_factor == 1.0
-  schedule = learning_rate_schedule(c.optimizer)
+  schedule = schedule_of(c.optimizer, c.num_train_steps)
   for step in (1, 5000, 10_000, 40_000, 250_000):  # Lingvo's SqrtDecay: 1.0 x rsqrt(max(step, 10k))
     assert float(schedule(jnp.asarray(step))) == pytest.approx(max(step, 10_000) ** -0.5, rel=1e-6)
   assert c.optimizer.name == "adafactor" and c.optimizer.grad_clip_norm == 0

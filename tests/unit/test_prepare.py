@@ -7,7 +7,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from gshard_mt.data import corpus, packing, pipeline, shards
+from gshard_mt.data import corpus, packing, pipeline, shards, sources
 from gshard_mt.data import prepare as prepare_lib
 from gshard_mt.tools import prepare_data
 from tests import tiny_tfds
@@ -25,7 +25,7 @@ def in_memory(text: corpus.Corpus, tok) -> packing.TokenizedSplit:
 
 def test_prepared_corpus_and_its_batches_equal_those_made_in_memory(data):
   config = small_config()
-  text, _ = corpus.load_corpus(config.data)
+  text, _ = sources.load_corpus(config.data)
   memory = {}
   for split in corpus.SPLITS:
     memory[split], mapped = in_memory(text[split], data.tokenizer), data.tokens[split]

@@ -1,0 +1,205 @@
+"""Data sources: each one class, registered by name in `SOURCES`; `data.source` names one or several joined with '+'
+(e.g. 'tatoeba+multi30k'), and a source may take an argument after a colon ('tfds:wmt19_translate/de-en').
+
+  'tatoeba'    the shipped Tatoeba-112 corpus in data/tatoeba (112 languages to English, no download);
+  'multi30k'   the shipped Multi30k task 1 in data/multi30k (deu, fra, ces to English), with its official splits;
+  'folder'     any folder of line-aligned `*.xx-eng.xx` / `*.xx-eng.eng` files (plain or .gz), `data.path`;
+  'tsv'        one file of `lang<TAB>source<TAB>english` lines, `data.path`;
+  'tfds:NAME'  a TFDS translation dataset in array_record format under `data.tfds_data_dir` ('tfds' alone names
+               `data.tfds_name`).
+
+A source lists the `Part`s it reads (one language's files, a TSV, a dataset); each part is read whole by one process
+(`read_part`), so that the preparation (`gshard_mt.data.prepare`) reads them in parallel. Files and TSVs are split
+per language (`corpus.split_corpus`); Multi30k and TFDS datasets keep their own splits. A new source is a subclass
+of `Source` under `@SOURCES.register("name")`, in any module imported before the config is read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from gshard_mt import io
+from gshard_mt.data import corpus, tfds_source
+from gshard_mt.data.corpus import SHIPPED, Corpus
+from gshard_mt.errors import DataError
+from gshard_mt.registry import Registry
+
+SOURCES = Registry("data.source")
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+  """A piece of the corpus that one process reads whole: `source` the class that reads it (pickled by name, for
+  spawned processes), `args` what it needs (plain strings), `label` its source's name, which names its streams
+  where two sources share a language."""
+
+  label: str
+  source: type[Source]
+  args: tuple[str, ...] = ()
+
+  def key(self) -> tuple:
+    """What names this part in the prepared data's key (`gshard_mt.data.prepare.key`)."""
+    return self.label, self.source.kind or self.label, self.args
+
+
+class Source:
+  """One kind of parallel text. `parts` says what to read for a config's data section (`arg`: what followed the
+  colon in data.source); `files` which files a part reads (their sizes and times key the prepared data); `read`
+  a part's splits {split: {language: Pairs}} and the empty lines it skipped (`settings`: `split_settings`)."""
+
+  kind = ""  # how it reads, in the prepared data's key (as earlier versions named it); '': its label
+
+  def __init__(self, name: str):
+    self.name = name  # as data.source names it: the label of its parts
+
+  def parts(self, data_config, arg: str, languages: set[str]) -> list[Part]:
+    raise NotImplementedError
+
+  @staticmethod
+  def files(part: Part) -> list[io.epath.Path]:
+    raise NotImplementedError
+
+  @staticmethod
+  def read(part: Part, settings: tuple[float, float, int]) -> tuple[dict[str, Corpus], int]:
+    raise NotImplementedError
+
+
+@SOURCES.register("folder")
+class Folder(Source):
+  """Line-aligned `*.xx-eng.xx` / `*.xx-eng.eng` files in data.path, one part per language."""
+
+  kind = "files"
+
+  def folder(self, data_config, arg: str) -> str:
+    return arg or data_config.path
+
+  def parts(self, data_config, arg, languages):
+    files = corpus.folder_files(self.folder(data_config, arg))
+    return [Part(self.name, type(self), (lang, os.fspath(s), os.fspath(t))) for lang, (s, t) in files.items()
+            if not languages or lang in languages]
+
+  @staticmethod
+  def files(part):
+    return [io.path(p) for p in part.args[1:]]
+
+  @staticmethod
+  def read(part, settings):
+    lang, src_path, tgt_path = part.args
+    pairs, empty = corpus.aligned(src_path, tgt_path, lang)
+    return corpus.split_corpus({lang: pairs}, *settings), empty
+
+
+@SOURCES.register("tatoeba")
+class Tatoeba(Folder):
+  """The shipped Tatoeba-112 corpus."""
+
+  def folder(self, data_config, arg):
+    return SHIPPED / "tatoeba"
+
+
+@SOURCES.register("tsv")
+class Tsv(Source):
+  """One `lang<TAB>source<TAB>english` file, data.path."""
+
+  kind = "tsv"
+
+  def parts(self, data_config, arg, languages):
+    return [Part(self.name, type(self), (str(arg or data_config.path),))]
+
+  @staticmethod
+  def files(part):
+    return [io.path(part.args[0])]
+
+  @staticmethod
+  def read(part, settings):
+    pairs, empty = corpus.load_tsv(part.args[0])
+    return corpus.split_corpus(pairs, *settings), empty
+
+
+@SOURCES.register("multi30k")
+class Multi30k(Source):
+  """The shipped Multi30k task 1, with its own splits."""
+
+  kind = "multi30k"
+
+  def parts(self, data_config, arg, languages):
+    return [Part(self.name, type(self))]
+
+  @staticmethod
+  def files(part):
+    return sorted(p for p in io.path(SHIPPED / "multi30k").iterdir() if p.is_file())
+
+  @staticmethod
+  def read(part, settings):
+    return corpus.load_multi30k(), 0
+
+
+@SOURCES.register("tfds")
+class Tfds(Source):
+  """A TFDS translation dataset: 'tfds:NAME', or 'tfds' with data.tfds_name (and data.tfds_source_key)."""
+
+  kind = "tfds"
+
+  def parts(self, data_config, arg, languages):
+    if arg:
+      return [Part(arg.split("/")[0].split(":")[0], type(self), (arg, data_config.tfds_data_dir, ""))]
+    return [Part(self.name, type(self), (data_config.tfds_name, data_config.tfds_data_dir,
+                                         data_config.tfds_source_key))]
+
+  @staticmethod
+  def files(part):
+    return sorted(p for p in io.path(tfds_source.builder(*part.args[:2]).data_path).iterdir() if p.is_file())
+
+  @staticmethod
+  def read(part, settings):
+    return {name: {lang: corpus.clean(src, tgt, origin)[0]}
+            for name, (lang, src, tgt, origin) in tfds_source.load(*part.args).items()}, 0
+
+
+def named(source: str) -> tuple[Source, str]:
+  """'NAME' or 'NAME:ARG' in data.source -> (the registered source, ARG); a one-line error for an unknown name."""
+  name, _, arg = source.partition(":")
+  if name not in SOURCES:
+    raise DataError(f"unknown data.source {source!r}; expected one of {SOURCES.names()} (tfds:NAME for a TFDS "
+                    "dataset), or several joined with '+'")
+  return SOURCES.get(name)(name), arg
+
+
+def parts(data_config) -> list[Part]:
+  """What `data.source` reads, in order; language files outside `data.languages` are left out unread."""
+  names = data_config.source.split("+")
+  if len(set(names)) != len(names):
+    raise DataError(f"data.source={data_config.source!r} names a source twice")
+  wanted = {corpus.language_of(w) for w in corpus.wanted_streams(data_config.languages)}
+  return [part for source, arg in map(named, names) for part in source.parts(data_config, arg, wanted)]
+
+
+def part_files(part: Part) -> list[io.epath.Path]:
+  """The files a part reads: their sizes and times key the prepared data (`gshard_mt.data.prepare`)."""
+  return part.source.files(part)
+
+
+def split_settings(data_config) -> tuple[float, float, int]:
+  """(dev_fraction, test_fraction, min_eval_pairs): how `corpus.split_corpus` splits files and TSVs."""
+  return data_config.dev_fraction, data_config.test_fraction, data_config.min_eval_pairs
+
+
+def read_part(part: Part, settings: tuple[float, float, int]) -> tuple[dict[str, Corpus], int]:
+  """One part's splits {split: {lang: pairs}} and the empty lines it skipped; `settings` from `split_settings`."""
+  return part.source.read(part, settings)
+
+
+def load_corpus(data_config) -> tuple[dict[str, Corpus], dict]:
+  """The configured source(s), split and filtered to `data.languages`, in memory; returns (splits, info)."""
+  settings = split_settings(data_config)
+  loaded = [(part, *read_part(part, settings)) for part in parts(data_config)]
+  names = corpus.stream_names([(part.label, lang) for part, splits, _ in loaded for c in splits.values()
+                               for lang in c])
+  chosen = corpus.select(list(names.values()), data_config.languages)
+  by_stream = {name: {names[part.label, lang]: pairs for part, splits, _ in loaded
+                      for lang, pairs in splits[name].items()} for name in corpus.SPLITS}
+  splits = {name: {s: by_stream[name][s] for s in chosen if s in by_stream[name]} for name in corpus.SPLITS}
+  if sum(len(p) for p in splits["train"].values()) == 0:
+    raise DataError(f"the {data_config.source} corpus has no training pairs")
+  return splits, {"empty_lines_skipped": sum(empty for _, _, empty in loaded)}
