@@ -17,34 +17,28 @@ import traceback
 import ml_collections
 
 from gshard_mt import io
-from gshard_mt.config import defaults
-from gshard_mt.data import packing
-from gshard_mt.data.sources import SOURCES
+from gshard_mt.config import choices, defaults
 from gshard_mt.errors import ConfigError, UserError, article
-from gshard_mt.model.layers import ATTENTIONS, DROPOUT_KEYS
-from gshard_mt.model.transformer import EMBEDDING_SCHEMES, REMAT_POLICIES
 from gshard_mt.moe.config import MoeConfig
-from gshard_mt.parallel import mesh as mesh_lib
-from gshard_mt.parallel import rules as rules_lib
 
 DTYPES = ("float32", "bfloat16")
 CHOICES = {
     "nonfinite": ("stop", "skip"),
     "model.positions": ("sinusoidal", "learned"),
-    "model.embedding": tuple(EMBEDDING_SCHEMES),
+    "model.embedding": choices.EMBEDDINGS,
     "model.dtype": DTYPES,
     "model.residual_dtype": DTYPES,
-    "model.dropout_rng": tuple(DROPOUT_KEYS),
-    "model.remat": tuple(REMAT_POLICIES),
-    "model.attention": ATTENTIONS,
+    "model.dropout_rng": choices.DROPOUT_KEYS,
+    "model.remat": choices.REMAT_POLICIES,
+    "model.attention": choices.ATTENTIONS,
     "optimizer.name": ("adafactor", "adam"),
     "optimizer.kernel": ("xla", "pallas"),
     "optimizer.loss_kernel": ("xla", "pallas"),
-    "optimizer.schedule": ("rsqrt", "constant"),
+    "optimizer.schedule": choices.SCHEDULES,
     "optimizer.warmup": ("linear", "constant"),
-    "partitioning": ("data", "expert", "expert_model"),
+    "partitioning": choices.PARTITIONINGS,
 }
-LENGTH_KEYS = ("data.max_length", "data.max_target_length")  # the row lengths of `packing.row_lengths`, in order
+LENGTH_KEYS = ("data.max_length", "data.max_target_length")  # the row lengths of `row_lengths`, in order
 POSITIVE_KEYS = ("batch_size", "num_microbatches", "num_train_steps", "log_every", "checkpoint_every",
                  "keep_checkpoints", "model.emb_dim", "model.num_heads", "model.head_dim", "model.mlp_dim",
                  "model.max_position", "data.max_length", "data.vocab_size", "eval_bleu_sentences",
@@ -166,16 +160,17 @@ def flatten(config, prefix="") -> dict:
   return out
 
 
-def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
-  """Raises ConfigError for an impossible combination, before anything is built or compiled."""
+def validate(config: ml_collections.ConfigDict):
+  """Raises ConfigError for an impossible combination, before anything is built or compiled (what depends on the
+  devices too: `gshard_mt.parallel.mesh.check`)."""
   flat = flatten(config)
   for key, allowed in CHOICES.items():
     if flat.get(key) not in allowed:
-      raise ConfigError(f"{key}={flat.get(key)!r}: expected one of {allowed}")
+      raise ConfigError(f"{key}={flat.get(key)!r}: expected one of {tuple(allowed)}")
   sources = str(config.data.source).split("+")
-  if not all(s.partition(":")[0] in SOURCES for s in sources) or len(set(sources)) != len(sources):
-    raise ConfigError(f"data.source={config.data.source!r}: expected one of {SOURCES.names()} or tfds:NAME, or several "
-                      "different ones joined with '+' (e.g. 'tatoeba+multi30k')")
+  if not all(s.partition(":")[0] in choices.SOURCES for s in sources) or len(set(sources)) != len(sources):
+    raise ConfigError(f"data.source={config.data.source!r}: expected one of {choices.SOURCES.names()} (tfds:NAME for "
+                      "a TFDS dataset), or several different ones joined with '+' (e.g. 'tatoeba+multi30k')")
   for key in POSITIVE_KEYS:
     if not _integer(flat[key]) or flat[key] <= 0:
       raise ConfigError(f"{key}={flat[key]!r}: expected a positive integer")
@@ -198,9 +193,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None):
   if not config.data.temperature > 0:
     raise ConfigError(f"data.temperature={config.data.temperature}: expected > 0 (inf for uniform)")
   _validate_moe(config)
-  if num_devices is not None:
-    _validate_mesh(config, num_devices)
-  if error := moe_group_error(config, num_devices):
+  if error := moe_group_error(config):
     raise ConfigError(error)
 
 
@@ -213,13 +206,13 @@ def _validate_moe(config):
   if interval < 0:
     raise ConfigError(f"model.moe_interval={interval}: expected >= 0 (0 = dense)")
   moe = MoeConfig.from_config(config.moe).validate(used=interval > 0)
-  if interval and "language" in (moe.router, moe.router_of(decoder=True)) and not config.data.source_tags:
-    raise ConfigError("moe.router='language' routes by the source-language tag: it needs data.source_tags=True")
+  if interval and (name := moe.language_router()) and not config.data.source_tags:
+    raise ConfigError(f"moe.router={name!r} routes by the source-language tag: it needs data.source_tags=True")
   for key in ("num_encoder_layers", "num_decoder_layers"):
     if interval and config.model[key] % interval:
       raise ConfigError(f"model.{key}={config.model[key]} is not a multiple of model.moe_interval={interval}")
-  expert_axis = config.mesh.expert * mesh_lib.dcn_shape(config)[1]
-  model_axis = config.mesh.model * mesh_lib.dcn_shape(config)[2]
+  expert_axis = config.mesh.expert * config.dcn_mesh.expert
+  model_axis = config.mesh.model * config.dcn_mesh.model
   if interval and moe.expert_kernel == "pallas" and config.partitioning == "expert_model" and model_axis > 1:
     raise ConfigError(f"moe.expert_kernel='pallas' needs each expert's H whole on a device: "
                       f"partitioning='expert_model' splits it over mesh.model={config.mesh.model}; use "
@@ -234,16 +227,21 @@ def microbatch_rows(config) -> int:
   return config.batch_size // config.num_microbatches
 
 
-def moe_group_error(config, num_devices: int | None = None, group_size: int | None = None) -> str | None:
+def row_lengths(config) -> tuple[int, int]:
+  """(source, target) tokens per training row: data.max_length and data.max_target_length (0 = the same).
+  Sources take ~1.6x the tokens of their English targets, so equal lengths leave target slots empty."""
+  return config.data.max_length, config.data.max_target_length or config.data.max_length
+
+
+def moe_group_error(config, group_devices: int = 1, group_size: int | None = None) -> str | None:
   """Why the MoE groups of a microbatch fail with `group_size` (default moe.group_size), in one line; None if
-  they work. Each side's tokens must be whole groups (or, without microbatches, fewer tokens make one group) and,
-  with `num_devices`, the groups must split over the devices of the mesh axes the rules give 'group'."""
+  they work. Each side's tokens must be whole groups (or, without microbatches, fewer tokens make one group) and
+  the groups must split over `group_devices`, the devices of the mesh axes the rules give 'group'."""
   if not config.model.moe_interval:
     return None
   size, micro = group_size or config.moe.group_size, config.num_microbatches > 1
-  group_devices = devices_of(config, num_devices, "group") if num_devices else 1
   batch, rows = ("microbatch", "batch_size / num_microbatches") if micro else ("batch", "batch_size")
-  for key, length in zip(LENGTH_KEYS, packing.row_lengths(config)):
+  for key, length in zip(LENGTH_KEYS, row_lengths(config)):
     tokens = microbatch_rows(config) * length
     if tokens % size and (tokens > size or micro):
       return (f"moe.group_size={size} does not divide the {tokens} tokens of a {batch} "
@@ -256,25 +254,9 @@ def moe_group_error(config, num_devices: int | None = None, group_size: int | No
   return None
 
 
-def devices_of(config, num_devices: int, logical: str) -> int:
-  """How many of `num_devices` the config's mesh and rules split a dimension named `logical` over."""
-  sizes = dict(zip(mesh_lib.MESH_AXES, mesh_lib.mesh_shape(config, num_devices)))
-  return rules_lib.devices_of(logical, rules_lib.rules(config), sizes)
-
-
-def _validate_mesh(config, num_devices: int):
-  """The rows of a microbatch must split over the mesh axes the rules give 'batch'."""
-  batch_devices = devices_of(config, num_devices, "batch")
-  if microbatch_rows(config) % batch_devices:
-    rows = f"batch_size={config.batch_size}" + f" / num_microbatches={config.num_microbatches}" * (
-        config.num_microbatches > 1)
-    raise ConfigError(f"{rows} does not split over the {batch_devices} devices of the mesh axes the batch is split "
-                      "over")
-
-
-def load(path, overrides: dict[str, str] | None = None, num_devices=None) -> ml_collections.ConfigDict:
+def load(path, overrides: dict[str, str] | None = None) -> ml_collections.ConfigDict:
   config = apply_overrides(load_file(path), overrides or {})
-  validate(config, num_devices)
+  validate(config)
   return config
 
 

@@ -15,12 +15,6 @@ from gshard_mt.batch import FIELDS
 from gshard_mt.data.tokenizer import EOS_ID
 
 
-def row_lengths(config) -> tuple[int, int]:
-  """(source, target) tokens per training row: data.max_length and data.max_target_length (0 = the same).
-  Sources take ~1.6x the tokens of their English targets, so equal lengths leave target slots empty."""
-  return config.data.max_length, config.data.max_target_length or config.data.max_length
-
-
 @dataclasses.dataclass
 class TokenizedSplit:
   """n pairs as flat token arrays: pair i's source is src_tokens[src_offsets[i]:src_offsets[i+1]] (in memory, or

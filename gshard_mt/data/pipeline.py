@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from gshard_mt import config as config_lib
 from gshard_mt import io
 from gshard_mt.data import corpus as corpus_lib
 from gshard_mt.data import packing, sampling, shards
@@ -268,7 +269,7 @@ class Data:
   directory: pathlib.Path
 
   def train_batches(self, config, process_index=0, process_count=1) -> TrainBatches:
-    lengths = packing.row_lengths(config)
+    lengths = config_lib.row_lengths(config)
     return TrainBatches(self.tokens["train"], self.rates, config.batch_size, lengths, config.data.seed,
                         process_index, process_count, index=cached_eligible(self.directory, self.tokens["train"],
                                                                             lengths))

@@ -20,12 +20,10 @@ import dataclasses
 import os
 
 from gshard_mt import io
+from gshard_mt.config.choices import SOURCES
 from gshard_mt.data import corpus, tfds_source
 from gshard_mt.data.corpus import SHIPPED, Corpus
 from gshard_mt.errors import DataError
-from gshard_mt.registry import Registry
-
-SOURCES = Registry("data.source")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +39,6 @@ class Part:
   def key(self) -> tuple:
     """What names this part in the prepared data's key (`gshard_mt.data.prepare.key`)."""
     return self.label, self.source.kind or self.label, self.args
-
 
 class Source:
   """One kind of parallel text. `parts` says what to read for a config's data section (`arg`: what followed the
@@ -63,7 +60,6 @@ class Source:
   @staticmethod
   def read(part: Part, settings: tuple[float, float, int]) -> tuple[dict[str, Corpus], int]:
     raise NotImplementedError
-
 
 @SOURCES.register("folder")
 class Folder(Source):
@@ -89,14 +85,12 @@ class Folder(Source):
     pairs, empty = corpus.aligned(src_path, tgt_path, lang)
     return corpus.split_corpus({lang: pairs}, *settings), empty
 
-
 @SOURCES.register("tatoeba")
 class Tatoeba(Folder):
   """The shipped Tatoeba-112 corpus."""
 
   def folder(self, data_config, arg):
     return SHIPPED / "tatoeba"
-
 
 @SOURCES.register("tsv")
 class Tsv(Source):
@@ -116,7 +110,6 @@ class Tsv(Source):
     pairs, empty = corpus.load_tsv(part.args[0])
     return corpus.split_corpus(pairs, *settings), empty
 
-
 @SOURCES.register("multi30k")
 class Multi30k(Source):
   """The shipped Multi30k task 1, with its own splits."""
@@ -133,7 +126,6 @@ class Multi30k(Source):
   @staticmethod
   def read(part, settings):
     return corpus.load_multi30k(), 0
-
 
 @SOURCES.register("tfds")
 class Tfds(Source):
@@ -156,7 +148,6 @@ class Tfds(Source):
     return {name: {lang: corpus.clean(src, tgt, origin)[0]}
             for name, (lang, src, tgt, origin) in tfds_source.load(*part.args).items()}, 0
 
-
 def named(source: str) -> tuple[Source, str]:
   """'NAME' or 'NAME:ARG' in data.source -> (the registered source, ARG); a one-line error for an unknown name."""
   name, _, arg = source.partition(":")
@@ -164,7 +155,6 @@ def named(source: str) -> tuple[Source, str]:
     raise DataError(f"unknown data.source {source!r}; expected one of {SOURCES.names()} (tfds:NAME for a TFDS "
                     "dataset), or several joined with '+'")
   return SOURCES.get(name)(name), arg
-
 
 def parts(data_config) -> list[Part]:
   """What `data.source` reads, in order; language files outside `data.languages` are left out unread."""
@@ -174,21 +164,17 @@ def parts(data_config) -> list[Part]:
   wanted = {corpus.language_of(w) for w in corpus.wanted_streams(data_config.languages)}
   return [part for source, arg in map(named, names) for part in source.parts(data_config, arg, wanted)]
 
-
 def part_files(part: Part) -> list[io.epath.Path]:
   """The files a part reads: their sizes and times key the prepared data (`gshard_mt.data.prepare`)."""
   return part.source.files(part)
-
 
 def split_settings(data_config) -> tuple[float, float, int]:
   """(dev_fraction, test_fraction, min_eval_pairs): how `corpus.split_corpus` splits files and TSVs."""
   return data_config.dev_fraction, data_config.test_fraction, data_config.min_eval_pairs
 
-
 def read_part(part: Part, settings: tuple[float, float, int]) -> tuple[dict[str, Corpus], int]:
   """One part's splits {split: {lang: pairs}} and the empty lines it skipped; `settings` from `split_settings`."""
   return part.source.read(part, settings)
-
 
 def load_corpus(data_config) -> tuple[dict[str, Corpus], dict]:
   """The configured source(s), split and filtered to `data.languages`, in memory; returns (splits, info)."""

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gshard_mt.config import choices
 from gshard_mt.parallel.einsum import weight_einsum
 
 NEG_INF = -1e10  # additive mask: exp(NEG_INF - max) is exactly 0 in float32 and bfloat16
@@ -30,11 +31,15 @@ NORM_INITS = {"scale": nn.initializers.ones, "bias": nn.initializers.zeros}  # a
 # CPUs) fused Philox, cheaper per element than threefry's hash. Not the default: on a TPU it is a separate op whose
 # bits go through memory, drawn for the whole batch on every device unless libtpu has
 # --xla_tpu_spmd_rng_bit_generator_unsafe, and the compiler's estimate turns negative (docs/decisions.md).
-DROPOUT_KEYS = {
+DROPOUT_KEYS = choices.DROPOUT_KEYS.add({
     "threefry": lambda key: key,
     "rbg": lambda key: jax.random.wrap_key_data(jax.random.bits(key, (4,), jnp.uint32), impl="rbg"),
-}
-ATTENTIONS = ("xla", "fused", "pallas")  # model.attention
+})
+ATTENTIONS = choices.ATTENTIONS.add({  # model.attention: the paths of `Attention`
+    "xla": "einsums with an additive mask (the reference; attention dropout)",
+    "fused": "jax.nn.dot_product_attention with a boolean mask: cuDNN's flash attention on GPUs",
+    "pallas": "the whole block in Pallas kernels for TPUs (gshard_mt.tpu.kernels.attention)",
+})
 # What cuDNN's flash attention takes (jax._src.cudnn.fused_attention_stablehlo, JAX 0.12): fp16/bf16 only, a head dim
 # that is a multiple of 8 and at most 128 (256 from Hopper on; 128 needs no device query) and, when training with a
 # bias (a boolean mask becomes one), even query and key lengths. Elsewhere 'fused' runs XLA's implementation.
@@ -197,7 +202,7 @@ class Attention(nn.Module):
     wo = param(self, "out", (A, D, M), ("heads", "kv", "embed"),
                nn.initializers.variance_scaling(1.0, "fan_in", "normal", in_axis=(0, 1), out_axis=2))
     if self.attention == "pallas" and not self.decode:  # the whole block in Pallas kernels
-      from gshard_mt.tpu.kernels.attention import pallas_attention  # it imports from here
+      from gshard_mt.tpu.kernels.attention import pallas_attention  # optional: TPU kernels, only when asked
 
       return pallas_attention(x, kv if self.is_cross else None, norm, (wq, wk, wv, wo), *bias, causal=self.causal,
                               dtype=dt, vmem=self.kernel_vmem)

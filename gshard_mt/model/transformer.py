@@ -18,9 +18,10 @@ import numpy as np
 from flax import struct
 
 from gshard_mt.batch import BATCH_KEYS
+from gshard_mt.config import choices
 from gshard_mt.model import layers
 from gshard_mt.model.layers import Attention, DenseFFN, layer_norm, packing_mask, shift_right, sinusoidal, source_bias
-from gshard_mt.moe import balance, routers
+from gshard_mt.moe import balance
 from gshard_mt.moe.config import MoeConfig
 from gshard_mt.moe.layer import MoeFeedForward
 
@@ -29,24 +30,24 @@ BLM = ("batch", "length", "embed")
 # schemes give the residual stream unit-variance token embeddings and unit-variance logits at initialisation, so
 # the first loss is ln V; they differ in how large Adam's steps are relative to the embedding (sections 3.2 and
 # 3.4 of Vaswani et al. 2017 give the second).
-EMBEDDING_SCHEMES = {
+EMBEDDING_SCHEMES = choices.EMBEDDINGS.add({
     "t5": (0.0, 0.0, -0.5),  # T5 and Flax's examples/wmt: std 1, logits scaled down
     "vaswani": (-0.5, 0.5, 0.0),  # Vaswani et al., tensor2tensor, fairseq: std M^-0.5, inputs scaled up
     # Mixtures of the two, kept to reproduce the comparison in docs/decisions.md: inputs sqrt(M) times too large
     # (initial loss grows with M), and logits sqrt(M) times too small (slow start).
     "sqrt_input": (0.0, 0.5, -0.5),
     "small_logits": (-0.5, 0.5, -0.5),
-}
+})
 # model.remat: which activations of a layer unit the backward pass keeps; the others it recomputes from the unit's
 # input (True and False in older configs are 'full' and 'none').
-REMAT_POLICIES = {
+REMAT_POLICIES = choices.REMAT_POLICIES.add({
     "none": None,  # no rematerialisation: everything is kept
     "full": jax.checkpoint_policies.nothing_saveable,  # only the unit's input: the forward pass runs twice
     "dots": jax.checkpoint_policies.checkpoint_dots,  # every matmul's output; activations, softmax, ... recomputed
     # the matmul outputs without batch dimensions (the dense projections): the attention scores and the expert
     # matmuls ([E, ...] batched einsums) are recomputed, MaxText's 'minimal'
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
+})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,7 +231,7 @@ class Transformer(nn.Module):
   def _language(self, src_tokens, src_segments, segments, decoder: bool, beams: bool = False):
     """What moe.router='language' reads for each token of `segments` [B', L]: the embedding of its pair's source
     tag (times the input multiplier, as a token's), or None where the stack routes by token."""
-    if not self.cfg.moe_interval or not routers.ROUTERS[self.cfg.moe.router_of(decoder)].reads_language:
+    if not self.cfg.moe_interval or not self.cfg.moe.router_class(decoder).reads_language:
       return None
     if src_tokens is None:
       raise ValueError("moe.router='language' routes by the source language: decode_logits needs src_tokens")

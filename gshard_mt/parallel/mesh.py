@@ -7,7 +7,9 @@ import math
 import jax
 from jax.experimental import mesh_utils
 
+from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError, counted
+from gshard_mt.parallel import rules as rules_lib
 
 MESH_AXES = ("data", "expert", "model")
 
@@ -66,3 +68,22 @@ def make_mesh(config, devices=None) -> jax.sharding.Mesh:
         f"the devices ({len(devices)}) are on {counted(granules, *unit)} (one process is one slice off TPU)")
   array = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, process_is_granule=not by_slice)
   return jax.sharding.Mesh(array, MESH_AXES, axis_types=axis_types)
+
+
+def devices_of(config, num_devices: int, logical: str) -> int:
+  """How many of `num_devices` the config's mesh and rules split a dimension named `logical` over."""
+  sizes = dict(zip(MESH_AXES, mesh_shape(config, num_devices)))
+  return rules_lib.devices_of(logical, rules_lib.rules(config), sizes)
+
+
+def check(config, num_devices: int):
+  """Raises ConfigError where the config does not fit `num_devices`: the mesh, the rows of a microbatch over the
+  mesh axes the rules give 'batch', the MoE groups over those they give 'group'."""
+  batch_devices = devices_of(config, num_devices, "batch")
+  if config_lib.microbatch_rows(config) % batch_devices:
+    rows = f"batch_size={config.batch_size}" + f" / num_microbatches={config.num_microbatches}" * (
+        config.num_microbatches > 1)
+    raise ConfigError(f"{rows} does not split over the {batch_devices} devices of the mesh axes the batch is split "
+                      "over")
+  if error := config_lib.moe_group_error(config, devices_of(config, num_devices, "group")):
+    raise ConfigError(error)

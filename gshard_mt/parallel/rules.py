@@ -13,13 +13,15 @@ import math
 import jax
 from jax.sharding import PartitionSpec as P
 
+from gshard_mt.config import choices
+
 # Groups and the batch are split over both data-like axes (as in t5x: batch -> ('data', 'expert')), so one mesh
 # axis can carry groups and experts at once: the dispatched EGCM tensor moves from G-sharded to E-sharded,
 # which is the all-to-all. Flax applies the rules in order, each to the first free dimension of its name whose
 # mesh axes are still unused: 'expert' comes first, so a tensor with both E and G (EGCM) gives 'expert' to E and
 # G falls back to 'data'.
 _COMMON = [("layers", None), ("length", None), ("capacity", None), ("kv", None)]
-RULES = {
+RULES = choices.PARTITIONINGS.add({
     "data": [("batch", "data"), ("group", "data"), ("expert", None), ("embed", None), ("mlp", None),
              ("heads", None), ("vocab", None)] + _COMMON,
     "expert": [("expert", "expert"), ("batch", ("data", "expert")), ("group", ("data", "expert")),
@@ -27,7 +29,7 @@ RULES = {
     "expert_model": [("expert", "expert"), ("batch", ("data", "expert")), ("group", ("data", "expert")),
                      ("group", "data"),
                      ("embed", None), ("mlp", "model"), ("heads", "model"), ("vocab", "model")] + _COMMON,
-}
+})
 
 
 def rules(config) -> list:

@@ -33,9 +33,9 @@ import time
 
 from gshard_mt import cli, io
 from gshard_mt import config as config_lib
-from gshard_mt.data.packing import row_lengths
 from gshard_mt.errors import ConfigError, UserError
 from gshard_mt.model.transformer import REMAT_POLICIES
+from gshard_mt.parallel import mesh as mesh_lib
 
 NO_CPU_ALL_TO_ALL_DECOMPOSER = "--xla_disable_hlo_passes=all_to_all_decomposer"
 
@@ -63,11 +63,12 @@ def fit_group_size(config, num_devices: int) -> int | None:
   """When the MoE groups of a microbatch do not work on this mesh (`config.moe_group_error`), sets
   `config.moe.group_size` to the largest size below the configured one that works; returns the new size (None:
   the configured one works, or nothing smaller does)."""
-  if config_lib.moe_group_error(config, num_devices) is None:
+  group_devices = mesh_lib.devices_of(config, num_devices, "group")
+  if config_lib.moe_group_error(config, group_devices) is None:
     return None
-  tokens = max(config_lib.microbatch_rows(config) * length for length in row_lengths(config))
+  tokens = max(config_lib.microbatch_rows(config) * length for length in config_lib.row_lengths(config))
   size = next((s for s in range(min(config.moe.group_size, tokens), 0, -1)
-               if config_lib.moe_group_error(config, num_devices, s) is None), None)
+               if config_lib.moe_group_error(config, group_devices, s) is None), None)
   if size is not None:
     config.moe.group_size = size
   return size
@@ -79,7 +80,8 @@ def load_for(config_path: str, overrides: dict, num_devices: int):
   before = config.moe.group_size
   if (size := fit_group_size(config, num_devices)) is not None:
     print(f"moe.group_size={before} does not split over this mesh; using moe.group_size={size}", file=sys.stderr)
-  config_lib.validate(config, num_devices)
+  config_lib.validate(config)
+  mesh_lib.check(config, num_devices)
   return config
 
 
@@ -89,7 +91,6 @@ def dry_run(config, devices, with_time: bool = True, points: dict | None = None)
   `points` as in `step_cost.step_time`)."""
   import jax
 
-  from gshard_mt.parallel import mesh as mesh_lib
   from gshard_mt.tpu.estimates import hlo as hlo_lib
   from gshard_mt.tpu.estimates import step_cost
 

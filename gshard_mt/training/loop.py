@@ -34,6 +34,7 @@ from gshard_mt.errors import ConfigError
 from gshard_mt.evaluation import decode, scoring
 from gshard_mt.model.transformer import Transformer
 from gshard_mt.parallel import distributed, shardings
+from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.training import checkpoint as checkpoint_lib
 from gshard_mt.training import metrics as metrics_lib
 from gshard_mt.training.setup import Setup, build
@@ -247,7 +248,8 @@ def reached_preemption_point(step: int) -> bool:
 def prepare(config, workdir) -> pipeline.Data:
   """Checks and saves the config, then loads the data: process 0 prepares the corpus when it is missing (reads it,
   trains the tokenizer, writes the shards) while the others wait, then every process memory-maps the same shards."""
-  config_lib.validate(config, jax.device_count())
+  config_lib.validate(config)
+  mesh_lib.check(config, jax.device_count())
   if jax.process_index() == 0:
     config_lib.save(config, workdir)
   prepared = distributed.checked_on_process_0(lambda: pipeline.prepare(config, workdir))

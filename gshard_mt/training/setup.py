@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gshard_mt.data import packing
+from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError
 from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch
 from gshard_mt.parallel import chips, shardings
@@ -86,7 +86,7 @@ def _pallas_config(config, model_cfg, device):
   itemsize = jnp.dtype(model_cfg.dtype).itemsize
   problems = {
       "model.attention": lambda: pallas_vmem.tpu_problem(
-          chip.vmem_bytes, packing.row_lengths(config), model_cfg.emb_dim, model_cfg.num_heads * model_cfg.head_dim,
+          chip.vmem_bytes, config_lib.row_lengths(config), model_cfg.emb_dim, model_cfg.num_heads * model_cfg.head_dim,
           jnp.dtype(model_cfg.residual_dtype).itemsize, itemsize),
       "moe.expert_kernel": lambda: expert_kernel.tpu_problem(chip.vmem_bytes, model_cfg.emb_dim,
                                                              model_cfg.moe.hidden_dim, itemsize)}

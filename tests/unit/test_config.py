@@ -6,6 +6,7 @@ import pytest
 
 from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError
+from gshard_mt.parallel import mesh as mesh_lib
 from tests.helpers import ROOT, small_config
 
 TINY = ROOT / "configs" / "tiny.py"
@@ -63,22 +64,22 @@ def test_validation_errors(overrides, message):
 
 def test_batch_and_groups_must_split_over_the_devices():
   with pytest.raises(ConfigError, match="batch_size=8 does not split over the 16 devices"):
-    config_lib.validate(config_lib.load(TINY), num_devices=16)
+    mesh_lib.check(config_lib.load(TINY), 16)
   # 8 rows x 128 source tokens are 8 groups of 128, the 80-token target rows 5
   with pytest.raises(ConfigError, match=r"the 5 MoE groups of a batch \(batch_size x data.max_target_length=80 .* "
                                         "do not split over the 8"):
-    config_lib.validate(config_lib.load(TINY), num_devices=8)
+    mesh_lib.check(config_lib.load(TINY), 8)
   with pytest.raises(ConfigError, match=r"the 4 MoE groups of a batch \(batch_size x data.max_length=64 .* "
                                         "do not split over the 8"):
-    config_lib.validate(config_lib.load(TINY, {"data.max_length": "64", "data.max_target_length": "0"}), 8)
-  config_lib.validate(config_lib.load(TINY, {"moe.group_size": "16"}), num_devices=8)  # 64 and 40 groups
+    mesh_lib.check(config_lib.load(TINY, {"data.max_length": "64", "data.max_target_length": "0"}), 8)
+  mesh_lib.check(config_lib.load(TINY, {"moe.group_size": "16"}), 8)  # 64 and 40 groups
   micro = {"moe.group_size": "16", "num_microbatches": "2"}  # 4 rows a microbatch: 32 and 20 groups of 16
   with pytest.raises(ConfigError, match=r"batch_size=8 / num_microbatches=2 does not split over the 8 devices"):
-    config_lib.validate(config_lib.load(TINY, micro), num_devices=8)
+    mesh_lib.check(config_lib.load(TINY, micro), 8)
   with pytest.raises(ConfigError, match=r"the 5 MoE groups of a microbatch \(batch_size / num_microbatches x "
                                         r"data.max_target_length=80 / moe.group_size\) do not split over the 4"):
-    config_lib.validate(config_lib.load(TINY, {**micro, "moe.group_size": "64"}), num_devices=4)
-  config_lib.validate(config_lib.load(TINY, micro), num_devices=4)
+    mesh_lib.check(config_lib.load(TINY, {**micro, "moe.group_size": "64"}), 4)
+  mesh_lib.check(config_lib.load(TINY, micro), 4)
 
 
 def test_remat_true_and_false_of_older_runs_are_full_and_none(tmp_path):
@@ -135,8 +136,8 @@ def test_config_choices_come_from_the_modules_that_use_them():
   from gshard_mt.model.transformer import EMBEDDING_SCHEMES
   from gshard_mt.parallel.rules import RULES
 
-  assert config_lib.CHOICES["partitioning"] == tuple(RULES)
-  assert config_lib.CHOICES["model.embedding"] == tuple(EMBEDDING_SCHEMES)
+  assert config_lib.CHOICES["partitioning"] is RULES and tuple(RULES) == ("data", "expert", "expert_model")
+  assert config_lib.CHOICES["model.embedding"] is EMBEDDING_SCHEMES and "vaswani" in EMBEDDING_SCHEMES
   assert not any(key.startswith("moe.") for key in config_lib.CHOICES)  # MoeConfig checks its own
 
 

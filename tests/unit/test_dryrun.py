@@ -5,6 +5,7 @@ import pytest
 
 from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError
+from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.tools import dryrun
 from gshard_mt.tpu.estimates import step_cost
 from tests.helpers import ROOT
@@ -36,7 +37,7 @@ def test_fit_group_size(mesh, devices, expected):
   config = config_lib.load(TINY, mesh)
   assert dryrun.fit_group_size(config, devices) == expected
   assert config.moe.group_size == (expected or 128)
-  config_lib.validate(config, devices)  # what the dry run then compiles is valid
+  mesh_lib.check(config, devices)  # what the dry run then compiles is valid
 
 
 def test_fit_group_size_fits_the_microbatch():

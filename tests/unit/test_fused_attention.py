@@ -124,7 +124,7 @@ def test_fused_attention_refuses_attention_dropout():
     config_lib.load(ROOT / "configs" / "tiny.py", {"model.attention": "fused", "model.attention_dropout_rate": "0.1"})
   with pytest.raises(ConfigError, match=r"model.attention='flash': expected one of \('xla', 'fused', 'pallas'\)"):
     config_lib.load(ROOT / "configs" / "tiny.py", {"model.attention": "flash"})
-  assert config_lib.CHOICES["model.attention"] == layers.ATTENTIONS
+  assert config_lib.CHOICES["model.attention"] is layers.ATTENTIONS
 
 
 def test_cudnn_on_a_gpu_when_it_takes_the_inputs_else_xla():

@@ -17,8 +17,8 @@ TINY = ROOT / "configs" / "tiny.py"
 def test_mesh_must_match_devices():
   c = config_lib.load(TINY, {"mesh.data": "2", "mesh.expert": "2", "moe.group_size": "32"})
   with pytest.raises(ConfigError, match="= 4 does not match the 8 devices"):
-    config_lib.validate(c, num_devices=8)
-  config_lib.validate(c, num_devices=4)
+    mesh_lib.check(c, 8)
+  mesh_lib.check(c, 4)
   assert mesh_lib.mesh_shape(config_lib.load(TINY, {"mesh.data": "-1", "mesh.expert": "2"}), 8) == (4, 2, 1)
   with pytest.raises(ConfigError, match="mesh.expert=3 x mesh.model=1 does not divide the 8 devices"):
     mesh_lib.mesh_shape(config_lib.load(TINY, {"mesh.expert": "3", "moe.num_experts": "3"}), 8)

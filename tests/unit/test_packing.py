@@ -123,7 +123,7 @@ def test_tiny_config_packs_over_92_percent():
   gives 0.924-0.926 (bench/input_pipeline.py), this sample 0.925; 16 rows of 48 / 48 tokens give 0.776 on both."""
   config = config_lib.load(ROOT / "configs" / "tiny.py")
   split = tokenized_like_tiny(20_000)
-  for rows, lengths, least, most in ((config.batch_size, packing.row_lengths(config), 0.92, 1.0),
+  for rows, lengths, least, most in ((config.batch_size, config_lib.row_lengths(config), 0.92, 1.0),
                                      (16, (48, 48), 0.7, 0.8)):
     batches = pipeline.TrainBatches(split, {"xx": 1.0}, rows, lengths, seed=0)
     for i in range(100):

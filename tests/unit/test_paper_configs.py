@@ -6,6 +6,7 @@ import pytest
 from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError
 from gshard_mt.model.transformer import count_params
+from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.training.schedules import schedule_of
 from tests.helpers import ROOT
 
@@ -20,7 +21,8 @@ def devices_for(config) -> int:
 @pytest.mark.parametrize("name", CONFIGS)
 def test_config_validates_on_its_devices(name):
   config = config_lib.load(ROOT / "configs" / name)
-  config_lib.validate(config, num_devices=devices_for(config))  # the mesh checks run too
+  config_lib.validate(config)
+  mesh_lib.check(config, devices_for(config))  # the mesh checks run too
   assert config.model.emb_dim > 0
 
 
@@ -33,7 +35,7 @@ def test_paper_configs_put_one_expert_on_each_device(name):
   config = config_lib.load(ROOT / "configs" / name)
   assert config.mesh.expert == config.moe.num_experts
   with pytest.raises(ConfigError):  # half the devices cannot hold the expert axis
-    config_lib.validate(config, num_devices=config.moe.num_experts // 2)
+    mesh_lib.check(config, config.moe.num_experts // 2)
 
 
 @pytest.mark.parametrize("name", sorted(PAPER))

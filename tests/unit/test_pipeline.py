@@ -5,6 +5,7 @@ import threading
 import numpy as np
 import pytest
 
+from gshard_mt import config as config_lib
 from gshard_mt.data import packing, pipeline, tokenizer
 from tests.helpers import small_config
 
@@ -50,7 +51,7 @@ def test_each_process_builds_its_own_rows_of_the_same_global_batch(data):
 def test_target_rows_have_their_own_length(data):
   """data.max_target_length=16 (sources 24): target rows of 16 slots; pairs longer on either side are left out."""
   config = small_config(**{"data.max_target_length": 16})
-  assert packing.row_lengths(config) == (24, 16) and packing.row_lengths(small_config()) == (24, 24)
+  assert config_lib.row_lengths(config) == (24, 16) and config_lib.row_lengths(small_config()) == (24, 24)
   batches = data.train_batches(config)
   split = data.tokens["train"]
   assert batches.filtered == int(((split.src_len > 24) | (split.tgt_len > 16)).sum()) > 0

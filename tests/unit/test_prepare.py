@@ -7,6 +7,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from gshard_mt import config as config_lib
 from gshard_mt.data import corpus, packing, pipeline, shards, sources
 from gshard_mt.data import prepare as prepare_lib
 from gshard_mt.tools import prepare_data
@@ -42,7 +43,7 @@ def test_prepared_corpus_and_its_batches_equal_those_made_in_memory(data):
   # split whose index is kept beside it; for one process and for each of two
   for count in (1, 2):
     for p in range(count):
-      before = pipeline.TrainBatches(memory["train"], data.rates, config.batch_size, packing.row_lengths(config),
+      before = pipeline.TrainBatches(memory["train"], data.rates, config.batch_size, config_lib.row_lengths(config),
                                      config.data.seed, p, count)
       now = data.train_batches(config, p, count)
       assert isinstance(now.eligible, np.memmap)

@@ -15,7 +15,6 @@ import time
 
 from gshard_mt import config as config_lib
 from gshard_mt.batch import BATCH_KEYS, FIELDS
-from gshard_mt.data.packing import row_lengths
 
 
 def compile_step(config, devices):
@@ -31,7 +30,7 @@ def compile_step(config, devices):
   setup = build(config, config.data.vocab_size, devices=devices)
   state = setup.abstract_target()
   batch_sharding = shardings.batch_sharding(setup.mesh, setup.rules)
-  lengths = dict(zip(FIELDS, row_lengths(config)))
+  lengths = dict(zip(FIELDS, config_lib.row_lengths(config)))
   batch = {k: jax.ShapeDtypeStruct((config.batch_size, lengths[k.split("_")[0]]), jax.numpy.int32,
                                    sharding=batch_sharding) for k in BATCH_KEYS}
   step = setup.jit_train_step(Transformer(setup.model_cfg, deterministic=False), config)
@@ -133,7 +132,7 @@ def tpu_estimates(config, devices, program, params, with_time: bool, points: dic
 
   chip, peak = chips.chip_of(devices[0].device_kind), chips.peak_flops(devices[0])
   est = tpu.estimate(program)
-  sides = [config.batch_size * length for length in row_lengths(config)]  # token slots per side, all filled
+  sides = [config.batch_size * length for length in config_lib.row_lengths(config)]  # token slots per side, all filled
   tokens, model_flops = sum(sides), metrics.step_flops(params, config.moe.num_experts, *sides)
   out = {"chip": chip.name, "peak_flops_per_device": peak, "hbm_bytes_per_device": chips.hbm_bytes(devices[0]),
          "flops_per_device": est["flops"], "bytes_accessed_per_device": est["bytes accessed"],
