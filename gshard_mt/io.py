@@ -178,16 +178,26 @@ def make_directory(directory: PathLike, what: str = "directory") -> epath.Path:
   return directory
 
 
-def check_writable(directory: PathLike, what: str = "output directory") -> epath.Path:
+def check_writable(directory: PathLike, what: str = "output directory", *, create: bool = True) -> epath.Path:
   """Creates `directory` (`make_directory`) and writes and removes a probe file in it, so that a directory that
-  cannot be written is refused in one line, as a storage fault, before any expensive work."""
-  directory = make_directory(directory, what)
-  probe = _temporary(directory / "probe", "write")
+  cannot be written is refused in one line, as a storage fault, before any expensive work. With create=False a
+  missing local directory is not created: a file in its way is refused, and the probe goes to the nearest part of
+  its path that exists (where it would be created)."""
+  directory = path(directory)
+  where = directory
+  if create or not is_local(directory):
+    make_directory(directory, what)
+  else:
+    while not where.exists() and where.parent != where:
+      where = where.parent
+    if not where.is_dir():
+      raise _unusable(directory, what, OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), os.fspath(where)))
+  probe = _temporary(where / "probe", "write")
   try:
     probe.write_text("")
     probe.unlink()
   except OSError as e:  # named by the directory, not by the probe's temporary name
-    raise _unusable(directory, what, OSError(e.errno, e.strerror, os.fspath(directory))) from None
+    raise _unusable(directory, what, OSError(e.errno, e.strerror, os.fspath(where))) from None
   return directory
 
 

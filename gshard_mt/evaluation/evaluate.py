@@ -216,8 +216,10 @@ def evaluate(workdir, *, split="test", step=None, beam_size=4, alpha=0.6, max_de
               bootstrap=bootstrap_samples)
   base = distributed.checked_on_process_0(lambda: _baseline_scores(io.path(baseline), split) if baseline else None)
   config_lib.load_saved(workdir)  # a directory that is not a run: refused before anything is created in it
-  # Where directory_atomically writes: a directory that cannot be written is refused before the data is read.
-  distributed.checked_on_process_0(lambda: io.check_writable(io.path(workdir) / "eval", "eval output directory"))
+  # Where directory_atomically writes: a directory that cannot be written is refused before the data is read (and
+  # is created only once the checkpoint restores).
+  distributed.checked_on_process_0(
+      lambda: io.check_writable(io.path(workdir) / "eval", "eval output directory", create=False))
   run = restore(workdir, step=step, split=split, average_last=average_last)
   tokens = run.data.tokens[split]
   wanted = languages or sorted(run.data.text[split])
@@ -227,6 +229,7 @@ def evaluate(workdir, *, split="test", step=None, beam_size=4, alpha=0.6, max_de
   max_len = max_decode_len or run.config.data.max_length
   rows = batch_size or run.config.batch_size
   out_dir = run.workdir / "eval" / (f"{split}-{run.step}" + (f"-avg{len(run.averaged)}" if run.averaged else ""))
+  distributed.checked_on_process_0(lambda: io.check_writable(out_dir.parent, "eval output directory"))
   with contextlib.ExitStack() as held:
     # One writer per output: a second eval.py of the same split and step is refused before it decodes.
     distributed.checked_on_process_0(lambda: held.enter_context(

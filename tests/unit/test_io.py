@@ -155,3 +155,20 @@ def test_a_directory_without_permission(tmp_path, where):
 def test_a_writable_directory_is_created_and_left_empty(tmp_path):
   assert io.check_writable(tmp_path / "a" / "b") == tmp_path / "a" / "b"
   assert list((tmp_path / "a" / "b").iterdir()) == []
+
+
+def test_a_directory_checked_without_creating_it(tmp_path):
+  assert io.check_writable(tmp_path / "run" / "eval", create=False) == tmp_path / "run" / "eval"
+  assert list(tmp_path.iterdir()) == []  # nothing created, no probe left
+  (tmp_path / "run").write_text("a file")
+  with pytest.raises(io.PathFault) as caught:
+    io.check_writable(tmp_path / "run" / "eval", "eval output directory", create=False)
+  assert fault_line(caught.value) == (f"{tmp_path}/run/eval: cannot create the eval output directory: "
+                                      f"{tmp_path}/run is a file, not a directory")
+
+
+@pytest.mark.skipif(not os.path.isdir("/sys/kernel"), reason="needs Linux's /sys, which refuses new files")
+def test_a_directory_checked_without_creating_it_where_nothing_can_be_written():
+  with pytest.raises(PermissionError) as caught:  # as root too
+    io.check_writable("/sys/kernel/x/eval", create=False)
+  assert fault_line(caught.value).startswith("/sys/kernel: permission denied")
