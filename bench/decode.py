@@ -32,7 +32,8 @@ def measure(args) -> dict:
   import numpy as np
 
   from gshard_mt.data import pipeline
-  from gshard_mt.evaluation import decode, evaluate
+  from gshard_mt.evaluation import evaluate
+  from gshard_mt.model import decode
 
   run = evaluate.restore(args.workdir, split=args.split)
   n = len(run.data.tokens[args.split])

@@ -67,7 +67,8 @@ from gshard_mt import cli, io, xla_flags  # noqa: E402
 from gshard_mt import config as config_lib  # noqa: E402
 from gshard_mt.data import packing, pipeline  # noqa: E402
 from gshard_mt.errors import UserError  # noqa: E402
-from gshard_mt.evaluation import decode, evaluate  # noqa: E402
+from gshard_mt.evaluation import evaluate  # noqa: E402
+from gshard_mt.model import decode  # noqa: E402
 from gshard_mt.model.transformer import Transformer  # noqa: E402
 from gshard_mt.moe import grouped  # noqa: E402
 from gshard_mt.moe.config import DISPATCHES, MoeConfig  # noqa: E402

@@ -46,9 +46,9 @@ MODULES = {
   # decode.py's search: Translator and unscanned wire a model's parameters to it (each of their mutants would compile
   # a Transformer for every test); the search, its length penalty, beam bookkeeping and EOS cut are mutated.
   "decode": (
-    "gshard_mt/evaluation/decode.py",
+    "gshard_mt/model/decode.py",
     ["tests/unit/test_decode.py", f"{EXTRA}::TestDecode"],
-    [f"gshard_mt.evaluation.decode.x_{f}__mutmut_*"
+    [f"gshard_mt.model.decode.x_{f}__mutmut_*"
      for f in ("length_penalty", "greedy_search", "beam_bias", "best_candidates", "take_rows", "beam_search",
                "cut_at_eos")],
   ),

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable
 
 from gshard_mt import compilation_cache, io, xla_flags
+from gshard_mt import config as config_lib
 from gshard_mt.errors import UserError
 
 QUIET = ("absl", "jax._src.xla_bridge", "orbax")
@@ -45,8 +46,6 @@ def parser(doc: str, *, config: bool = False) -> argparse.ArgumentParser:
 
 def parse_with_overrides(p: argparse.ArgumentParser, argv: list[str]):
   """(args, config): the parsed arguments, and the config file loaded with the `--config.key=value` overrides."""
-  from gshard_mt import config as config_lib
-
   rest, overrides = config_lib.split_overrides(argv)
   args = p.parse_args(rest)
   return args, config_lib.load(args.config, overrides)

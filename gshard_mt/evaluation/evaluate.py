@@ -29,10 +29,13 @@ from gshard_mt import config as config_lib
 from gshard_mt import io, lock
 from gshard_mt.data import pipeline
 from gshard_mt.errors import WorkdirError
-from gshard_mt.evaluation import decode, flags, report, scoring
+from gshard_mt.evaluation import flags, report
+from gshard_mt.model import decode
 from gshard_mt.parallel import distributed
 from gshard_mt.parallel.shardings import batch_sharding
 from gshard_mt.training import checkpoint as checkpoint_lib
+from gshard_mt.training import scoring
+from gshard_mt.training.setup import build
 
 BUCKETS = ("high", "medium", "low")
 
@@ -106,7 +109,6 @@ def restore(workdir, *, step: int | None = None, split: str = "test", average_la
     raise WorkdirError(f"no checkpoint for step {step} in {workdir}/checkpoints (have {steps})")
   averaged = steps_to_average(steps, step, average_last, workdir) if average_last is not None else ()
   data = pipeline.load(config, workdir)
-  from gshard_mt.training.setup import build  # JAX-heavy; imported once the inputs have been checked
 
   setup = build(config, data.tokenizer.vocab_size)
   rows = batch_sharding(setup.mesh, setup.rules)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+from gshard_mt import config as config_lib
+from gshard_mt.config import defaults
 from gshard_mt.errors import ConfigError, UserError
 
 # The smallest value of each integer flag (a flag left at its default, None, is not checked).
@@ -38,9 +40,6 @@ def check(**values):
 def parse(p: argparse.ArgumentParser, argv: list[str]):
   """(args, config): the checked arguments, and a default config with the `--config.distributed.*` overrides,
   for `distributed.initialize_distributed`. The saved config's own process layout is the training run's."""
-  from gshard_mt import config as config_lib
-  from gshard_mt.config import defaults
-
   rest, overrides = config_lib.split_overrides(argv)
   args = p.parse_args(rest)
   check(**{name: getattr(args, name) for name in MINIMUM if hasattr(args, name)})

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from io import BytesIO
+from matplotlib.patches import Patch
 
-from gshard_mt import io
+from gshard_mt import figures, io
 from gshard_mt.errors import counted
 
 COLOURS = {"high": "#1f77b4", "medium": "#ff7f0e", "low": "#2ca02c"}
@@ -57,15 +57,13 @@ def summary(scores: dict, show: int = 5) -> str:
 ROW_INCHES, LABEL_POINTS = 0.17, 8  # bleu_by_language.png: the height of a language's bar, its label's size
 
 
-def figure(scores: dict, plt):
+def figure(scores: dict):
   """The figure of `plot`: one horizontal bar per language, best first, each labelled with its code at a readable
   size; the figure grows with the number of languages (112: about 21 inches, 2,500 pixels at 120 dpi)."""
-  from matplotlib.patches import Patch
-
   key = "delta_bleu" if "baseline" in scores else "bleu"
   items = sorted(((lang, s.get(key) or 0.0, s["resource"]) for lang, s in scores["languages"].items()),
                  key=lambda t: -t[1])
-  fig, ax = plt.subplots(figsize=(7, max(3, ROW_INCHES * len(items) + 1.4)))
+  fig, ax = figures.subplots(figsize=(7, max(3, ROW_INCHES * len(items) + 1.4)))
   rows = range(len(items))
   ax.barh(rows, [v for _, v, _ in items], height=0.75, color=[COLOURS[r] for _, _, r in items])
   ax.set_yticks(rows, [lang for lang, _, _ in items], fontsize=LABEL_POINTS)
@@ -86,13 +84,4 @@ def figure(scores: dict, plt):
 def plot(scores: dict, path: io.PathLike):
   """Bars of BLEU (ΔBLEU with a baseline) per language, sorted, coloured by resource size (`figure`), written as a
   PNG to `path` (any storage: rendered in memory, then written whole)."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig = figure(scores, plt)
-  png = BytesIO()
-  fig.savefig(png, format="png", dpi=120)
-  plt.close(fig)
-  io.write_atomically(path, png.getvalue())
+  figures.save(figure(scores), io.path(path), dpi=120)

@@ -29,8 +29,9 @@ from gshard_mt.data import pipeline
 from gshard_mt.data.corpus import language_of
 from gshard_mt.data.packing import TokenizedSplit
 from gshard_mt.errors import DataError, WorkdirError
-from gshard_mt.evaluation import decode, flags
+from gshard_mt.evaluation import flags
 from gshard_mt.evaluation.evaluate import Restored, restore
+from gshard_mt.model import decode
 from gshard_mt.parallel import distributed
 
 WINDOW_BATCHES = 8  # batches of lines read ahead and sorted by length together (similar lengths decode together)

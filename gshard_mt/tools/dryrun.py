@@ -31,11 +31,17 @@ import re
 import sys
 import time
 
+import jax
+
 from gshard_mt import cli, io
 from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError, UserError
 from gshard_mt.model.transformer import REMAT_POLICIES
+from gshard_mt.parallel import chips
 from gshard_mt.parallel import mesh as mesh_lib
+from gshard_mt.tpu.estimates import hlo as hlo_lib
+from gshard_mt.tpu.estimates import step_cost
+from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
 NO_CPU_ALL_TO_ALL_DECOMPOSER = "--xla_disable_hlo_passes=all_to_all_decomposer"
 
@@ -89,11 +95,6 @@ def dry_run(config, devices, with_time: bool = True, points: dict | None = None)
   """Lowers and compiles one training step for `devices` from abstract values; returns the report. For TPU
   devices it has 'estimate': FLOPs and, with `with_time`, the compiler's step time (`step_cost.tpu_estimates`;
   `points` as in `step_cost.step_time`)."""
-  import jax
-
-  from gshard_mt.tpu.estimates import hlo as hlo_lib
-  from gshard_mt.tpu.estimates import step_cost
-
   say(f"lowering and compiling the training step for {len(devices)} {devices[0].device_kind} devices")
   setup, state, program, lower_s, compile_s = step_cost.compile_step(config, devices)
   say(f"lowered in {lower_s:.1f} s, compiled in {compile_s:.1f} s")
@@ -147,8 +148,6 @@ def remat_policies(config, devices, report: dict, policies: list[str], with_time
 
 
 def markdown(report: dict, config_path: str) -> str:
-  from gshard_mt.tpu.estimates import step_cost
-
   gib = lambda b: f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"  # noqa: E731
   m = report["per_device_bytes"]
   where = report.get("topology") or f"{report['devices']} fake CPU devices"
@@ -204,9 +203,6 @@ def plan(config_path: str, overrides: dict, topology: str | None = None, num_dev
   its CPU backend), with 'topology', 'hbm_gib' and 'fits' added to `dry_run`'s report, and with `remat`
   policies their `remat_policies` ('remat_policies')."""
   if topology:
-    from gshard_mt.parallel import chips
-    from gshard_mt.tpu.estimates import tpu_compiler as tpu
-
     devices = tpu.topology_devices(topology)
     hbm_gib = hbm_gib or chips.hbm_bytes(devices[0]) / 2**30
     config = load_for(config_path, overrides, len(devices))
@@ -215,7 +211,6 @@ def plan(config_path: str, overrides: dict, topology: str | None = None, num_dev
     hbm_gib = hbm_gib or 16.0
     if not cpu_all_to_all:  # read when the CPU backend starts, below
       os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {NO_CPU_ALL_TO_ALL_DECOMPOSER}".strip()
-    import jax
 
     jax.config.update("jax_platforms", "cpu")
     jax.config.update("jax_num_cpu_devices", num_devices)

@@ -26,8 +26,12 @@ from gshard_mt import cli, io
 from gshard_mt import config as config_lib
 from gshard_mt.data import prepare as prepare_lib
 from gshard_mt.errors import WorkdirError
+from gshard_mt.evaluation import evaluate
 from gshard_mt.model.transformer import EMBEDDING_SCHEMES
 from gshard_mt.moe import balance, gating, topk
+from gshard_mt.training import checkpoint as checkpoint_lib
+from gshard_mt.training.setup import build
+from gshard_mt.training.step import TrainState
 
 
 def language_vectors(params: dict, model_cfg, tags: list[int]) -> np.ndarray:
@@ -90,11 +94,6 @@ def main(argv):
   if not config.model.moe_interval or routers_used != {"language"}:
     raise WorkdirError(f"{args.workdir}: extraction needs a MoE model routed by language in the encoder and the "
                        f"decoder (moe.router='language'); this one has {sorted(routers_used)}")
-  from gshard_mt.evaluation import evaluate
-  from gshard_mt.training import checkpoint as checkpoint_lib
-  from gshard_mt.training.setup import build
-  from gshard_mt.training.step import TrainState
-
   run = evaluate.restore(args.workdir, step=args.step)
   tags = [run.data.tokenizer.tag_id(lang) for lang in languages]
   if None in tags:

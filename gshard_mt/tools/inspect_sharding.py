@@ -13,10 +13,17 @@ from __future__ import annotations
 
 import sys
 
+import jax
+from flax.linen import partitioning as nn_partitioning
+
 from gshard_mt import cli
 from gshard_mt import config as config_lib
 from gshard_mt.errors import UserError
 from gshard_mt.moe import layer as moe
+from gshard_mt.parallel import mesh as mesh_lib
+from gshard_mt.parallel import rules as rules_lib
+from gshard_mt.tools import dryrun
+from gshard_mt.tools.dryrun import load_for, parse_mesh
 
 # The MoE layer's einsums with the logical names of their operands and of the result the layer asks for.
 MOE_EINSUMS = [
@@ -31,8 +38,6 @@ MOE_EINSUMS = [
 
 def mesh_axes(logical, rules) -> tuple:
   """Logical names -> mesh axes per dimension, applying flax's rule order (first free mesh axes win)."""
-  from flax.linen import partitioning as nn_partitioning
-
   return tuple(nn_partitioning.logical_to_mesh_axes(logical, rules))
 
 
@@ -72,10 +77,6 @@ def _spec_text(letters: str, spec: tuple) -> str:
 
 def report(config, devices) -> tuple[str, bool]:
   """The report text, and whether the checks passed."""
-  from gshard_mt.parallel import mesh as mesh_lib
-  from gshard_mt.parallel import rules as rules_lib
-  from gshard_mt.tools import dryrun
-
   rules = rules_lib.rules(config)
   lines = [f"rules '{config.partitioning}': " + ", ".join(f"{k}->{v}" for k, v in rules if v), "",
            "MoE layer einsums (dims mapping: tensor letter -> mesh axes):"]
@@ -107,7 +108,6 @@ def report(config, devices) -> tuple[str, bool]:
 
 def main(argv):
   args, overrides = config_lib.split_overrides(argv)
-  from gshard_mt.tools.dryrun import load_for, parse_mesh
 
   parser = cli.parser(__doc__, config=True)
   parser.add_argument("--mesh", default="", help="e.g. data=2,expert=4")
@@ -116,7 +116,6 @@ def main(argv):
   mesh = config_lib.load(parsed.config, overrides).mesh
   devices = max(mesh.data, 1) * mesh.expert * mesh.model  # data=-1: one data slice
   config = load_for(parsed.config, overrides, devices)
-  import jax
 
   jax.config.update("jax_num_cpu_devices", devices)  # fake CPU devices where there are too few real ones
   if jax.device_count() < devices:

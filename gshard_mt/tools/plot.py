@@ -19,12 +19,13 @@ from __future__ import annotations
 import csv
 import json
 import math
-from io import BytesIO, StringIO
+from io import StringIO
 
 import numpy as np
 from etils import epath
+from matplotlib.colors import TwoSlopeNorm
 
-from gshard_mt import cli, io
+from gshard_mt import cli, figures, io
 from gshard_mt import config as config_lib
 from gshard_mt.config import defaults
 from gshard_mt.errors import WorkdirError
@@ -59,8 +60,8 @@ def greedy_sample(rows: list[dict]) -> tuple[str, str, str]:
   return "dev_bleu", "dev_chrf", f"{sample:.0f}-sentence sample"
 
 
-def plot_training(workdir: epath.Path, rows: list[dict], plt) -> epath.Path:
-  fig, axes = plt.subplots(1, 4, figsize=(18, 3.8))
+def plot_training(workdir: epath.Path, rows: list[dict]) -> epath.Path:
+  fig, axes = figures.subplots(1, 4, figsize=(18, 3.8))
   axes[0].plot(*series(rows, "loss"), label="training loss (label-smoothed)")
   axes[0].plot(*series(rows, "dev_loss"), marker="o", label="dev loss (NLL)")
   axes[0].set(xlabel="step", ylabel="nats per target token", title="loss")
@@ -88,31 +89,29 @@ def plot_training(workdir: epath.Path, rows: list[dict], plt) -> epath.Path:
     ax.grid(alpha=0.3)
   fig.suptitle(str(workdir))
   fig.tight_layout()
-  return save_figure(fig, workdir / "training.png", plt)
+  return figures.save(fig, workdir / "training.png")
 
 
 def load_norm(matrices: list[np.ndarray]):
   """The one colour scale of every layer's heatmap of load x E: white at 1 (balanced), blue below it down to 0 (an
   idle expert), red above it up to the largest value of any layer (at least 2), so a colour means the same load in
   every row."""
-  from matplotlib.colors import TwoSlopeNorm
-
   return TwoSlopeNorm(vcenter=1.0, vmin=0.0, vmax=max([2.0] + [float(m.max()) for m in matrices if m.size]))
 
 
-def plot_routing(workdir: epath.Path, rows: list[dict], loads: list[dict], plt) -> epath.Path | None:
-  fig = routing_figure(rows, loads, plt)
-  return None if fig is None else save_figure(fig, workdir / "routing.png", plt)
+def plot_routing(workdir: epath.Path, rows: list[dict], loads: list[dict]) -> epath.Path | None:
+  fig = routing_figure(rows, loads)
+  return None if fig is None else figures.save(fig, workdir / "routing.png")
 
 
-def routing_figure(rows: list[dict], loads: list[dict], plt):
+def routing_figure(rows: list[dict], loads: list[dict]):
   """routing.png's figure (None without MoE layers): a row per MoE layer, its heatmap of load x E on the scale
   that every layer shares (`load_norm`, one colour bar), and its fractions dropped at capacity."""
   layers = sorted({k[: -len("/load")] for r in loads for k in r if k.endswith("/load")},
                   key=lambda name: ("decoder" in name, name))  # encoder layers first
   if not layers:
     return None
-  fig, axes = plt.subplots(len(layers), 2, figsize=(13, 2.6 * len(layers) + 0.6), squeeze=False,
+  fig, axes = figures.subplots(len(layers), 2, figsize=(13, 2.6 * len(layers) + 0.6), squeeze=False,
                            gridspec_kw={"width_ratios": [3, 1]}, layout="constrained")
   steps = [r["step"] for r in loads]
   matrices = [np.array([r[f"{layer}/load"] for r in loads]).T * len(loads[0][f"{layer}/load"])  # [E, steps]
@@ -165,14 +164,14 @@ def _number(value) -> bool:
   return isinstance(value, float) and math.isfinite(value)
 
 
-def plot_sweep(root: epath.Path, plt) -> epath.Path:
+def plot_sweep(root: epath.Path) -> epath.Path:
   """results.png beside a sweep's results.csv: dev loss and, when any point was evaluated, BLEU per point."""
   rows = read_results(root / "results.csv")
   key = swept_key(rows)
   numeric = key is not None and any(_number(r[key]) for r in rows)
   metrics = [("dev_loss", "final dev loss (NLL)", ".3f")] + (
       [("bleu", "average BLEU (eval.py)", ".3g")] if any(r.get("bleu") is not None for r in rows) else [])
-  fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+  fig, axes = figures.subplots(1, 2, figsize=(12, 4.2))
   for ax, (metric, label, fmt) in zip(axes, metrics):
     if numeric:  # points at their value; those without a number (a dense baseline) as dashed lines
       points = sorted((r[key], r[metric]) for r in rows if _number(r[key]) and r[metric] is not None)
@@ -207,35 +206,21 @@ def plot_sweep(root: epath.Path, plt) -> epath.Path:
     axes[1].set(title="average BLEU (eval.py)", xticks=[], yticks=[])
   fig.suptitle(f"{root}: " + (f"sweep over {key}" if key else f"{len(rows)} sweep points"))
   fig.tight_layout()
-  return save_figure(fig, root / "results.png", plt)
-
-
-def save_figure(fig, path: epath.Path, plt, dpi: int = 100) -> epath.Path:
-  """Writes a picture whole (io.write_atomically: a half-written one never has the final name) and closes it."""
-  image = BytesIO()
-  fig.savefig(image, format=path.suffix[1:], dpi=dpi)
-  plt.close(fig)
-  io.write_atomically(path, image.getvalue())
-  return path
+  return figures.save(fig, root / "results.png")
 
 
 def plot_run(workdir: io.PathLike) -> list[epath.Path]:
   """Writes training.png (and routing.png for a MoE model) into a work directory, or results.png into a sweep's
   root directory; returns their paths."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
   workdir = io.path(workdir)
   rows = read_jsonl(workdir / "metrics.jsonl")
   if not rows and (workdir / "results.csv").exists():
-    return [plot_sweep(workdir, plt)]
+    return [plot_sweep(workdir)]
   if not rows:
     raise WorkdirError(f"{workdir}/metrics.jsonl not found or empty: is {workdir} a trained work directory (or a "
                        "sweep's, with results.csv)?")
-  written = [plot_training(workdir, rows, plt)]
-  routing = plot_routing(workdir, rows, read_jsonl(workdir / "expert_load.jsonl"), plt)
+  written = [plot_training(workdir, rows)]
+  routing = plot_routing(workdir, rows, read_jsonl(workdir / "expert_load.jsonl"))
   return written + ([routing] if routing else [])
 
 

@@ -17,13 +17,14 @@ import json
 
 import numpy as np
 from etils import epath
+from matplotlib import colormaps
 
-from gshard_mt import cli, io
+from gshard_mt import cli, figures, io
 from gshard_mt.data.corpus import language_of
 from gshard_mt.io import write_atomically
 from gshard_mt.tools import study
 from gshard_mt.tools import sweep as sweep_lib
-from gshard_mt.tools.plot import read_jsonl, save_figure
+from gshard_mt.tools.plot import read_jsonl
 
 DENSE = "dense"  # the dense twin's point
 DEFAULT = "gshard"  # today's router, the one to beat
@@ -134,14 +135,9 @@ def markdown(points: list[dict], v: dict) -> str:
 
 
 def plot(runs: list[dict], points: list[dict], out: epath.Path) -> list[epath.Path]:
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
   names = [p["point"] for p in points]
-  colours = {n: plt.get_cmap("tab10")(i % 10) for i, n in enumerate(names)}
-  fig, ax = plt.subplots(figsize=(9, 5))
+  colours = {n: colormaps["tab10"](i % 10) for i, n in enumerate(names)}
+  fig, ax = figures.subplots(figsize=(9, 5))
   for r in runs:
     steps, losses = zip(*r["curve"]) if r["curve"] else ((), ())
     first = r["name"] == next(x["name"] for x in runs if point_of(x["name"]) == point_of(r["name"]))
@@ -150,8 +146,8 @@ def plot(runs: list[dict], points: list[dict], out: epath.Path) -> list[epath.Pa
   ax.set_ylim(top=min(ax.get_ylim()[1], 4.5))
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8, ncol=2)
-  paths = [save_figure(fig, out / "dev_loss.png", plt, dpi=110)]
-  fig, ax = plt.subplots(figsize=(9, 4))
+  paths = [figures.save(fig, out / "dev_loss.png", dpi=110)]
+  fig, ax = figures.subplots(figsize=(9, 4))
   for i, p in enumerate(points):
     if p["bleu"]:
       ax.plot([i] * len(p["bleu"]["seeds"]), p["bleu"]["seeds"], "o", color=colours[p["point"]])
@@ -160,7 +156,7 @@ def plot(runs: list[dict], points: list[dict], out: epath.Path) -> list[epath.Pa
   ax.set(ylabel="average test BLEU", title="test BLEU: each seed (dots) and their mean (bar)")
   ax.grid(axis="y", alpha=0.3)
   fig.tight_layout()
-  return paths + [save_figure(fig, out / "bleu.png", plt, dpi=110)]
+  return paths + [figures.save(fig, out / "bleu.png", dpi=110)]
 
 
 def main(argv):

@@ -20,13 +20,13 @@ import json
 import numpy as np
 from etils import epath
 
-from gshard_mt import cli
+from gshard_mt import cli, figures
 from gshard_mt import config as config_lib
 from gshard_mt.data.corpus import language_of
 from gshard_mt.errors import WorkdirError
 from gshard_mt.io import write_atomically
 from gshard_mt.tools import sweep as sweep_lib
-from gshard_mt.tools.plot import read_jsonl, save_figure
+from gshard_mt.tools.plot import read_jsonl
 
 ROUTING_KEYS = ("load_cv", "load_min", "load_max", "top1_dropped", "top2_dropped")
 
@@ -143,15 +143,10 @@ def markdown(points: list[dict], table: list[dict]) -> str:
 
 
 def plot(points: list[dict], table: list[dict], root: epath.Path) -> list[epath.Path]:
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
   multi = [p for p in points if not p["bilingual"]]
   paths = []
   if table:
-    fig, axes = plt.subplots(2, 1, figsize=(max(6, 1.6 * len(table)), 7), sharex=True)
+    fig, axes = figures.subplots(2, 1, figsize=(max(6, 1.6 * len(table)), 7), sharex=True)
     width = 0.8 / len(multi)
     for ax, key, metric in zip(axes, ("delta_", "delta_chrf_"), ("BLEU", "chrF++")):
       for i, p in enumerate(multi):
@@ -164,10 +159,10 @@ def plot(points: list[dict], table: list[dict], root: epath.Path) -> list[epath.
     axes[0].legend(fontsize=8)
     axes[1].set_xticks(range(len(table)), [f"{r['stream']}\n{r['train_pairs']:,} pairs" for r in table], fontsize=8)
     fig.tight_layout()
-    paths.append(save_figure(fig, root / "delta_bleu.png", plt, dpi=110))
+    paths.append(figures.save(fig, root / "delta_bleu.png", dpi=110))
   panels = (("average_bleu", "average test BLEU, all streams"), ("average_chrf", "average test chrF++"),
             ("dev_loss", "best dev loss (NLL)"), ("tokens_per_s", "training tokens/s"))
-  fig, axes = plt.subplots(1, len(panels), figsize=(18, 3.8))
+  fig, axes = figures.subplots(1, len(panels), figsize=(18, 3.8))
   x = [p["name"] for p in multi]  # the sweep's order: dense, then more and more experts, then other conditions
   for ax, (key, title) in zip(axes, panels):
     ax.plot(x, [np.nan if p[key] is None else p[key] for p in multi], marker="o", ls="none")  # points, no trend
@@ -175,7 +170,7 @@ def plot(points: list[dict], table: list[dict], root: epath.Path) -> list[epath.
     ax.tick_params(axis="x", labelrotation=30)
     ax.grid(alpha=0.3)
   fig.tight_layout()
-  paths.append(save_figure(fig, root / "experts.png", plt, dpi=110))
+  paths.append(figures.save(fig, root / "experts.png", dpi=110))
   return paths
 
 

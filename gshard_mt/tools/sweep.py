@@ -30,6 +30,7 @@ from etils import epath
 from gshard_mt import cli, io
 from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError
+from gshard_mt.model.transformer import count_params
 from gshard_mt.tools import plot
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -59,8 +60,6 @@ def command(base: str, workdir: epath.Path, point: dict, extra: list[str]) -> li
 
 def summarize(workdir: epath.Path, point: dict) -> dict:
   """Parameters, final dev loss, tokens/s and (if evaluated) average BLEU of one finished point."""
-  from gshard_mt.model.transformer import count_params
-
   row = {"name": point["name"], **{k: v for k, v in point.items() if k != "name"}}
   config = config_lib.load_saved(workdir)
   row["parameters"] = count_params(config)

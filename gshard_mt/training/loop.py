@@ -31,12 +31,13 @@ from gshard_mt import compilation_cache, io, lock
 from gshard_mt import config as config_lib
 from gshard_mt.data import packing, pipeline
 from gshard_mt.errors import ConfigError
-from gshard_mt.evaluation import decode, scoring
+from gshard_mt.model import decode
 from gshard_mt.model.transformer import Transformer
 from gshard_mt.parallel import distributed, shardings
 from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.training import checkpoint as checkpoint_lib
 from gshard_mt.training import metrics as metrics_lib
+from gshard_mt.training import scoring
 from gshard_mt.training.setup import Setup, build
 from gshard_mt.training.step import eval_step
 

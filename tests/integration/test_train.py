@@ -16,7 +16,8 @@ import pytest
 
 from gshard_mt.data import pipeline
 from gshard_mt.errors import WorkdirError
-from gshard_mt.evaluation import decode, evaluate
+from gshard_mt.evaluation import evaluate
+from gshard_mt.model import decode
 from gshard_mt.training import checkpoint as checkpoint_lib
 from gshard_mt.training import loop
 from gshard_mt.training.setup import build

@@ -32,7 +32,8 @@ def module_name(path: pathlib.Path) -> str:
 
 
 def imports(path: pathlib.Path) -> list[tuple[str, bool, str]]:
-  """(imported gshard_mt module, inside a function, the source line and the one before) of each import."""
+  """(imported gshard_mt module, inside a function, its source lines and a comment line just above) of each
+  import."""
   source = path.read_text()
   lines = source.splitlines()
   tree = ast.parse(source)
@@ -47,7 +48,8 @@ def imports(path: pathlib.Path) -> list[tuple[str, bool, str]]:
                for a in node.names]
     else:
       continue
-    text = " ".join(lines[max(0, node.lineno - 2):node.end_lineno])
+    before = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+    text = " ".join([before] * before.startswith("#") + lines[node.lineno - 1:node.end_lineno])
     found += [(name, id(node) in inner, text) for name in names]
   return found
 

@@ -11,7 +11,7 @@ import pytest
 
 from gshard_mt.batch import SOURCE_KEYS
 from gshard_mt.data.tokenizer import EOS_ID, PAD_ID, UNK_ID
-from gshard_mt.evaluation import decode
+from gshard_mt.model import decode
 from gshard_mt.model.transformer import Transformer, dummy_batch
 from gshard_mt.training.setup import build
 from tests.helpers import small_config

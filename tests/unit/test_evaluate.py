@@ -10,7 +10,8 @@ import pytest
 import sacrebleu
 from sacrebleu.metrics import BLEU, CHRF
 
-from gshard_mt.evaluation import evaluate, scoring
+from gshard_mt.evaluation import evaluate
+from gshard_mt.training import scoring
 
 
 def test_scores_agree_with_sacrebleu():

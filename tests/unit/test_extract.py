@@ -10,7 +10,8 @@ import numpy as np
 from gshard_mt import config as config_lib
 from gshard_mt.batch import SOURCE_KEYS
 from gshard_mt.data import pipeline
-from gshard_mt.evaluation import decode, evaluate
+from gshard_mt.evaluation import evaluate
+from gshard_mt.model import decode
 from gshard_mt.model.transformer import source_tags
 from gshard_mt.tools import extract
 from gshard_mt.training import checkpoint as checkpoint_lib

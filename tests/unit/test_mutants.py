@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from gshard_mt.data import packing, sampling
-from gshard_mt.evaluation import decode, evaluate, report
+from gshard_mt.evaluation import evaluate, report
+from gshard_mt.model import decode
 from gshard_mt.moe import dispatch, gating
 from tests.unit.test_report import scores as report_scores
 
@@ -71,12 +72,13 @@ class TestGating:
 
   def test_top2_dropped_with_one_second_choice(self):
     # x__routing_metrics__mutmut_7 (max(want2.sum(), 1) -> max(..., 2)): one token wants a second expert (the
-    # other's g2 is ~e^-60, far below any uniform), and capacity 1 drops it: all of one, not half.
+    # other's g2 is ~e^-60, far below any uniform), and capacity 1 drops it: all of one, not half (the counts now in
+    # gating.routing_metrics, the fractions in gating.dropped_fractions).
     logits = jnp.array([[[30.0, -30.0, -30.0], [5.0, 10.0, -10.0]]])
     routing = gating.top2_gating(logits, 1, second_expert_policy="random", second_expert_threshold=1e-6,
                                  rng=jax.random.key(0))
-    assert float(routing.metrics["second_expert_sampled"]) == 0.5
-    assert float(routing.metrics["top2_dropped"]) == 1.0
+    np.testing.assert_array_equal(routing.metrics["choices_wanted"], [2, 1])  # the second of one token sampled
+    assert float(gating.dropped_fractions(routing.metrics)[1]) == 1.0
 
   def test_selection_bias_chooses_but_does_not_weigh(self):
     # x_top2_choices__mutmut_3 (the bias ignored), _5 (gates - bias); _36 / _39 (-1 removes e1 under a bias too,
@@ -112,7 +114,8 @@ class TestGating:
     np.testing.assert_allclose(routing.aux_loss, 3 * gates[0], rtol=1e-6)  # E^2 * mean(density * proxy)
     np.testing.assert_allclose(routing.z_loss, np.log(np.exp(np.asarray(logits[0, 0])).sum()) ** 2, rtol=1e-6)
     np.testing.assert_allclose(routing.metrics["expert_load"], [1.0, 0.0, 0.0])
-    assert float(routing.metrics["second_expert_sampled"]) == 0.0 and float(routing.metrics["top1_dropped"]) == 0
+    np.testing.assert_array_equal(routing.metrics["choices_wanted"], [1, 0])  # no second expert sampled
+    assert float(gating.dropped_fractions(routing.metrics)[0]) == 0
 
   def test_expert_load_counts_kept_assignments(self):
     # x_top2_gating__mutmut_186 (mask1 - mask2: second choices subtracted from each expert's load).
@@ -246,40 +249,40 @@ class TestReport:
     import struct
 
     import matplotlib.colors
-    import matplotlib.pyplot as plt
+
+    from gshard_mt import figures as figures_lib
 
     figures = []
-    subplots = plt.subplots
-    monkeypatch.setattr(plt, "subplots", lambda *a, **k: figures.append(subplots(*a, **k)) or figures[-1])
+    subplots = figures_lib.subplots
+    monkeypatch.setattr(figures_lib, "subplots", lambda *a, **k: figures.append(subplots(*a, **k)) or figures[-1])
     s = self.with_baseline() if baseline else report_scores()
     report.plot(s, tmp_path / "bleu.png")
     fig, ax = figures[0]
     want = [("l00", 0.25, "low"), ("l01", 0.0, "low"), ("l02", -0.25, "high")] if baseline else [
         ("l02", 12.0, "high"), ("l01", 11.0, "low"), ("l00", 10.0, "low")]
-    assert [p.get_height() for p in ax.patches] == [v for _, v, _ in want]
+    assert [p.get_width() for p in ax.patches] == [v for _, v, _ in want]
     assert [p.get_facecolor() for p in ax.patches] == [matplotlib.colors.to_rgba(report.COLOURS[r]) for *_, r in want]
-    labels = ax.get_xticklabels()
+    labels = ax.get_yticklabels()
     assert [t.get_text() for t in labels] == [lang for lang, *_ in want]
-    assert {(t.get_rotation(), t.get_fontsize()) for t in labels} == {(90.0, 6.0)}
+    assert {t.get_fontsize() for t in labels} == {float(report.LABEL_POINTS)}
     name = "ΔBLEU" if baseline else "BLEU"
-    assert ax.get_ylabel() == name and ax.get_title() == f"test split, step 6: {name} per language"
+    assert ax.get_xlabel() == name and ax.get_title() == f"test split, step 6: {name} per language (3 languages)"
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["high resource", "medium resource", "low resource"]
-    assert [t.get_fontsize() for t in ax.get_legend().get_texts()] == [7.0] * 3
     assert [h.get_facecolor() for h in ax.get_legend().legend_handles] == [
         matplotlib.colors.to_rgba(c) for c in report.COLOURS.values()]
-    assert tuple(fig.get_size_inches()) == (6.0, 4.0)
+    assert tuple(fig.get_size_inches()) == (7.0, 3.0)
     png = (tmp_path / "bleu.png").read_bytes()
-    assert struct.unpack(">II", png[16:24]) == (720, 480)  # 6 x 4 inches at 120 dpi
+    assert struct.unpack(">II", png[16:24]) == (840, 360)  # 7 x 3 inches at 120 dpi
 
-  def test_plot_widens_with_the_languages(self, tmp_path, monkeypatch):
-    # x_plot__mutmut_36 to _40 (the width 0.14 * languages + 2, at least 6).
-    import matplotlib.pyplot as plt
+  def test_plot_grows_with_the_languages(self, tmp_path, monkeypatch):
+    # the height: ROW_INCHES per language and 1.4 inches of title and scales, at least 3.
+    from gshard_mt import figures as figures_lib
 
     figures = []
-    subplots = plt.subplots
-    monkeypatch.setattr(plt, "subplots", lambda *a, **k: figures.append(subplots(*a, **k)) or figures[-1])
+    subplots = figures_lib.subplots
+    monkeypatch.setattr(figures_lib, "subplots", lambda *a, **k: figures.append(subplots(*a, **k)) or figures[-1])
     report.plot(report_scores(num_languages=50), tmp_path / "bleu.png")
-    assert tuple(figures[0][0].get_size_inches()) == pytest.approx((9.0, 4.0))
+    assert tuple(figures[0][0].get_size_inches()) == pytest.approx((7.0, 50 * report.ROW_INCHES + 1.4))
 
 
 class TestDispatch:

@@ -89,20 +89,14 @@ def test_the_greedy_sample_is_named_with_its_size():
 def test_every_layer_shares_one_colour_scale_for_the_load():
   """Layers whose loads span different ranges (0-1.2 and 0-3 times balanced) draw them on one scale: one colour
   bar, and the same colour for 'balanced' (load x E = 1) and for any other load in every layer."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
   layers = ("moe/encoder_0", "moe/decoder_0")
   loads = [{"step": step, f"{layers[0]}/load": [0.3, 0.25, 0.25, 0.2],
             f"{layers[1]}/load": [0.75, 0.05, 0.1, 0.1]} for step in (10, 20, 30)]
   rows = [{"step": r["step"]} | {f"{layer}/{k}": 0.1 for layer in layers for k in ("top1_dropped", "top2_dropped")}
           for r in loads]
-  fig = plot.routing_figure(rows, loads, plt)
+  fig = plot.routing_figure(rows, loads)
   images = [image for ax in fig.axes for image in ax.get_images()]
   assert len(images) == 2 and len(fig.axes) == 2 * 2 + 1  # two rows of (heatmap, drops), one colour bar
   colour = {value: {tuple(image.cmap(image.norm(value))) for image in images} for value in (0.0, 1.0, 1.2, 3.0)}
   assert all(len(colours) == 1 for colours in colour.values()), colour
   assert images[0].norm.vmin == 0 and images[0].norm.vmax == 3.0 and images[0].norm(1.0) == 0.5
-  plt.close(fig)

@@ -7,8 +7,8 @@ import pytest
 import sacrebleu
 
 from gshard_mt.data import pipeline
-from gshard_mt.evaluation import evaluate, scoring
-from gshard_mt.training import loop
+from gshard_mt.evaluation import evaluate
+from gshard_mt.training import loop, scoring
 from tests.helpers import small_config
 
 

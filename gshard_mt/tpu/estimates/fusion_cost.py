@@ -20,7 +20,14 @@ from __future__ import annotations
 
 import re
 
+import jax
+from jax._src.interpreters import mlir
+from jax._src.lib import _jax, xla_client
+from jax._src.lib.mlir import ir
+from jaxlib import _hlo
+
 from gshard_mt.tpu.estimates import hlo
+from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
 _HEADER = re.compile(r"^(?:ENTRY )?%([\w.\-]+) \(")
 _FUSION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = .* fusion\(.*calls=%?([\w.\-]+)")
@@ -84,13 +91,6 @@ def fusion_modules(text: str) -> dict[str, str]:
 
 def module_seconds(module: str, device) -> float:
   """The compiler's `optimal_seconds` for the HLO module text `module`, compiled for the compile-only `device`."""
-  from jax._src.interpreters import mlir
-  from jax._src.lib import _jax, xla_client
-  from jax._src.lib.mlir import ir
-  from jaxlib import _hlo
-
-  from gshard_mt.tpu.estimates import tpu_compiler as tpu
-
   with mlir.make_ir_context():
     proto = _hlo.hlo_module_from_text(module).as_serialized_hlo_module_proto()
     stablehlo = ir.Module.parse(_jax.mlir.hlo_to_stablehlo(proto))
@@ -103,9 +103,6 @@ def fusion_seconds(text: str, device) -> dict[str, float | None]:
   """{fusion name: the compiler's estimate of it alone, or None where its module does not compile} for the
   compiled program `text` (a few fusions use operations that do not convert back, such as the threefry
   generator's)."""
-  import jax
-  from jax._src.lib.mlir import ir
-
   out = {}
   for name, module in fusion_modules(text).items():
     try:

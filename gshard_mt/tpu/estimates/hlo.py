@@ -15,7 +15,10 @@ import collections
 import functools
 import re
 
+import jax
 import numpy as np
+from jax._src.lib import _jax
+from jaxlib import _hlo
 
 COLLECTIVES = ("all-to-all", "all-gather", "all-reduce", "reduce-scatter", "collective-permute")
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
@@ -156,10 +159,6 @@ def costs(hlo: str) -> dict[str, float]:
   body in turn as its entry: a computation's true cost is its analysed cost plus, for each loop it holds,
   (trip count x the body's true cost - the body's analysed cost). XLA's analysis counts no FLOPs in a custom call:
   those a Pallas kernel declares are added (its bytes XLA counts as the call's operands and results)."""
-  import jax
-  from jax._src.lib import _jax
-  from jaxlib import _hlo
-
   comps, entry = _computations(hlo)
   trips = loops(hlo)
   text = hlo.split("\n", 1)[1]  # without the module header, whose entry layout and aliasing name the old entry
@@ -238,8 +237,6 @@ def memory(compiled) -> dict[str, int]:
 
 def per_device_bytes(abstract_tree, shardings) -> int:
   """Bytes of one device's shards of a tree of ShapeDtypeStructs placed with `shardings`."""
-  import jax
-
   total = 0
   for leaf, sharding in zip(jax.tree.leaves(abstract_tree), jax.tree.leaves(shardings)):
     total += int(np.prod(sharding.shard_shape(leaf.shape))) * leaf.dtype.itemsize

@@ -22,9 +22,12 @@ import collections
 import functools
 import re
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from gshard_mt.tpu.estimates import hlo
+from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
 KINDS = ("matmul", "dispatch", "gating", "elementwise", "collectives")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*)$")
@@ -43,11 +46,6 @@ def compiler_roofline(device) -> tuple[float, float]:
 
 @functools.cache
 def _compiler_roofline(device) -> tuple[float, float]:
-  import jax
-  import jax.numpy as jnp
-
-  from gshard_mt.tpu.estimates import tpu_compiler as tpu
-
   sharding = jax.sharding.SingleDeviceSharding(device)
   a = jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16, sharding=sharding)
   b = jax.ShapeDtypeStruct((4096, 4096), jnp.float32, sharding=sharding)
@@ -213,8 +211,6 @@ def breakdown(text: str, flops_per_s: float, bytes_per_s: float) -> dict[str, fl
 def estimate_and_attributed(compiled, device) -> tuple[float, float]:
   """(the compiler's `optimal_seconds` for a program compiled for `device`, the part of it the per-instruction
   roofline attributes): their difference is what the compiler charges beyond FLOPs and bytes."""
-  from gshard_mt.tpu.estimates import tpu_compiler as tpu
-
   flops_per_s, bytes_per_s = compiler_roofline(device)
   return (tpu.compiler_cost(compiled)["optimal_seconds"],
           sum(breakdown(compiled.as_text(), flops_per_s, bytes_per_s).values()))

@@ -13,20 +13,22 @@ from __future__ import annotations
 import sys
 import time
 
+import flax.linen as nn
+import jax
+
 from gshard_mt import config as config_lib
 from gshard_mt.batch import BATCH_KEYS, FIELDS
+from gshard_mt.model.transformer import Transformer, TransformerConfig
+from gshard_mt.parallel import chips, shardings
+from gshard_mt.tpu.estimates import hlo as hlo_lib
+from gshard_mt.tpu.estimates import tpu_compiler as tpu
+from gshard_mt.training import metrics
+from gshard_mt.training.setup import build
 
 
 def compile_step(config, devices):
   """(setup, abstract train state, compiled program, lowering seconds, compile seconds) of one training step for
   `devices`, from abstract values."""
-  import flax.linen as nn
-  import jax
-
-  from gshard_mt.model.transformer import Transformer
-  from gshard_mt.parallel import shardings
-  from gshard_mt.training.setup import build
-
   setup = build(config, config.data.vocab_size, devices=devices)
   state = setup.abstract_target()
   batch_sharding = shardings.batch_sharding(setup.mesh, setup.rules)
@@ -45,8 +47,6 @@ def compile_step(config, devices):
 
 
 def unit_size(config) -> int:
-  from gshard_mt.model.transformer import TransformerConfig
-
   return TransformerConfig.from_config(config, config.data.vocab_size).unit_size
 
 
@@ -82,9 +82,6 @@ def step_time(config, devices, program, points: dict | None = None) -> dict:
   Returns {'seconds', 'flops' (per device), 'compiles' (new ones), 'points': {'<encoder units>+<decoder units>'
   or 'configured': {'seconds', 'flops', 'uncounted_loops'}}}, where uncounted_loops are the loops of more than
   one iteration left in that program, whose bodies the compiler counted once (0 when exact)."""
-  from gshard_mt.tpu.estimates import hlo as hlo_lib
-  from gshard_mt.tpu.estimates import tpu_compiler as tpu
-
   def cost(program):
     c = tpu.compiler_cost(program)
     loops = sum(1 for t in hlo_lib.loops(program.as_text()).values() if t != 1)
@@ -126,10 +123,6 @@ def tpu_estimates(config, devices, program, params, with_time: bool, points: dic
   """FLOPs per device (loops counted), and with `with_time` the compiler's step time and from it steps/s,
   tokens/s (source and target) and a bound on MFU (the model's FLOPs, `metrics.step_flops`, over time x peak):
   all estimates of the TPU compiler, a lower bound on time, not measurements."""
-  from gshard_mt.parallel import chips
-  from gshard_mt.tpu.estimates import tpu_compiler as tpu
-  from gshard_mt.training import metrics
-
   chip, peak = chips.chip_of(devices[0].device_kind), chips.peak_flops(devices[0])
   est = tpu.estimate(program)
   sides = [config.batch_size * length for length in config_lib.row_lengths(config)]  # token slots per side, all filled

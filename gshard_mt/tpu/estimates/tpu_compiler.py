@@ -11,9 +11,14 @@ from __future__ import annotations
 import logging
 import os
 
+import jax
+from jax._src import xla_bridge
+from jax.experimental import topologies
+
 from gshard_mt import xla_flags
 from gshard_mt.errors import UserError
 from gshard_mt.parallel import chips
+from gshard_mt.tpu.estimates import hlo
 
 GENERATIONS = {chip.name: chip for chip in chips.TPUS}
 log = logging.getLogger(__name__)
@@ -34,17 +39,13 @@ def topology_devices(name: str) -> list:
   if ":" not in name:
     raise UserError(f"TPU topology {name!r}: expected GENERATION:SHAPE, e.g. v3:2x2 or v5p:2x2x1")
   try:
-    import libtpu  # noqa: F401
+    import libtpu  # noqa: F401  optional: the TPU compiler, installed by the test extra and on TPU VMs
   except ImportError:
     raise UserError("compiling for a TPU topology needs libtpu: pip install libtpu (or '.[test]')") from None
   # libtpu locks a file so that one process owns the TPU; compile-only devices own nothing, so several dry runs
   # (and the tests) may share it.
   os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
   xla_flags.quiet_tpu_host_lookup()
-  import jax
-  from jax._src import xla_bridge
-  from jax.experimental import topologies
-
   # libtpu's flags, so that the estimates see what training compiles on a TPU. libtpu reads them when it starts:
   # below, unless JAX has started its backends already with libtpu among them (JAX_PLATFORMS empty or naming tpu).
   platforms = {p.strip() for p in os.environ.get("JAX_PLATFORMS", "").split(",") if p.strip()}
@@ -62,8 +63,6 @@ def topology_devices(name: str) -> list:
 def one_chip(name: str):
   """(the first compile-only device of topology `name`, a SingleDeviceSharding on it): for estimating one chip's
   share of a program."""
-  import jax
-
   device = topology_devices(name)[0]
   return device, jax.sharding.SingleDeviceSharding(device)
 
@@ -80,7 +79,5 @@ def estimate(compiled) -> dict:
   """What a compiled TPU program costs per device and execution, loops counted as often as they run:
   'flops', 'bytes accessed', 'transcendentals' (gshard_mt.tpu.estimates.hlo.costs), the compiler's own 'compiler_flops'
   and 'compiler_seconds' (loop bodies once; `compiler_cost`)."""
-  from gshard_mt.tpu.estimates import hlo
-
   raw = compiler_cost(compiled)
   return {**hlo.costs(compiled.as_text()), "compiler_flops": raw["flops"], "compiler_seconds": raw["optimal_seconds"]}
