@@ -2,6 +2,8 @@
 
 The config file's `moe` section is exactly these fields (`gshard_mt.config.defaults` takes its defaults from
 here), the model carries one MoeConfig to every MoE layer, and `MoeFeedForward` reads its options from it.
+The routers are the classes of `ROUTERS` (registered in `gshard_mt.moe.routers`, or anywhere else): the checks read
+each router's own properties (causal, uses capacity, experts per token) from its class. Plain Python, no JAX.
 """
 
 from __future__ import annotations
@@ -9,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 
 from gshard_mt.errors import ConfigError
+from gshard_mt.registry import Registry
 
-ROUTERS = ("gshard", "switch", "topk", "expert_choice", "dropless", "language")  # one class each in moe.routers
-NOT_CAUSAL = ("expert_choice",)  # a token's routing depends on later tokens: never in the decoder
-NO_CAPACITY = ("dropless", "language")  # drop nothing: C = S, so only the grouped path computes no empty slot
+# moe.router: name -> router class (`gshard_mt.moe.routers.Router`); the built-in ones register when read first.
+ROUTERS = Registry("moe.router", builtins="gshard_mt.moe.routers")
 BALANCES = ("aux_loss", "bias")
 SECOND_EXPERT_POLICIES = ("all", "random")
 # All automatic (XLA places the all-to-alls) but shard_map.
@@ -27,7 +29,7 @@ KERNEL_DISPATCHES = ("einsum", "index", "index_gather")  # the automatic paths w
 class MoeConfig:
   """MoE options (GShard section 2.2; letters as in the paper)."""
 
-  router: str = "gshard"  # one of ROUTERS: GShard's top-2 (the default), 'switch', 'topk', 'expert_choice', ...
+  router: str = "gshard"  # a name in ROUTERS: GShard's top-2 (the default), 'switch', 'topk', 'expert_choice', ...
   decoder_router: str = ""  # the decoder's, '' = moe.router ('expert_choice' is not causal: never the decoder's)
   num_selected: int = 2  # k, 1-4, of 'topk', 'dropless', 'language'; experts per token on average in 'expert_choice'
   num_experts: int = 32  # E
@@ -62,10 +64,19 @@ class MoeConfig:
     """The router of the encoder's MoE layers, or of the decoder's."""
     return (self.decoder_router or self.router) if decoder else self.router
 
+  def router_class(self, decoder: bool = False) -> type:
+    """The class of the encoder's (or the decoder's) router."""
+    return ROUTERS.get(self.router_of(decoder))
+
   def experts_per_token(self, decoder: bool = False) -> int:
-    """k of the encoder's (or the decoder's) router: 2 for 'gshard', 1 for 'switch', num_selected for the others
-    (the mean for 'expert_choice')."""
-    return {"gshard": 2, "switch": 1}.get(self.router_of(decoder), self.num_selected)
+    """k of the encoder's (or the decoder's) router, as its class says: 2 for 'gshard', 1 for 'switch',
+    num_selected for the others (the mean for 'expert_choice')."""
+    return self.router_class(decoder).experts_per_token(self.num_selected)
+
+  def language_router(self) -> str | None:
+    """The name of the encoder's or the decoder's router if it routes by the source language (it needs the
+    language tags), else None."""
+    return next((self.router_of(d) for d in (False, True) if self.router_class(d).reads_language), None)
 
   @classmethod
   def from_config(cls, moe_section) -> MoeConfig:
@@ -74,7 +85,8 @@ class MoeConfig:
 
   def validate(self, *, used: bool = True) -> MoeConfig:
     """Raises ConfigError naming the `moe.*` key; `used=False` (a dense model) checks only the choices."""
-    for key, allowed in (("router", ROUTERS), ("decoder_router", ("",) + ROUTERS), ("balance", BALANCES),
+    routers = ROUTERS.names()
+    for key, allowed in (("router", routers), ("decoder_router", ("",) + routers), ("balance", BALANCES),
                          ("second_expert_policy", SECOND_EXPERT_POLICIES), ("dispatch", DISPATCHES),
                          ("activation", ACTIVATIONS), ("grouped_kernel", GROUPED_KERNELS),
                          ("expert_kernel", EXPERT_KERNELS)):
@@ -100,11 +112,12 @@ class MoeConfig:
     k = max(self.experts_per_token(decoder) for decoder in (False, True))
     if self.num_experts < k:
       raise ConfigError(f"moe.num_experts={self.num_experts}: top-{k} gating needs at least {k} experts")
-    if (name := self.router_of(decoder=True)) in NOT_CAUSAL:
-      raise ConfigError(f"moe.router={name!r} in the decoder: an expert's choice of a token depends on the later "
-                        "tokens of its group, so it is not causal; set moe.decoder_router (e.g. 'topk')")
-    for name in {self.router, self.router_of(decoder=True)} & set(NO_CAPACITY):
-      if self.dispatch != "grouped":
+    if not self.router_class(decoder=True).causal:
+      raise ConfigError(f"moe.router={self.router_of(decoder=True)!r} in the decoder: its routing of a token "
+                        "depends on the later tokens of its group, so it is not causal; set moe.decoder_router "
+                        "(e.g. 'topk')")
+    for name in sorted({self.router, self.router_of(decoder=True)}):
+      if not ROUTERS.get(name).uses_capacity and self.dispatch != "grouped":
         raise ConfigError(f"moe.router={name!r} has no capacity: it needs moe.dispatch='grouped' (capacity "
                           f"buffers would give every expert S slots), not {self.dispatch!r}")
     if self.grouped_kernel != "ragged_dot" and self.dispatch != "grouped":

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from gshard_mt.moe import topk
-from gshard_mt.moe.gating import Routing
+from gshard_mt.moe.gating import Routing, routing_metrics
 
 
 def expert_choice_gating(logits: jax.Array, expert_capacity: int, *,
@@ -43,11 +43,10 @@ def expert_choice_gating(logits: jax.Array, expert_capacity: int, *,
   kept = (slot < C) & valid[..., None]
   experts = jnp.broadcast_to(jnp.arange(E, dtype=jnp.int32), (G, S, E))
   _, z_loss = topk.balance_losses(logits, gates, jnp.zeros((G, S, E), jnp.int32), valid)
-  requested = jnp.sum(kept, axis=(0, 1)).astype(jnp.int32)  # an expert asks for its tokens: nothing is dropped
-  metrics = topk.routing_metrics(gates, valid, kept, experts, requested)
-  # Per token, "first choice dropped" is "no expert took it".
-  metrics |= {"top1_dropped": metrics["unrouted"], "top2_dropped": jnp.zeros((), jnp.float32),
-              "second_expert_sampled": jnp.zeros((), jnp.float32)}
+  metrics, requested = routing_metrics(gates, valid, kept, kept, experts)  # an expert asks for what it takes
+  # One "choice" per token: dropped where no expert took it.
+  metrics |= {"choices_wanted": jnp.sum(valid).astype(jnp.float32)[None],
+              "choices_dropped": jnp.sum(valid & ~kept.any(-1)).astype(jnp.float32)[None]}
   return Routing(expert_index=experts, slot=jnp.where(kept, slot, 0), weight=gates * kept, kept=kept,
                  aux_loss=jnp.zeros((), jnp.float32), z_loss=z_loss, metrics=metrics, num_experts=E, capacity=C,
                  requested=requested)

@@ -46,8 +46,7 @@ class Routing:
   kept:         bool  [G, S, K]  the assignment occupies a slot (< C) and survived the second-expert policy.
   aux_loss:     f32 []           load-balancing loss, mean(density * proxy) * E^2 (1.0 when balanced).
   z_loss:       f32 []           mean over real tokens of logsumexp(logits)^2.
-  metrics:      dict of f32 scalars, `expert_load` [E] (the kept assignments' share of each expert) and
-                `requested_load` [E] (the share of the assignments the router asked for, before capacity).
+  metrics:      dict of f32 (`routing_metrics`): the same keys for every router.
   requested:    int32 [E]     assignments the router asked of each expert before capacity: every choice of every
                 real token (not a second choice the 'random' policy declined); what moe.balance='bias' balances.
   """
@@ -130,11 +129,10 @@ def top2_gating(
 
   total_valid = jnp.maximum(valid.sum(), 1).astype(jnp.float32)
   z_loss = jnp.sum(jax.nn.logsumexp(logits, axis=-1) ** 2 * valid) / total_valid
-  requested = jnp.sum(onehot1 * valid[..., None] + onehot2 * want2[..., None], axis=(0, 1)).astype(jnp.int32)
-  metrics = _routing_metrics(gates, valid, kept, want2, mask1 + mask2, total_valid) | {
-      "requested_load": requested / jnp.maximum(requested.sum(), 1).astype(jnp.float32)}
+  experts = jnp.stack([e1, e2], axis=-1).astype(jnp.int32)
+  metrics, requested = routing_metrics(gates, valid, jnp.stack([valid, want2], axis=-1), kept, experts)
   return Routing(
-      expert_index=jnp.stack([e1, e2], axis=-1).astype(jnp.int32),
+      expert_index=experts,
       slot=slot,
       weight=weight,
       kept=kept,
@@ -175,19 +173,37 @@ def assign_slots(want1: jax.Array, want2: jax.Array, capacity: int):
   return kept1, pos1, kept2, pos2
 
 
-def _routing_metrics(gates, valid, kept, want2, assigned, total_valid) -> dict:
-  """Scalars (and expert_load [E]) describing one routing decision; all f32."""
-  want2_count = jnp.maximum(want2.sum(), 1).astype(jnp.float32)
-  per_expert = assigned.sum(axis=(0, 1)).astype(jnp.float32)  # E
+def routing_metrics(gates, valid, wanted, kept, experts) -> tuple[dict, jax.Array]:
+  """(metrics, requested) of any router's routing, from gates f32 [G, S, E], valid bool [G, S] (real tokens),
+  wanted bool [G, S, K] (the assignments asked for: real tokens' choices, less second choices the 'random' policy
+  declined), kept bool [G, S, K] and experts int [G, S, K]. requested int32 [E]: assignments asked of each expert
+  before capacity (what moe.balance='bias' balances). The metrics, all f32:
+    choices_wanted [K], choices_dropped [K]: per choice j (first, second, ...), the assignments asked for and those
+      of them capacity dropped (`dropped_fractions` makes fractions of them);
+    unrouted: the fraction of real tokens with no kept assignment; router_entropy: the gates' mean entropy;
+    expert_load [E]: each expert's share of the kept assignments; requested_load [E]: its share of `requested`.
+  """
+  total = jnp.maximum(valid.sum(), 1).astype(jnp.float32)
+  onehot = jax.nn.one_hot(experts, gates.shape[-1], dtype=jnp.int32)  # GSKE
+  per_expert = jnp.sum(onehot * kept[..., None], axis=(0, 1, 2)).astype(jnp.float32)  # E
+  requested = jnp.sum(onehot * wanted[..., None], axis=(0, 1, 2)).astype(jnp.int32)  # E
   entropy = -jnp.sum(gates * jnp.log(jnp.maximum(gates, 1e-30)), axis=-1)
   return {
-      "top1_dropped": jnp.sum(valid & ~kept[..., 0]) / total_valid,
-      "top2_dropped": jnp.sum(want2 & ~kept[..., 1]) / want2_count,
-      "second_expert_sampled": jnp.sum(want2) / total_valid,
-      "unrouted": jnp.sum(valid & ~kept.any(-1)) / total_valid,
-      "router_entropy": jnp.sum(entropy * valid) / total_valid,
+      "choices_wanted": jnp.sum(wanted, axis=(0, 1)).astype(jnp.float32),
+      "choices_dropped": jnp.sum(wanted & ~kept, axis=(0, 1)).astype(jnp.float32),
+      "unrouted": jnp.sum(valid & ~kept.any(-1)) / total,
+      "router_entropy": jnp.sum(entropy * valid) / total,
       "expert_load": per_expert / jnp.maximum(per_expert.sum(), 1.0),
-  }
+      "requested_load": requested / jnp.maximum(requested.sum(), 1).astype(jnp.float32),
+  }, requested
+
+
+def dropped_fractions(metrics: dict) -> tuple[jax.Array, jax.Array]:
+  """(first choices dropped, later choices dropped) of `routing_metrics`' metrics, as fractions of those asked for
+  (0 where none were; later = 0 for one choice per token); any leading dimensions (e.g. the MoE layers [U])."""
+  wanted, dropped = metrics["choices_wanted"], metrics["choices_dropped"]
+  first = dropped[..., 0] / jnp.maximum(wanted[..., 0], 1.0)
+  return first, dropped[..., 1:].sum(-1) / jnp.maximum(wanted[..., 1:].sum(-1), 1.0)
 
 
 def _check_positive_int(name, value):

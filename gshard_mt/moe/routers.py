@@ -1,14 +1,20 @@
-"""The routers (`moe.router`), small classes behind one interface, as V-MoE's dispatchers are.
+"""The routers (`moe.router`): one class each, registered by name in `moe.config.ROUTERS`, as V-MoE's dispatchers
+and fairseq's `@register_*` classes are.
 
 A router turns router logits [G, S, E] into a `gating.Routing` (letters of the paper: G groups, S tokens per group,
-E experts, C capacity, K assignments per token). Each one says:
-- `capacity(S, E, factor, min_capacity)`: C, the slots per expert per group (S when it drops nothing);
+E experts, C capacity, K assignments per token). Its class says what the config and the model need to know of it:
+- `causal`: a token's routing depends on no later token (False: the encoder only, never moe.decoder_router);
+- `uses_capacity`: it drops what overflows C slots (False: C = S, nothing dropped; moe.dispatch='grouped' only);
+- `reads_language`: its logits come from the sentence's source language instead of the token;
+- `experts_per_token(num_selected)`: k (the mean for expert choice), for the FLOPs count and the config's checks;
+- `from_config(cfg, deterministic=)`: the router of a `MoeConfig` (while training, or evaluating);
+and each router:
+- `needs_rng`: whether `route` draws random numbers (the 'gating' stream);
+- `capacity(S, E, factor, min_capacity)`: C, the slots per expert per group;
 - `route(logits, C, padding_mask=, rng=, bias=)`: the Routing; `bias` [E] is DeepSeek-V3's selection-only bias
-  (moe.balance='bias'), ignored where it could change nothing;
-- `reads_language`: whether its logits come from the sentence's source language instead of the token;
-- `needs_rng`: whether `route` draws random numbers (the 'gating' stream).
-Every dispatch path takes any Routing. Which routers are not causal (never in the decoder) and which have no
-capacity (the grouped path only) is in `moe.config`, with the checks.
+  (moe.balance='bias'), ignored where it could change nothing.
+Every dispatch path takes any Routing. A new router is one class here or in any module imported before the config
+is read: `@ROUTERS.register("name")` over a subclass of `Router`.
 """
 
 from __future__ import annotations
@@ -17,23 +23,56 @@ import dataclasses
 from typing import ClassVar
 
 from gshard_mt.moe import expert_choice, gating, topk
-from gshard_mt.moe.config import MoeConfig
+from gshard_mt.moe.config import ROUTERS, MoeConfig
 
 
+class Router:
+  """The interface, and the defaults of a top-k router with capacity that reads tokens (`k` its experts per
+  token)."""
+
+  causal: ClassVar[bool] = True
+  uses_capacity: ClassVar[bool] = True
+  reads_language: ClassVar[bool] = False
+  needs_rng: ClassVar[bool] = False
+
+  @classmethod
+  def experts_per_token(cls, num_selected: int) -> int:
+    return num_selected
+
+  @classmethod
+  def from_config(cls, cfg: MoeConfig, *, deterministic: bool = True) -> Router:
+    return cls(cfg.num_selected)
+
+  def capacity(self, group_size: int, num_experts: int, factor: float, min_capacity: int) -> int:
+    """C = cf * k * S / E (at least min_capacity)."""
+    return gating.expert_capacity(group_size, num_experts, factor, min_capacity, num_selected=self.k)
+
+  def route(self, logits, capacity, *, padding_mask=None, rng=None, bias=None) -> gating.Routing:
+    raise NotImplementedError
+
+
+@ROUTERS.register("gshard")
 @dataclasses.dataclass(frozen=True)
-class GShard:
-  """GShard's top-2 (Algorithm 1, section 2.2), exact to Lingvo and praxis: `gating.top2_gating`."""
+class GShard(Router):
+  """GShard's top-2 (Algorithm 1, section 2.2), exact to Lingvo and praxis: `gating.top2_gating`. The 'random'
+  second-expert policy applies while training only."""
 
   second_expert_policy: str = "all"
   second_expert_threshold: float = 0.5
-  reads_language: ClassVar[bool] = False
+  k: ClassVar[int] = 2
+
+  @classmethod
+  def experts_per_token(cls, num_selected: int) -> int:
+    return 2
+
+  @classmethod
+  def from_config(cls, cfg: MoeConfig, *, deterministic: bool = True) -> GShard:
+    random = cfg.second_expert_policy == "random" and not deterministic
+    return cls("random" if random else "all", cfg.second_expert_threshold)
 
   @property
   def needs_rng(self) -> bool:
     return self.second_expert_policy == "random"
-
-  def capacity(self, group_size: int, num_experts: int, factor: float, min_capacity: int) -> int:
-    return gating.expert_capacity(group_size, num_experts, factor, min_capacity)
 
   def route(self, logits, capacity, *, padding_mask=None, rng=None, bias=None) -> gating.Routing:
     return gating.top2_gating(logits, capacity, second_expert_policy=self.second_expert_policy,
@@ -41,23 +80,20 @@ class GShard:
                               padding_mask=padding_mask, selection_bias=bias)
 
 
+@ROUTERS.register("topk")
 @dataclasses.dataclass(frozen=True)
-class TopK:
+class TopK(Router):
   """Top-k with capacity C = cf * k * S / E, GShard's normalisation and first-choices-first priority."""
 
   k: int = 2
-  reads_language: ClassVar[bool] = False
-  needs_rng: ClassVar[bool] = False
   normalize: ClassVar[bool] = True
-
-  def capacity(self, group_size: int, num_experts: int, factor: float, min_capacity: int) -> int:
-    return gating.expert_capacity(group_size, num_experts, factor, min_capacity, num_selected=self.k)
 
   def route(self, logits, capacity, *, padding_mask=None, rng=None, bias=None) -> gating.Routing:
     del rng  # deterministic
     return topk.topk_gating(logits, self.k, capacity, normalize=self.normalize, bias=bias, padding_mask=padding_mask)
 
 
+@ROUTERS.register("switch")
 @dataclasses.dataclass(frozen=True)
 class Switch(TopK):
   """The Switch Transformer's top-1 (Fedus et al. 2021): C = cf * S / E, the output scaled by the chosen expert's
@@ -66,16 +102,46 @@ class Switch(TopK):
   k: int = 1
   normalize: ClassVar[bool] = False
 
+  @classmethod
+  def experts_per_token(cls, num_selected: int) -> int:
+    return 1
 
+  @classmethod
+  def from_config(cls, cfg: MoeConfig, *, deterministic: bool = True) -> Switch:
+    return cls()
+
+
+@ROUTERS.register("expert_choice")
+@dataclasses.dataclass(frozen=True)
+class ExpertChoice(Router):
+  """Expert choice (Zhou et al. 2022): each expert takes its top C = cf * k * S / E tokens (at most S), k being the
+  mean experts per token. Not causal: an expert ranks the whole group. A per-expert bias changes no expert's
+  ranking of tokens: it is ignored (and it never moves: every expert's load is C)."""
+
+  k: int = 2
+  causal: ClassVar[bool] = False
+
+  def capacity(self, group_size: int, num_experts: int, factor: float, min_capacity: int) -> int:
+    return min(group_size, super().capacity(group_size, num_experts, factor, min_capacity))
+
+  def route(self, logits, capacity, *, padding_mask=None, rng=None, bias=None) -> gating.Routing:
+    del rng, bias
+    return expert_choice.expert_choice_gating(logits, capacity, padding_mask=padding_mask)
+
+
+@ROUTERS.register("dropless")
 @dataclasses.dataclass(frozen=True)
 class Dropless(TopK):
   """Top-k with no capacity (MegaBlocks): C = S, so no assignment is ever dropped; through the grouped path, which
   computes the G * S * k assignments and nothing more."""
 
+  uses_capacity: ClassVar[bool] = False
+
   def capacity(self, group_size: int, num_experts: int, factor: float, min_capacity: int) -> int:
     return group_size
 
 
+@ROUTERS.register("language")
 @dataclasses.dataclass(frozen=True)
 class Language(Dropless):
   """Task-level routing (Kudugunta et al. 2021, "Beyond Distillation"): the router reads the embedding of the
@@ -85,33 +151,6 @@ class Language(Dropless):
   reads_language: ClassVar[bool] = True
 
 
-@dataclasses.dataclass(frozen=True)
-class ExpertChoice:
-  """Expert choice (Zhou et al. 2022): each expert takes its top C = cf * k * S / E tokens (at most S), k being the
-  mean experts per token. Not causal: an expert ranks the whole group. A per-expert bias changes no expert's
-  ranking of tokens: it is ignored (and it never moves: every expert's load is C)."""
-
-  k: int = 2
-  reads_language: ClassVar[bool] = False
-  needs_rng: ClassVar[bool] = False
-
-  def capacity(self, group_size: int, num_experts: int, factor: float, min_capacity: int) -> int:
-    return min(group_size, gating.expert_capacity(group_size, num_experts, factor, min_capacity, num_selected=self.k))
-
-  def route(self, logits, capacity, *, padding_mask=None, rng=None, bias=None) -> gating.Routing:
-    del rng, bias
-    return expert_choice.expert_choice_gating(logits, capacity, padding_mask=padding_mask)
-
-
-ROUTERS = {"gshard": GShard, "switch": Switch, "topk": TopK, "expert_choice": ExpertChoice, "dropless": Dropless,
-           "language": Language}  # keys: moe.config.ROUTERS (tested)
-
-
-def make_router(cfg: MoeConfig, *, decoder: bool = False, deterministic: bool = True):
-  """The router of the encoder's (or the decoder's) MoE layers; the 'random' second-expert policy applies to
-  `gshard` while training only."""
-  name = cfg.router_of(decoder)
-  if name == "gshard":
-    random = cfg.second_expert_policy == "random" and not deterministic
-    return GShard("random" if random else "all", cfg.second_expert_threshold)
-  return ROUTERS[name]() if name == "switch" else ROUTERS[name](cfg.num_selected)
+def make_router(cfg: MoeConfig, *, decoder: bool = False, deterministic: bool = True) -> Router:
+  """The router of the encoder's (or the decoder's) MoE layers."""
+  return cfg.router_class(decoder).from_config(cfg, deterministic=deterministic)

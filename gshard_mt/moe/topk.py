@@ -14,7 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from gshard_mt.moe.gating import Routing
+from gshard_mt.moe.gating import Routing, routing_metrics
 
 
 def topk_choices(gates: jax.Array, k: int, bias: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
@@ -70,10 +70,9 @@ def topk_gating(logits: jax.Array, k: int, expert_capacity: int, *, normalize: b
   kept_e, position = assign_slots(onehot * valid[..., None, None], expert_capacity)
   kept = jnp.sum(kept_e, axis=-1) > 0  # GSK
   aux_loss, z_loss = balance_losses(logits, gates, onehot[:, :, 0], valid)
-  requested = jnp.sum(onehot * valid[..., None, None], axis=(0, 1, 2)).astype(jnp.int32)  # every choice, before C
+  metrics, requested = routing_metrics(gates, valid, jnp.broadcast_to(valid[..., None], kept.shape), kept, experts)
   return Routing(expert_index=experts, slot=jnp.sum(position * onehot, axis=-1).astype(jnp.int32),
-                 weight=weight * kept, kept=kept, aux_loss=aux_loss, z_loss=z_loss,
-                 metrics=routing_metrics(gates, valid, kept, experts, requested), num_experts=E,
+                 weight=weight * kept, kept=kept, aux_loss=aux_loss, z_loss=z_loss, metrics=metrics, num_experts=E,
                  capacity=expert_capacity, requested=requested)
 
 
@@ -88,23 +87,3 @@ def balance_losses(logits, gates, first_choice, valid) -> tuple[jax.Array, jax.A
   total = jnp.maximum(valid.sum(), 1).astype(jnp.float32)
   z_loss = jnp.sum(jax.nn.logsumexp(logits, axis=-1) ** 2 * valid) / total
   return jnp.mean(density * proxy) * E * E, z_loss
-
-
-def routing_metrics(gates, valid, kept, experts, requested) -> dict:
-  """The top-2 router's metrics for any k: `top1_dropped` (first choices dropped), `top2_dropped` (later choices
-  dropped; 0 for k = 1), `unrouted`, `router_entropy`, `expert_load` [E] (kept assignments per expert, summing to
-  1), `requested_load` [E] (the assignments asked for before capacity, `requested` int [E], summing to 1).
-  gates f32 [G, S, E]; valid bool [G, S]; kept bool and experts int [G, S, K]."""
-  total = jnp.maximum(valid.sum(), 1).astype(jnp.float32)
-  later = jnp.broadcast_to(valid[..., None], kept[..., 1:].shape)
-  per_expert = jnp.sum(jax.nn.one_hot(experts, gates.shape[-1]) * kept[..., None], axis=(0, 1, 2))  # E
-  entropy = -jnp.sum(gates * jnp.log(jnp.maximum(gates, 1e-30)), axis=-1)
-  return {
-      "top1_dropped": jnp.sum(valid & ~kept[..., 0]) / total,
-      "top2_dropped": jnp.sum(later & ~kept[..., 1:]) / jnp.maximum(later.sum(), 1).astype(jnp.float32),
-      "second_expert_sampled": jnp.sum(later[..., :1]) / total,
-      "unrouted": jnp.sum(valid & ~kept.any(-1)) / total,
-      "router_entropy": jnp.sum(entropy * valid) / total,
-      "expert_load": per_expert / jnp.maximum(per_expert.sum(), 1.0),
-      "requested_load": requested / jnp.maximum(requested.sum(), 1).astype(jnp.float32),
-  }

@@ -20,13 +20,16 @@ from tensorboardX.proto import event_pb2
 from tensorboardX.record_writer import masked_crc32c
 
 from gshard_mt import io
+from gshard_mt.moe import gating
 from gshard_mt.parallel import chips
 
 
 def moe_summary(stats: dict) -> dict:
   """{'encoder'|'decoder': layer stats stacked over MoE layers [U]} -> flat scalars per MoE layer.
 
-  For each layer: dropped fraction of top-1 and top-2 assignments, the kept load's min / max / coefficient
+  The same for every router (`gating.routing_metrics`). For each layer: the fractions of first choices and of
+  later choices (second, third, ...) that capacity dropped (`top1_dropped`, `top2_dropped`: `gating.dropped_fractions`
+  of the per-choice counts; for expert choice, first = tokens no expert took), the kept load's min / max / coefficient
   of variation (load = fraction of kept assignments per expert; 1/E each when balanced), the kept load itself
   (`.../load`, [E]) and the requested load (`.../requested_load`, [E]: the share of the assignments the router
   asked of each expert before capacity, what moe.balance='bias' balances); the step logger writes the [E] vectors
@@ -38,16 +41,15 @@ def moe_summary(stats: dict) -> dict:
       continue
     load = s["metrics"]["expert_load"]  # [U, E]
     cv = jnp.std(load, axis=-1) / jnp.maximum(jnp.mean(load, axis=-1), 1e-9)
+    first, later = gating.dropped_fractions(s["metrics"])  # [U] each
     for u in range(load.shape[0]):
       prefix = f"moe/{side}_{u}"
-      out[f"{prefix}/top1_dropped"] = s["metrics"]["top1_dropped"][u]
-      out[f"{prefix}/top2_dropped"] = s["metrics"]["top2_dropped"][u]
+      out[f"{prefix}/top1_dropped"], out[f"{prefix}/top2_dropped"] = first[u], later[u]
       out[f"{prefix}/load_min"] = load[u].min()
       out[f"{prefix}/load_max"] = load[u].max()
       out[f"{prefix}/load_cv"] = cv[u]
       out[f"{prefix}/load"] = load[u]
-      if "requested_load" in s["metrics"]:
-        out[f"{prefix}/requested_load"] = s["metrics"]["requested_load"][u]
+      out[f"{prefix}/requested_load"] = s["metrics"]["requested_load"][u]
   return out
 
 

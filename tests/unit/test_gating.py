@@ -167,8 +167,11 @@ def test_metrics_and_z_loss():
   m = {k: np.asarray(v) for k, v in out.metrics.items()}
   kept = np.asarray(out.kept)
   v = np.asarray(valid)
-  np.testing.assert_allclose(m["top1_dropped"], 1 - kept[..., 0][v].mean(), rtol=1e-6)
-  np.testing.assert_allclose(m["top2_dropped"], 1 - kept[..., 1][v].mean(), rtol=1e-6)
+  first, later = gating.dropped_fractions(out.metrics)
+  np.testing.assert_allclose(first, 1 - kept[..., 0][v].mean(), rtol=1e-6)
+  np.testing.assert_allclose(later, 1 - kept[..., 1][v].mean(), rtol=1e-6)
+  np.testing.assert_array_equal(m["choices_wanted"], [v.sum(), v.sum()])
+  np.testing.assert_array_equal(m["choices_dropped"], [(~kept[..., 0])[v].sum(), (~kept[..., 1])[v].sum()])
   np.testing.assert_allclose(m["unrouted"], (~kept.any(-1))[v].mean(), rtol=1e-6)
   np.testing.assert_allclose(m["expert_load"].sum(), 1.0, rtol=1e-6)
   assert m["expert_load"].shape == (E,)

@@ -28,9 +28,15 @@ def test_step_flops_count_each_side_with_its_own_tokens():
 
 def test_moe_summary_per_layer():
   load = jnp.array([[0.25, 0.25, 0.25, 0.25], [0.1, 0.2, 0.3, 0.4]])  # [U=2, E=4]
-  stats = {"encoder": {"metrics": {"expert_load": load, "top1_dropped": jnp.array([0.0, 0.5]),
-                                   "top2_dropped": jnp.array([0.1, 0.2])}}, "decoder": {}}
+  # Per layer and choice (first, second, third): asked for and dropped at capacity, as any router's Routing has them.
+  wanted, dropped = jnp.array([[10.0, 10.0, 10.0], [10.0, 10.0, 0.0]]), jnp.array([[0.0, 1.0, 1.0], [5.0, 2.0, 0.0]])
+  stats = {"encoder": {"metrics": {"expert_load": load, "requested_load": load, "choices_wanted": wanted,
+                                   "choices_dropped": dropped}}, "decoder": {}}
   out = metrics.moe_summary(stats)
+  assert float(out["moe/encoder_0/top1_dropped"]) == 0.0
+  assert float(out["moe/encoder_0/top2_dropped"]) == pytest.approx(0.1)
+  assert float(out["moe/encoder_1/top2_dropped"]) == pytest.approx(0.2)
+  np.testing.assert_array_equal(out["moe/encoder_1/requested_load"], load[1])
   assert float(out["moe/encoder_0/load_cv"]) == pytest.approx(0.0)
   assert float(out["moe/encoder_1/load_cv"]) == pytest.approx(np.std([0.1, 0.2, 0.3, 0.4]) / 0.25, rel=1e-5)
   assert float(out["moe/encoder_1/top1_dropped"]) == 0.5 and float(out["moe/encoder_1/load_max"]) == pytest.approx(0.4)

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gshard_mt.errors import ConfigError
 from gshard_mt.moe import config as moe_config
 from gshard_mt.moe import expert_choice, gating, routers, topk
 from gshard_mt.moe.config import MoeConfig
@@ -89,7 +90,7 @@ def test_topk_matches_sequential_reference(G, S, E, C, k, normalize, pad, biased
   np.testing.assert_allclose(routing.aux_loss, aux, rtol=1e-5)
   assert routing.expert_index.shape == (G, S, k)
   if C < S:
-    assert 0 < float(routing.metrics["top1_dropped"]) < 1
+    assert 0 < float(gating.dropped_fractions(routing.metrics)[0]) < 1
 
 
 def test_topk_with_two_choices_is_gshard_top2_with_policy_all():
@@ -124,17 +125,100 @@ def test_selection_bias_chooses_but_does_not_weigh():
   np.testing.assert_allclose(routing.weight[0], chosen / chosen.sum(-1, keepdims=True), rtol=1e-5)
 
 
-def test_every_router_has_a_class_and_the_capacity_its_config_promises():
-  assert tuple(routers.ROUTERS) == moe_config.ROUTERS
+def test_every_router_is_one_registered_class_that_carries_its_properties():
   S, E = 64, 8
-  for name in moe_config.ROUTERS:
-    router = routers.make_router(dataclasses.replace(MoeConfig(), router=name, num_selected=3,
-                                                     decoder_router="topk"))
+  names = moe_config.ROUTERS.names()
+  assert set(names) == {"gshard", "switch", "topk", "expert_choice", "dropless", "language"}
+  for name in names:
+    cls = moe_config.ROUTERS.get(name)
+    assert issubclass(cls, routers.Router), name
+    cfg = dataclasses.replace(MoeConfig(), router=name, num_selected=3, decoder_router="topk")
+    router = routers.make_router(cfg)
+    assert type(router) is cls and cfg.router_class() is cls
     C = router.capacity(S, E, 1.0, 1)
     assert C == {"gshard": 16, "switch": 8, "topk": 24, "expert_choice": 24}.get(name, S), name
-    assert (name in moe_config.NO_CAPACITY) == (C == S)
+    assert cls.uses_capacity == (name not in ("dropless", "language"))
+    assert cls.causal == (name != "expert_choice") and cls.reads_language == (name == "language")
+    assert cfg.experts_per_token() == {"gshard": 2, "switch": 1}.get(name, 3)
+    if not cls.uses_capacity:  # C = S: only the grouped dispatch computes no empty slot
+      with pytest.raises(ConfigError, match="has no capacity"):
+        dataclasses.replace(cfg, dispatch="index").validate()
+  with pytest.raises(ConfigError, match="not causal"):
+    MoeConfig(router="expert_choice").validate()
+  with pytest.raises(ConfigError, match=r"moe.router='nope': expected one of \('gshard'"):
+    MoeConfig(router="nope").validate()
   assert routers.make_router(MoeConfig(second_expert_policy="random"), deterministic=False).second_expert_policy \
       == "random"
   assert routers.make_router(MoeConfig(second_expert_policy="random")).second_expert_policy == "all"
   assert routers.make_router(MoeConfig(router="expert_choice", decoder_router="switch"), decoder=True).k == 1
   assert routers.ExpertChoice(4).capacity(8, 2, 2.0, 1) == 8  # at most S
+
+
+class Hash(routers.Router):
+  """A router written outside the package (Hash layers, Roller et al. 2021, simplified): token s of a group goes to
+  expert s mod E, with capacity, weighted by its softmax gate."""
+
+  k = 1
+
+  @classmethod
+  def experts_per_token(cls, num_selected: int) -> int:
+    return 1
+
+  @classmethod
+  def from_config(cls, cfg, *, deterministic: bool = True):
+    return cls()
+
+  def route(self, logits, capacity, *, padding_mask=None, rng=None, bias=None):
+    G, S, E = logits.shape
+    chosen = jax.nn.one_hot(jnp.arange(S) % E, E)[None] * 100.0  # far above any logit: the hash decides
+    return topk.topk_gating(logits + chosen, 1, capacity, normalize=False, bias=bias, padding_mask=padding_mask)
+
+
+@pytest.fixture
+def hash_router():
+  moe_config.ROUTERS.register("test_hash")(Hash)
+  yield
+  moe_config.ROUTERS.unregister("test_hash")
+
+
+def test_a_router_registered_outside_the_package_trains(hash_router):
+  """One class and one registration, in this file: the config accepts it, the model routes by it, two train
+  steps run, and the logged metrics are the same as any router's."""
+  import functools
+
+  import flax.linen as nn
+  import optax
+
+  from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch
+  from gshard_mt.training.step import TrainState, train_step
+  from tests.helpers import small_config
+
+  with pytest.raises(ConfigError, match="moe.router='test_hashh': expected one of"):
+    small_config(**{"moe.router": "test_hashh"})
+  config = small_config(**{"moe.router": "test_hash", "moe.group_size": 16, "model.moe_interval": 1,
+                           "model.num_encoder_layers": 1, "model.num_decoder_layers": 1, "data.max_length": 8})
+  model = Transformer(TransformerConfig.from_config(config, 32), deterministic=False)
+  params = nn.unbox(model.init(jax.random.key(0), dummy_batch(1, 8))["params"])
+  tx = optax.adam(1e-3)
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                     rng=jax.random.key_data(jax.random.key(1)))
+  step = jax.jit(functools.partial(train_step, model=model, tx=tx, config=config))
+  batch = dummy_batch(4, 8) | {"inputs": jnp.arange(32).reshape(4, 8) % 31 + 1,
+                               "targets": jnp.arange(32).reshape(4, 8) % 29 + 1}
+  for _ in range(2):
+    state, metrics = step(state, batch)
+    assert np.isfinite(float(metrics["loss"]))
+  assert int(state.step) == 2
+  # token s of each group of 16 goes to expert s mod 4: every expert asked for equally often
+  np.testing.assert_allclose(metrics["moe/encoder_0/requested_load"], np.full(4, 0.25))
+  assert {"moe/encoder_0/top1_dropped", "moe/decoder_0/top2_dropped"} <= set(metrics)
+
+
+def test_the_moe_config_imports_no_jax_and_finds_the_routers_when_read():
+  import subprocess
+  import sys
+
+  code = ("import sys\nfrom gshard_mt.moe import config\nassert 'jax' not in sys.modules\n"
+          "assert 'gshard' in config.ROUTERS.names() and config.MoeConfig(router='switch').validate()\n"
+          "assert 'gshard_mt.moe.routers' in sys.modules\n")
+  subprocess.run([sys.executable, "-c", code], check=True)
