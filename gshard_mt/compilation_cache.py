@@ -32,6 +32,8 @@ from __future__ import annotations
 import logging
 import os
 
+import jax
+
 from gshard_mt import io
 
 log = logging.getLogger(__name__)
@@ -85,8 +87,6 @@ def take_flag(argv: list[str]) -> tuple[list[str], str | None]:
 def setup(flag: str | None = None, environ=os.environ) -> str | None:
   """Turns the cache on in the chosen folder (made when missing, private to the user) or off; returns the folder
   (None: off). Call before anything compiles: JAX opens the cache at the first compile."""
-  import jax
-
   folder, source = choose(flag, environ)
   environ[SWITCH] = folder or "off"
   if folder is not None and io.is_local(folder):
@@ -132,8 +132,6 @@ def _on_event(event: str, **_):
 
 
 def _log_folder():
-  import jax
-
   folder, source = _state["folder"], _state["source"]
   where = "the default" if source == "default" else f"from {source}"
   log.info("compilation cache: %s (%s; %s DIR moves it, %s off turns it off)", folder, where, FLAG, FLAG)

@@ -25,6 +25,8 @@ import logging
 import mmap
 import os
 
+from jax._src import hardware_utils
+
 # What `quiet_tpu_host_lookup` names where no TPU chip is present: a local host and any accelerator type.
 TPU_HOST_VARIABLES = {"TPU_WORKER_HOSTNAMES": "localhost", "TPU_ACCELERATOR_TYPE": "v3-8"}
 
@@ -85,7 +87,6 @@ def will_use_tpu(platforms: str) -> bool:
   named = {p.strip() for p in platforms.split(",") if p.strip()}
   if named and "tpu" not in named:
     return False
-  from jax._src import hardware_utils
 
   return hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0
 
@@ -132,8 +133,6 @@ def quiet_tpu_host_lookup():
   devices, cannot look up this host's TPU type and worker names, and prints six lines of warnings about
   TPU_ACCELERATOR_TYPE and TPU_WORKER_HOSTNAMES. Naming a local host and any accelerator type skips the look-up
   and changes nothing else: JAX finds no TPU chip and uses the CPU or GPU. On a TPU VM nothing is set."""
-  from jax._src import hardware_utils
-
   if hardware_utils.num_available_tpu_chips_and_device_id()[0] == 0:
     for name, value in TPU_HOST_VARIABLES.items():
       os.environ.setdefault(name, value)

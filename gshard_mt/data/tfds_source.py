@@ -8,7 +8,7 @@ from gshard_mt.errors import DataError
 
 def builder(name: str, data_dir: str):
   """The TFDS builder of `name` ('wmt19_translate/de-en') under `data_dir` ('' = TFDS's default)."""
-  import tensorflow_datasets as tfds  # imported here: only this source needs it
+  import tensorflow_datasets as tfds  # optional: TensorFlow Datasets, slow to import, only for data.source=tfds
 
   try:
     return tfds.builder(name, data_dir=data_dir or None)
@@ -22,7 +22,7 @@ def load(name: str, data_dir: str = "", source_key: str = "", chunk: int = 10_00
          ) -> dict[str, tuple[str, list[str], list[str], str]]:
   """A TFDS translation dataset with a `Translation` feature: {split: (source language, sources, English
   sentences, origin)}, its train/validation/test as train/dev/test."""
-  import tensorflow_datasets as tfds
+  import tensorflow_datasets as tfds  # optional: as in `builder`
 
   info = builder(name, data_dir).info
   languages = list(getattr(info.features, "languages", None) or [])

@@ -76,7 +76,7 @@ class MosaicGpu:
 
   def by_weights(self, x: jax.Array, w: jax.Array, group_sizes: jax.Array, transpose: bool = False) -> jax.Array:
     """As RaggedDot.by_weights; the weights cast to x's dtype first (the kernel takes one dtype)."""
-    # Imported where used: JAX's kernel examples may move between versions without breaking the other paths.
+    # optional: JAX's kernel examples, only with moe.grouped_kernel='mosaic_gpu' (they may move between versions)
     from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu
 
     R = x.shape[0]
@@ -86,7 +86,7 @@ class MosaicGpu:
 
   def by_rows(self, x: jax.Array, y: jax.Array, group_sizes: jax.Array, dtype) -> jax.Array:
     """As RaggedDot.by_rows; the kernel writes x's dtype, cast to `dtype` after."""
-    from jax.experimental.pallas.ops.gpu import transposed_ragged_dot_mgpu
+    from jax.experimental.pallas.ops.gpu import transposed_ragged_dot_mgpu  # optional: as in `by_weights`
 
     group_sizes, (x, y) = _whole_row_tiles(group_sizes, x, y)
     return transposed_ragged_dot_mgpu.transposed_ragged_dot(x, y, group_sizes=group_sizes, **self.tiles).astype(dtype)
