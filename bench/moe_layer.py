@@ -36,9 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from gshard_mt import cli
+from gshard_mt.config.moe import MoeConfig
 from gshard_mt.errors import one_line
 from gshard_mt.moe import grouped
-from gshard_mt.moe.config import MoeConfig
 from gshard_mt.moe.layer import MoeFeedForward
 from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.parallel import rules as rules_lib

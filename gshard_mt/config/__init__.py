@@ -18,8 +18,8 @@ import ml_collections
 
 from gshard_mt import io
 from gshard_mt.config import choices, defaults
+from gshard_mt.config.moe import MoeConfig
 from gshard_mt.errors import ConfigError, UserError, article
-from gshard_mt.moe.config import MoeConfig
 
 DTYPES = ("float32", "bfloat16")
 CHOICES = {

@@ -1,12 +1,12 @@
 """Every configuration key with its default. The files in configs/ start from `get_config()` here and change a
 few keys; docs/config.md documents every key (tests/unit/test_docs.py checks it against this file). The `moe`
-keys, defaults and comments are those of `gshard_mt.moe.config.MoeConfig`."""
+keys, defaults and comments are those of `gshard_mt.config.moe.MoeConfig`."""
 
 import dataclasses
 
 import ml_collections
 
-from gshard_mt.moe.config import MoeConfig
+from gshard_mt.config.moe import MoeConfig
 
 
 def get_config():

@@ -19,10 +19,10 @@ from flax import struct
 
 from gshard_mt.batch import BATCH_KEYS
 from gshard_mt.config import choices
+from gshard_mt.config.moe import MoeConfig
 from gshard_mt.model import layers
 from gshard_mt.model.layers import Attention, DenseFFN, layer_norm, packing_mask, shift_right, sinusoidal, source_bias
 from gshard_mt.moe import balance
-from gshard_mt.moe.config import MoeConfig
 from gshard_mt.moe.layer import MoeFeedForward
 
 BLM = ("batch", "length", "embed")

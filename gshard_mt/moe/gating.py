@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from gshard_mt.moe.config import SECOND_EXPERT_POLICIES
+from gshard_mt.config.moe import SECOND_EXPERT_POLICIES
 
 
 def expert_capacity(group_size: int, num_experts: int, capacity_factor: float, min_capacity: int = 4,

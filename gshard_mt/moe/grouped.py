@@ -28,8 +28,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from gshard_mt.config.moe import GROUPED_KERNELS
 from gshard_mt.errors import ConfigError
-from gshard_mt.moe.config import GROUPED_KERNELS
 
 ROW_TILE = 8  # the rows of JAX's Mosaic GPU grouped matmuls, in tiles of 8 (MosaicGpu pads them)
 # lhs [R, X] by each group's rhs [E, X, Y]: [R, Y] (`jax.lax.ragged_dot`'s own).

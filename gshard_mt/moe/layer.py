@@ -14,12 +14,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from gshard_mt.config.moe import MoeConfig
 from gshard_mt.moe import balance, gating, grouped, manual, routers
 from gshard_mt.moe import dispatch as dispatch_lib
-from gshard_mt.moe.config import MoeConfig
 from gshard_mt.parallel.einsum import weight_einsum
 
-ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu}  # keys: moe.config.ACTIVATIONS (tested)
+ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu}  # keys: config.moe.ACTIVATIONS (tested)
 
 # Logical axis names of the layer's tensors (G, S, E, C, M, H in the paper's letters).
 ME = ("embed", None)  # the router

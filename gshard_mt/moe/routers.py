@@ -1,4 +1,4 @@
-"""The routers (`moe.router`): one class each, registered by name in `moe.config.ROUTERS`, as V-MoE's dispatchers
+"""The routers (`moe.router`): one class each, registered by name in `config.choices.ROUTERS`, as V-MoE's dispatchers
 and fairseq's `@register_*` classes are.
 
 A router turns router logits [G, S, E] into a `gating.Routing` (letters of the paper: G groups, S tokens per group,
@@ -23,7 +23,7 @@ import dataclasses
 from typing import ClassVar
 
 from gshard_mt.moe import expert_choice, gating, topk
-from gshard_mt.moe.config import ROUTERS, MoeConfig
+from gshard_mt.config.moe import ROUTERS, MoeConfig
 
 
 class Router:

@@ -14,9 +14,9 @@ import jax
 import numpy as np
 import optax
 
+from gshard_mt.config.moe import MoeConfig
 from gshard_mt.data import pipeline
 from gshard_mt.model.transformer import Transformer
-from gshard_mt.moe.config import MoeConfig
 from gshard_mt.parallel import distributed
 from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.parallel import rules as rules_lib

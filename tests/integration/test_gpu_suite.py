@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gshard_mt.moe.config import DISPATCHES
+from gshard_mt.config.moe import DISPATCHES
 from tests.helpers import ROOT
 
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from gshard_mt.config.defaults import get_config
-from gshard_mt.moe.config import MoeConfig
+from gshard_mt.config.moe import MoeConfig
 from tests.helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gshard_mt.config.moe import MoeConfig
 from gshard_mt.errors import ConfigError
-from gshard_mt.moe.config import MoeConfig
 from gshard_mt.moe.layer import expert_ffn
 from gshard_mt.tpu.kernels import expert_ffn as expert_kernel
 from tests.helpers import ROOT, run_on_cpu_devices

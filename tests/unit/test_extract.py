@@ -37,7 +37,7 @@ def test_kept_experts_top_up_to_the_most_any_layer_chose():
 
 
 def test_chosen_experts_follow_the_routers_rule_bias_included():
-  from gshard_mt.moe.config import MoeConfig
+  from gshard_mt.config.moe import MoeConfig
 
   vectors = np.eye(3, 4)  # three languages
   wg = np.stack([np.eye(4) * 3, np.eye(4)[::-1] * 3])  # two scanned units [U, M, E]

@@ -192,7 +192,7 @@ def test_the_moe_layer_on_a_hopper_gpu_gets_the_mosaic_kernels(monkeypatch):
   experts, input) equal those of moe.grouped_kernel='ragged_dot' within bf16 rounding."""
   import flax.linen as nn
 
-  from gshard_mt.moe.config import MoeConfig
+  from gshard_mt.config.moe import MoeConfig
   from gshard_mt.moe.layer import MoeFeedForward
 
   def layer(kernel):

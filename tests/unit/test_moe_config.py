@@ -5,10 +5,10 @@ import dataclasses
 import pytest
 
 from gshard_mt.config import defaults
+from gshard_mt.config import moe as moe_config
+from gshard_mt.config.moe import MoeConfig
 from gshard_mt.errors import ConfigError
-from gshard_mt.moe import config as moe_config
 from gshard_mt.moe import dispatch, layer
-from gshard_mt.moe.config import MoeConfig
 
 
 def test_the_config_files_moe_section_is_exactly_moe_config():

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from gshard_mt.config.moe import MoeConfig
 from gshard_mt.errors import ConfigError
 from gshard_mt.moe import gating, manual
-from gshard_mt.moe.config import MoeConfig
 from gshard_mt.moe.gating import expert_capacity
 from gshard_mt.moe.layer import MoeFeedForward
 

@@ -84,7 +84,7 @@ def test_a_compiled_moe_layer_flops_match_the_compiler():
   import jax.numpy as jnp
   import libtpu  # noqa: F401 - .[test] installs it on Linux: a missing or broken one fails, never skips
 
-  from gshard_mt.moe.config import MoeConfig
+  from gshard_mt.config.moe import MoeConfig
   from gshard_mt.moe.layer import MoeFeedForward
   from gshard_mt.tpu.estimates import tpu_compiler as tpu
 

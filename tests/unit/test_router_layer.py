@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from gshard_mt import config as config_lib
+from gshard_mt.config.moe import MoeConfig
 from gshard_mt.errors import ConfigError
 from gshard_mt.moe import balance, gating, routers
-from gshard_mt.moe.config import MoeConfig
 from gshard_mt.moe.layer import MoeFeedForward
 from tests.helpers import small_config
 

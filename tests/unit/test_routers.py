@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from gshard_mt.errors import ConfigError
-from gshard_mt.moe import config as moe_config
+from gshard_mt.config import moe as moe_config
 from gshard_mt.moe import expert_choice, gating, routers, topk
-from gshard_mt.moe.config import MoeConfig
+from gshard_mt.config.moe import MoeConfig
 
 
 def softmax(x):

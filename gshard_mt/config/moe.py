@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from gshard_mt.config.choices import ROUTERS
 from gshard_mt.errors import ConfigError
-from gshard_mt.registry import Registry
 
-# moe.router: name -> router class (`gshard_mt.moe.routers.Router`); the built-in ones register when read first.
-ROUTERS = Registry("moe.router", builtins="gshard_mt.moe.routers")
 BALANCES = ("aux_loss", "bias")
 SECOND_EXPERT_POLICIES = ("all", "random")
 # All automatic (XLA places the all-to-alls) but shard_map.
