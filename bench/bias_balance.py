@@ -12,8 +12,8 @@ law, under two rules for the selection biases, from the same initialisation and 
 For each it records, per MoE layer, the spread (max / min over experts) of the asked-for load, summed over the
 first 10 steps and over the last 50, and the fraction of assignments capacity dropped.
 
-  python bench/bias_balance.py                       # 300 steps, gamma 0.01; about a minute on 2 CPU cores
-  python bench/bias_balance.py --steps 500 --rate 0.001
+  python bench/bias_balance.py                       # 300 steps, gamma 0.01, seeds 0-2: about 4 min on 2 CPU cores
+  python bench/bias_balance.py --steps 500 --rate 0.001 --seeds 0
 
 Writes bench/results/bias_balance.json (or --out) and prints it.
 """
@@ -129,28 +129,40 @@ def _summary(counts: list[dict], dropped: list[dict]) -> dict:
   return out
 
 
+def _mean_end_spread(runs: list[dict]) -> dict:
+  """{rule: {layer: mean over seeds of the end's max / min}} (None where some seed left an expert unasked)."""
+  out = {}
+  for rule in ("kept", "requested"):
+    ends = [r["end"] for r in runs if r["rule"] == rule]
+    spreads = {layer: [e[layer]["spread"] for e in ends] for layer in ends[0]}
+    out[rule] = {layer: None if None in v else float(np.mean(v)) for layer, v in spreads.items()}
+  return out
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--steps", type=int, default=300)
   parser.add_argument("--rate", type=float, default=0.01)
-  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--seeds", default="0,1,2", help="initialisations and data orders, comma-separated")
   parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "bias_balance.json"))
   args = parser.parse_args()
   config = get_config(args.rate)
   started = time.perf_counter()
-  state, step = compiled(config, args.seed)
-  runs = [run(rule, config, state, step, args.steps, args.seed) for rule in ("kept", "requested")]
+  runs = []
+  for seed in (int(s) for s in args.seeds.split(",")):
+    state, step = compiled(config, seed)
+    runs += [{"seed": seed} | run(rule, config, state, step, args.steps, seed) for rule in ("kept", "requested")]
   result = {"date": datetime.date.today().isoformat(), "device": jax.devices()[0].device_kind,
             "jax": jax.__version__, "python": platform.python_version(),
-            "command": f"python bench/bias_balance.py --steps {args.steps} --rate {args.rate} --seed {args.seed}",
+            "command": f"python bench/bias_balance.py --steps {args.steps} --rate {args.rate} --seeds {args.seeds}",
             "setup": {"router": "switch", "capacity_factor": 1.0, "E": E, "S": 64, "C": 64 // E, "rows": B,
                       "length": L, "vocab": V, "gamma": args.rate, "steps": args.steps},
-            "runs": runs, "seconds": round(time.perf_counter() - started, 1)}
+            "runs": runs, "mean_end_spread": _mean_end_spread(runs), "seconds": round(time.perf_counter() - started, 1)}
   pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
   pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
   for r in runs:
     for when in ("start", "end"):
-      print(r["rule"], when, {layer: (s["spread"], round(s["max_over_mean"], 2), round(s["dropped"], 3))
+      print(r["seed"], r["rule"], when, {layer: (s["spread"], round(s["max_over_mean"], 2), round(s["dropped"], 3))
                               for layer, s in r[when].items()})
   print(f"{result['seconds']} s; wrote {args.out}")
 
