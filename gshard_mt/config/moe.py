@@ -78,7 +78,9 @@ class MoeConfig:
 
   @classmethod
   def from_config(cls, moe_section) -> MoeConfig:
-    """From the config file's `moe` section (a ConfigDict or dict with these keys)."""
+    """From a config's `moe` section (a MoeConfig already, or a mapping with these keys)."""
+    if isinstance(moe_section, MoeConfig):
+      return moe_section
     return cls(**{f.name: moe_section[f.name] for f in dataclasses.fields(cls)})
 
   def validate(self, *, used: bool = True) -> MoeConfig:

@@ -18,7 +18,7 @@ import numpy as np
 from flax import struct
 
 from gshard_mt.batch import BATCH_KEYS
-from gshard_mt.config import choices
+from gshard_mt.config import choices, platforms
 from gshard_mt.config.moe import MoeConfig
 from gshard_mt.model import layers
 from gshard_mt.model.layers import Attention, DenseFFN, layer_norm, packing_mask, shift_right, sinusoidal, source_bias
@@ -81,10 +81,14 @@ class TransformerConfig:
   moe: MoeConfig = MoeConfig()
 
   @classmethod
-  def from_config(cls, config, vocab_size: int) -> TransformerConfig:
+  def from_config(cls, config, vocab_size: int, platform: str | None = None) -> TransformerConfig:
     """From a config's `model` and `moe` sections (every `model` key is a field here; dtypes by name; a key that an
-    older run's config lacks keeps its default)."""
-    model = dict(config.model)
+    older run's config lacks keeps its default), each `auto` option resolved for `platform` (the devices'
+    `jax.Device.platform`; None: JAX's default backend)."""
+    model = dataclasses.asdict(config.model) if dataclasses.is_dataclass(config.model) else dict(config.model)
+    flat = {f"model.{key}": value for key, value in model.items()}
+    model |= {key.split(".")[1]: value for key, value in
+              platforms.chosen(flat, platform or jax.default_backend()).items()}
     model |= {key: jnp.dtype(model[key]) for key in ("dtype", "residual_dtype") if key in model}
     return cls(vocab_size=vocab_size, moe=MoeConfig.from_config(config.moe), **model)
 

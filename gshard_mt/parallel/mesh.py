@@ -16,9 +16,9 @@ MESH_AXES = ("data", "expert", "model")
 
 def dcn_shape(config) -> tuple[int, int, int]:
   """(data, expert, model): how many slices (the DCN granules: TPU slices, or processes) each mesh axis spans."""
-  dcn = tuple(config.dcn_mesh[a] for a in ("data", "expert", "model"))
+  dcn = tuple(getattr(config.dcn_mesh, a) for a in ("data", "expert", "model"))
   if any(not isinstance(v, int) or v < 1 for v in dcn):
-    raise ConfigError(f"dcn_mesh sizes must be positive integers, got {dict(config.dcn_mesh)}")
+    raise ConfigError(f"dcn_mesh sizes must be positive integers, got {dcn}")
   return dcn
 
 

@@ -66,17 +66,14 @@ def parse_remat_policies(text: str) -> list[str]:
 
 
 def fit_group_size(config, num_devices: int) -> int | None:
-  """When the MoE groups of a microbatch do not work on this mesh (`config.moe_group_error`), sets
-  `config.moe.group_size` to the largest size below the configured one that works; returns the new size (None:
-  the configured one works, or nothing smaller does)."""
+  """When the MoE groups of a microbatch do not work on this mesh (`config.moe_group_error`), the largest
+  moe.group_size below the configured one that works (None: the configured one works, or nothing smaller does)."""
   group_devices = mesh_lib.devices_of(config, num_devices, "group")
   if config_lib.moe_group_error(config, group_devices) is None:
     return None
   tokens = max(config_lib.microbatch_rows(config) * length for length in config_lib.row_lengths(config))
   size = next((s for s in range(min(config.moe.group_size, tokens), 0, -1)
                if config_lib.moe_group_error(config, group_devices, s) is None), None)
-  if size is not None:
-    config.moe.group_size = size
   return size
 
 
@@ -86,7 +83,7 @@ def load_for(config_path: str, overrides: dict, num_devices: int):
   before = config.moe.group_size
   if (size := fit_group_size(config, num_devices)) is not None:
     print(f"moe.group_size={before} does not split over this mesh; using moe.group_size={size}", file=sys.stderr)
-  config_lib.validate(config)
+    config = config_lib.replace(config, {"moe.group_size": size})
   mesh_lib.check(config, num_devices)
   return config
 
@@ -141,7 +138,7 @@ def remat_policies(config, devices, report: dict, policies: list[str], with_time
     if policy != config.model.remat:
       print(f"model.remat={policy}: compiling the step", file=sys.stderr, flush=True)
     r = report if policy == config.model.remat else dry_run(
-        config_lib.apply_overrides(config.copy_and_resolve_references(), {"model.remat": policy}), devices, with_time)
+        config_lib.replace(config, {"model.remat": policy}), devices, with_time)
     out[policy] = {"peak": r["per_device_bytes"]["peak"], "temp": r["per_device_bytes"]["temp"],
                    "step_seconds": r.get("estimate", {}).get("step_seconds"), "compile_seconds": r["compile_seconds"]}
   return out

@@ -100,9 +100,9 @@ def main(argv):
     unknown = [lang for lang, tag in zip(languages, tags) if tag is None]
     raise WorkdirError(f"{args.workdir}: no source-language tag for {unknown} in its vocabulary")
   params, count, kept = extract_params(jax.device_get(run.params), run.model_cfg, tags)
-  config.moe.num_experts = count
   prepared = str(prepare_lib.root(config.data, args.workdir))  # the same corpus and tokenizer
-  config.data.prepared_dir = prepared if "://" in prepared else os.path.abspath(prepared)
+  config = config_lib.replace(config, {"moe.num_experts": count, "data.prepared_dir": prepared if "://" in prepared
+                                       else os.path.abspath(prepared)})
   config_lib.save(config, output)
   setup = build(config, run.data.tokenizer.vocab_size)
   params = jax.device_put(params, setup.state_shardings.params)

@@ -249,7 +249,6 @@ def reached_preemption_point(step: int) -> bool:
 def prepare(config, workdir) -> pipeline.Data:
   """Checks and saves the config, then loads the data: process 0 prepares the corpus when it is missing (reads it,
   trains the tokenizer, writes the shards) while the others wait, then every process memory-maps the same shards."""
-  config_lib.validate(config)
   mesh_lib.check(config, jax.device_count())
   if jax.process_index() == 0:
     config_lib.save(config, workdir)

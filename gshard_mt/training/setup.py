@@ -13,13 +13,12 @@ import jax.numpy as jnp
 import optax
 
 from gshard_mt import config as config_lib
+from gshard_mt.config import platforms
 from gshard_mt.errors import ConfigError
 from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch
 from gshard_mt.parallel import chips, shardings
 from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.parallel import rules as rules_lib
-from gshard_mt.tpu.kernels import expert_ffn as expert_kernel
-from gshard_mt.tpu.kernels import vmem as pallas_vmem
 from gshard_mt.training import checkpoint as checkpoint_lib
 from gshard_mt.training.optimizer import make_optimizer
 from gshard_mt.training.step import TrainState, train_step
@@ -83,12 +82,14 @@ def _pallas_config(config, model_cfg, device):
   chip = chips.chip_of(device.device_kind)
   if chip is None:  # a TPU the table does not know: the compiler decides
     return model_cfg
+  from gshard_mt.tpu.kernels import expert_ffn, vmem  # optional: TPU kernels, only when an option asks for them
+
   itemsize = jnp.dtype(model_cfg.dtype).itemsize
   problems = {
-      "model.attention": lambda: pallas_vmem.tpu_problem(
+      "model.attention": lambda: vmem.tpu_problem(
           chip.vmem_bytes, config_lib.row_lengths(config), model_cfg.emb_dim, model_cfg.num_heads * model_cfg.head_dim,
           jnp.dtype(model_cfg.residual_dtype).itemsize, itemsize),
-      "moe.expert_kernel": lambda: expert_kernel.tpu_problem(chip.vmem_bytes, model_cfg.emb_dim,
+      "moe.expert_kernel": lambda: expert_ffn.tpu_problem(chip.vmem_bytes, model_cfg.emb_dim,
                                                              model_cfg.moe.hidden_dim, itemsize)}
   for key in keys:
     if problem := problems[key]():
@@ -96,10 +97,21 @@ def _pallas_config(config, model_cfg, device):
   return dataclasses.replace(model_cfg, kernel_vmem=chip.vmem_bytes)
 
 
+def model_config(config, vocab_size: int, platform: str) -> TransformerConfig:
+  """The model's config for devices of `platform`, its `auto` options resolved there (and logged)."""
+  model_cfg = TransformerConfig.from_config(config, vocab_size, platform)
+  resolved = {key: getattr(model_cfg, key.split(".")[1]) for key, value in config_lib.flatten(
+      config_lib.to_dict(config)).items() if value == platforms.AUTO and key.startswith("model.")}
+  if resolved:
+    log.info("auto options on %s: %s", platform, ", ".join(f"{k}={jnp.dtype(v).name if 'dtype' in k else v}"
+                                                          for k, v in resolved.items()))
+  return model_cfg
+
+
 def build(config, vocab_size: int, devices=None) -> Setup:
   """Model, optimizer, mesh and the shardings of the train state, all without allocating anything."""
-  model_cfg = TransformerConfig.from_config(config, vocab_size)
   mesh = mesh_lib.make_mesh(config, devices)
+  model_cfg = model_config(config, vocab_size, mesh.devices.flat[0].platform)
   model_cfg = _pallas_config(config, model_cfg, mesh.devices.flat[0])
   if config.optimizer.kernel == "pallas" and mesh.devices.flat[0].platform != "tpu":
     _warn_interpreted("optimizer.kernel", mesh.devices.flat[0].platform)

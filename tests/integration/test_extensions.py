@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gshard_mt.config.choices import ROUTERS, SCHEDULES, SOURCES
+from gshard_mt.config.choices import SCHEDULES, SOURCES
 from gshard_mt.data import corpus
 from gshard_mt.data.sources import Part, Source
 from gshard_mt.training import loop

@@ -4,6 +4,7 @@ tokenizer (no UNK) trained on its training sides (the official splits: tests/uni
 import numpy as np
 import pytest
 
+from gshard_mt import config as config_lib
 from gshard_mt.data import pipeline, sources, tokenizer
 from tests.helpers import small_config
 
@@ -46,8 +47,7 @@ def test_joined_sources_keep_streams_apart_and_share_the_language_tag(joined):
 
 def test_a_language_code_selects_all_its_streams(joined):
   config, _ = joined
-  config.data.languages = "deu.multi30k"
-  splits, _ = sources.load_corpus(config.data)
+  splits, _ = sources.load_corpus(config_lib.replace(config, {"data.languages": "deu.multi30k"}).data)
   assert sorted(splits["train"]) == ["deu.multi30k"]
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from gshard_mt import config as config_lib
+from gshard_mt.config.sections import ModelConfig
 from gshard_mt.errors import ConfigError
 from gshard_mt.model import layers
 from gshard_mt.model.transformer import Transformer, TransformerConfig
@@ -98,8 +99,7 @@ def packed_batch(B: int, L: int, vocab: int) -> dict:
 def transformer_loss_and_grads(config, attention: str, batch: dict):
   """A training step's loss (config's dropout on) and its gradients with model.attention=`attention`, from the
   parameters that seed 0 gives every attention alike."""
-  config = config.copy_and_resolve_references()
-  config.model.attention = attention
+  config = config_lib.replace(config, {"model.attention": attention})
   model_cfg = TransformerConfig.from_config(config, config.data.vocab_size)
   params = Transformer(dataclasses.replace(model_cfg, attention="xla")).init(jax.random.key(0), batch)["params"]
   model = Transformer(model_cfg, deterministic=False)
@@ -124,7 +124,7 @@ def test_fused_attention_refuses_attention_dropout():
     config_lib.load(ROOT / "configs" / "tiny.py", {"model.attention": "fused", "model.attention_dropout_rate": "0.1"})
   with pytest.raises(ConfigError, match=r"model.attention='flash': expected one of \('xla', 'fused', 'pallas'\)"):
     config_lib.load(ROOT / "configs" / "tiny.py", {"model.attention": "flash"})
-  assert config_lib.CHOICES["model.attention"] is layers.ATTENTIONS
+  assert ModelConfig.CHOICES["attention"] is layers.ATTENTIONS
 
 
 def test_cudnn_on_a_gpu_when_it_takes_the_inputs_else_xla():

@@ -7,6 +7,7 @@ import jax
 import pytest
 
 from gshard_mt import config as config_lib
+from gshard_mt.config.sections import MeshConfig
 from gshard_mt.errors import ConfigError
 from gshard_mt.parallel import mesh as mesh_lib
 from tests.helpers import ROOT
@@ -47,6 +48,6 @@ def test_make_mesh_names_the_axes_in_order():
 
 
 def test_dcn_shape_reads_the_three_axes_in_mesh_order():
-  assert mesh_lib.dcn_shape(types.SimpleNamespace(dcn_mesh={"model": 3, "data": 2, "expert": 1})) == (2, 1, 3)
+  assert mesh_lib.dcn_shape(types.SimpleNamespace(dcn_mesh=MeshConfig(model=3, data=2, expert=1))) == (2, 1, 3)
   with pytest.raises(ConfigError, match="dcn_mesh sizes must be positive integers"):
-    mesh_lib.dcn_shape(types.SimpleNamespace(dcn_mesh={"data": 0, "expert": 1, "model": 1}))
+    mesh_lib.dcn_shape(types.SimpleNamespace(dcn_mesh=types.SimpleNamespace(data=0, expert=1, model=1)))

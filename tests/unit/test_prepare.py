@@ -86,8 +86,7 @@ def write_folder(folder, languages=("fra", "deu"), n=300):
 
 
 def test_a_preparation_is_shared_by_runs_and_keyed_by_files_and_settings(tmp_path, monkeypatch):
-  config = write_folder(tmp_path / "corpus")
-  config.data.prepared_dir = str(tmp_path / "prepared")
+  config = config_lib.replace(write_folder(tmp_path / "corpus"), {"data.prepared_dir": str(tmp_path / "prepared")})
   gone = subprocess.Popen(["true"])
   gone.wait()  # a preparation killed midway left its staging folder: the next one removes it
   (tmp_path / "prepared" / f".{prepare_lib.key(config.data)[0]}.tmp{gone.pid}" / "part0.fra.train.src_text").mkdir(
@@ -96,9 +95,7 @@ def test_a_preparation_is_shared_by_runs_and_keyed_by_files_and_settings(tmp_pat
   assert first.parent == tmp_path / "prepared" and first.name == prepare_lib.key(config.data)[0]
   monkeypatch.setattr(prepare_lib, "build", lambda *a: pytest.fail("prepared again"))
   assert prepare_lib.ensure(config.data, tmp_path / "run2") == first  # another run of the same data and settings
-  config.data.dev_fraction = 0.2
-  assert prepare_lib.key(config.data)[0] != first.name
-  config.data.dev_fraction = 0.1
+  assert prepare_lib.key(config_lib.replace(config, {"data.dev_fraction": 0.2}).data)[0] != first.name
   (tmp_path / "corpus" / "c.fra-eng.fra").write_text("changed\n" * 300)
   assert prepare_lib.key(config.data)[0] != first.name
   assert [p.name for p in (tmp_path / "prepared").iterdir()] == [first.name]  # no staging folder left
@@ -109,7 +106,7 @@ def test_a_parallel_preparation_writes_what_a_serial_one_does(tmp_path):
   config = write_folder(tmp_path / "corpus", ("fra", "deu", "spa"), 400)
   directories = []
   for processes in (1, 2):
-    config.data.prepared_dir = str(tmp_path / f"prepared{processes}")
+    config = config_lib.replace(config, {"data.prepared_dir": str(tmp_path / f"prepared{processes}")})
     directories.append(prepare_lib.ensure(config.data, tmp_path / "run", processes))
   serial, parallel = ({p.name: p.read_bytes() for p in d.iterdir() if p.name != shards.MANIFEST} for d in directories)
   assert serial == parallel and len(serial) == 1 + 3 * len(shards.ARRAYS)

@@ -98,9 +98,9 @@ def step_time(config, devices, program, points: dict | None = None) -> dict:
     if (ne, nd) not in points:
       compiles += 1
       print(f"step time: compiling {ne} + {nd} unrolled layer units", file=sys.stderr, flush=True)
-      points[(ne, nd)] = cost(compile_step(config_lib.apply_overrides(config.copy_and_resolve_references(), {
-          "model.num_encoder_layers": str(ne * unit), "model.num_decoder_layers": str(nd * unit),
-          "model.scan_layers": "False"}), devices)[2])
+      points[(ne, nd)] = cost(compile_step(config_lib.replace(config, {
+          "model.num_encoder_layers": ne * unit, "model.num_decoder_layers": nd * unit,
+          "model.scan_layers": False}), devices)[2])
     costs[(ne, nd)] = points[(ne, nd)]
   return {"seconds": extend_to_depth({p: c["seconds"] for p, c in costs.items()}, units),
           "flops": extend_to_depth({p: c["flops"] for p, c in costs.items()}, units),

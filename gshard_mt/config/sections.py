@@ -1,0 +1,338 @@
+"""The config: one frozen dataclass per section, each with its defaults and its own checks (raised as one line
+naming the key), and `Config`, the run's keys holding the sections. Config files edit `defaults.get_config()`
+(made from these dataclasses) and `gshard_mt.config.parse` turns the result into a `Config` once, where the
+command line meets the code. docs/config.md documents every key (tests/unit/test_docs.py checks it against these
+defaults). Plain Python, no JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from typing import Any, ClassVar
+
+from gshard_mt.config import choices
+from gshard_mt.config.moe import MoeConfig
+from gshard_mt.config.platforms import WithAuto
+from gshard_mt.errors import ConfigError, article
+
+DTYPES = ("float32", "bfloat16")
+LENGTH_KEYS = ("data.max_length", "data.max_target_length")  # the row lengths of `row_lengths`, in order
+
+
+class Section:
+  """Checks shared by the sections, from tables of keys: CHOICES (key -> allowed values or a registry), POSITIVE
+  (integers > 0), NONNEGATIVE (integer keys where 0 is allowed -> what 0 means), RANGES (float keys -> (test, the
+  range in words)); each field's value must have its annotated type. KEY: the section's name in the config."""
+
+  KEY: ClassVar[str] = ""
+  CHOICES: ClassVar[dict[str, Any]] = {}
+  POSITIVE: ClassVar[tuple[str, ...]] = ()
+  NONNEGATIVE: ClassVar[dict[str, str]] = {}
+  RANGES: ClassVar[dict[str, tuple]] = {}
+
+  def __post_init__(self):
+    self.check_types()
+    self.check_values()
+
+  def key(self, name: str) -> str:
+    return f"{self.KEY}.{name}" if self.KEY else name
+
+  def check_types(self):
+    hints = typing.get_type_hints(type(self))
+    for f in dataclasses.fields(self):
+      value, kind = getattr(self, f.name), hints[f.name]
+      if kind in (int, float, str, bool) and not _is(value, kind):
+        raise ConfigError(f"{self.key(f.name)}={value!r}: expected {article(kind.__name__)}, got "
+                          f"{article(type(value).__name__)}")
+
+  def check_values(self):
+    for name, allowed in self.CHOICES.items():
+      if getattr(self, name) not in allowed:
+        raise ConfigError(f"{self.key(name)}={getattr(self, name)!r}: expected one of {tuple(allowed)}")
+    for name in self.POSITIVE:
+      if getattr(self, name) <= 0:
+        raise ConfigError(f"{self.key(name)}={getattr(self, name)!r}: expected a positive integer")
+    for name, zero in self.NONNEGATIVE.items():
+      if getattr(self, name) < 0:
+        raise ConfigError(f"{self.key(name)}={getattr(self, name)!r}: expected an integer >= 0 ({zero})")
+    for name, (test, expected) in self.RANGES.items():
+      if not math.isfinite(value := getattr(self, name)) or not test(value):
+        raise ConfigError(f"{self.key(name)}={value!r}: expected a finite number {expected}")
+
+
+def _is(value, kind) -> bool:
+  """Whether `value` is of the config type `kind` (an int is a float; a bool is no int)."""
+  if kind is float:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+  return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+
+
+def _fraction(low_open: bool = False):
+  return (lambda x: 0 < x <= 1, "in (0, 1]") if low_open else (lambda x: 0 <= x < 1, "in [0, 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig(Section):
+  """Where the pairs come from, how they are split and tokenized, and the rows they are packed into."""
+
+  KEY: ClassVar[str] = "data"
+  POSITIVE: ClassVar[tuple[str, ...]] = ("max_length", "vocab_size")
+  NONNEGATIVE: ClassVar[dict[str, str]] = {"max_target_length": "0 = data.max_length",
+                                           "min_eval_pairs": "0 = no minimum"}
+  RANGES: ClassVar[dict[str, tuple]] = {"dev_fraction": _fraction(), "test_fraction": _fraction(),
+                                        "character_coverage": _fraction(low_open=True)}
+
+  # 'tatoeba', 'multi30k' (both shipped), 'folder', 'tsv', 'tfds:NAME' (e.g. 'tfds:wmt19_translate/de-en'), 'tfds'
+  # (= tfds:<data.tfds_name>); join with '+' (the classes of config.choices.SOURCES)
+  source: str = "tatoeba"
+  path: str = ""  # folder or TSV file for 'folder' / 'tsv'
+  prepared_dir: str = ""  # where prepared corpora live, shared by runs (local or gs://...); '' = <workdir>/tokenizer
+  tfds_name: str = ""  # e.g. 'wmt19_translate/de-en'
+  tfds_data_dir: str = ""
+  tfds_source_key: str = ""  # '' = the non-English language of the Translation feature
+  languages: str = ""  # comma-separated codes; '' = all
+  dev_fraction: float = 0.1
+  test_fraction: float = 0.1
+  min_eval_pairs: int = 5
+  vocab_size: int = 8000
+  character_coverage: float = 0.9995
+  source_tags: bool = True  # prepend a <xx> source-language tag
+  temperature: float = 5.0  # language sampling p ~ n^(1/T); 1 = proportional, inf = uniform
+  max_length: int = 64  # source tokens per training row (longer pairs are filtered); both sides in evaluation
+  max_target_length: int = 0  # target tokens per training row (longer pairs are filtered); 0 = max_length
+  seed: int = 0
+  prefetch: int = 2  # batches prepared ahead, on the devices
+
+  def check_values(self):
+    super().check_values()
+    sources = self.source.split("+")
+    if not all(s.partition(":")[0] in choices.SOURCES for s in sources) or len(set(sources)) != len(sources):
+      raise ConfigError(f"data.source={self.source!r}: expected one of {choices.SOURCES.names()} (tfds:NAME for "
+                        "a TFDS dataset), or several different ones joined with '+' (e.g. 'tatoeba+multi30k')")
+    if not self.temperature > 0:
+      raise ConfigError(f"data.temperature={self.temperature}: expected > 0 (inf for uniform)")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig(Section):
+  """The Transformer's shape and numerics (letters: M model dim; the MoE layer's are in `moe`)."""
+
+  KEY: ClassVar[str] = "model"
+  CHOICES: ClassVar[dict[str, Any]] = {
+      "positions": ("sinusoidal", "learned"), "embedding": choices.EMBEDDINGS, "dtype": DTYPES,
+      "residual_dtype": WithAuto(DTYPES), "dropout_rng": WithAuto(choices.DROPOUT_KEYS),
+      "remat": choices.REMAT_POLICIES, "attention": WithAuto(choices.ATTENTIONS)}
+  POSITIVE: ClassVar[tuple[str, ...]] = ("emb_dim", "num_heads", "head_dim", "mlp_dim", "max_position")
+  NONNEGATIVE: ClassVar[dict[str, str]] = {"moe_interval": "0 = dense", "num_encoder_layers": "0 = none",
+                                           "num_decoder_layers": "0 = none"}
+  RANGES: ClassVar[dict[str, tuple]] = {"dropout_rate": _fraction(), "attention_dropout_rate": _fraction()}
+
+  emb_dim: int = 512  # M
+  num_heads: int = 8
+  head_dim: int = 64
+  mlp_dim: int = 2048  # hidden size of the dense FFNs
+  num_encoder_layers: int = 6
+  num_decoder_layers: int = 6
+  moe_interval: int = 2  # every 2nd FFN is MoE; 0 = dense baseline
+  share_embeddings: bool = True  # one input embedding for source and target
+  tied_logits: bool = False  # output logits through the target embedding (its input token then starts high)
+  embedding: str = "vaswani"  # embedding scale scheme (model.EMBEDDING_SCHEMES): 'vaswani' or 't5'
+  positions: str = "sinusoidal"  # or 'learned'
+  max_position: int = 512  # for learned positions
+  dropout_rate: float = 0.1
+  # the dropout masks' random bits (model.layers.DROPOUT_KEYS): 'threefry', or 'rbg' (XLA's RngBitGenerator);
+  # 'auto' = the platform's (config.platforms: rbg on GPUs, threefry elsewhere)
+  dropout_rng: str = "auto"
+  attention_dropout_rate: float = 0.0
+  # 'xla': einsums with an additive mask (the reference; attention dropout); 'fused': jax.nn.dot_product_attention
+  # with a boolean mask, cuDNN's flash attention on GPUs; 'pallas': the whole block in Pallas kernels for TPUs
+  # (gshard_mt.tpu.kernels.attention; interpret mode elsewhere, for tests; no attention dropout); 'auto' = the
+  # platform's (config.platforms: fused on GPUs, xla elsewhere)
+  attention: str = "auto"
+  dtype: str = "bfloat16"  # computation; parameters are float32
+  # the residual stream: 'float32' or 'bfloat16' (layer norms stay float32); 'auto' = bfloat16 on GPUs, else float32
+  residual_dtype: str = "auto"
+  remat: str = "none"  # what a layer unit keeps for the backward pass (model.REMAT_POLICIES): 'none', 'full', ...
+  scan_layers: bool = True  # compile one layer unit, not one per layer
+
+  def check_values(self):
+    super().check_values()
+    if self.attention not in ("xla", "auto") and self.attention_dropout_rate:
+      raise ConfigError(f"model.attention={self.attention!r} has no attention dropout: it needs "
+                        f"model.attention_dropout_rate=0, not {self.attention_dropout_rate}")
+    for key in ("num_encoder_layers", "num_decoder_layers"):
+      if self.moe_interval and getattr(self, key) % self.moe_interval:
+        raise ConfigError(f"model.{key}={getattr(self, key)} is not a multiple of "
+                          f"model.moe_interval={self.moe_interval}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig(Section):
+  """The optimizer, its learning-rate schedule (config.choices.SCHEDULES) and the loss's smoothing."""
+
+  KEY: ClassVar[str] = "optimizer"
+  CHOICES: ClassVar[dict[str, Any]] = {
+      "name": ("adafactor", "adam"), "schedule": choices.SCHEDULES, "warmup": ("linear", "constant"),
+      "kernel": ("xla", "pallas"), "loss_kernel": ("xla", "pallas")}
+  NONNEGATIVE: ClassVar[dict[str, str]] = {"warmup_steps": "0 = none"}
+  RANGES: ClassVar[dict[str, tuple]] = {
+      "learning_rate": (lambda x: x > 0, "> 0"), "grad_clip_norm": (lambda x: x >= 0, ">= 0 (0 = no clipping)"),
+      "weight_decay": (lambda x: x >= 0, ">= 0"), "label_smoothing": _fraction()}
+
+  name: str = "adafactor"  # or 'adam'
+  learning_rate: float = 1.0  # the rate at the end of warmup; 'rsqrt' then decays it as sqrt(warmup / step)
+  schedule: str = "rsqrt"  # reciprocal square root after warmup; or 'constant'
+  warmup: str = "linear"  # during warmup: 'linear' ramp to learning_rate, or 'constant' (held; GShard's)
+  warmup_steps: int = 1000
+  grad_clip_norm: float = 1.0  # the gradient's global norm is clipped to this; 0 = no clipping
+  weight_decay: float = 0.0
+  # 'xla': the optax chain as XLA compiles it; 'pallas': Adafactor's update as Pallas kernels for TPUs, three
+  # passes over each weight (gshard_mt.tpu.kernels.adafactor; interpret mode elsewhere, for tests); same state
+  kernel: str = "xla"
+  label_smoothing: float = 0.1
+  # the loss's reductions of the logits: 'xla' (plain jnp, every platform) or 'pallas' (one Pallas kernel pass for
+  # TPUs, gshard_mt.tpu.kernels.logit_stats: compiled by libtpu, tested in interpret mode, never run on a TPU)
+  loss_kernel: str = "xla"
+
+  def check_values(self):
+    super().check_values()
+    if self.kernel == "pallas" and self.name != "adafactor":
+      raise ConfigError(f"optimizer.kernel='pallas' is Adafactor's update: it needs optimizer.name='adafactor', "
+                        f"not {self.name!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig(Section):
+  """Devices per mesh axis in one slice (`mesh`; data -1 = all the others leave), or slices per axis
+  (`dcn_mesh`: TPU slices joined by the data-centre network, or GPU hosts; each axis is then mesh x dcn_mesh)."""
+
+  KEY: ClassVar[str] = "mesh"
+
+  data: int = -1  # -1 = all devices not used by the other axes
+  expert: int = 1
+  model: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig(Section):
+  """Multi-process runs: every process runs the same command with its own process_id (or, with auto=True, JAX
+  reads them from the cluster: TPU pods, SLURM, ...). One process on one host needs none of this."""
+
+  KEY: ClassVar[str] = "distributed"
+
+  auto: bool = False  # jax.distributed.initialize() with the cluster's own settings
+  coordinator_address: str = ""  # host:port of process 0
+  num_processes: int = 1
+  process_id: int = 0
+
+
+def _default(cls, **values):
+  return dataclasses.field(default_factory=lambda: cls(**values))
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(Section):
+  """The run: its own keys and the sections. What only a combination of sections can break is checked here."""
+
+  CHOICES: ClassVar[dict[str, Any]] = {"nonfinite": ("stop", "skip"), "partitioning": choices.PARTITIONINGS}
+  POSITIVE: ClassVar[tuple[str, ...]] = ("batch_size", "num_microbatches", "num_train_steps", "log_every",
+                                         "checkpoint_every", "keep_checkpoints", "eval_bleu_sentences",
+                                         "eval_bleu_per_language")
+  NONNEGATIVE: ClassVar[dict[str, str]] = {"eval_bleu_every": "0 = never", "eval_every": "0 = never",
+                                           "eval_batches": "0 = all"}
+
+  seed: int = 0
+  batch_size: int = 64  # global rows per step; each row packs several pairs
+  # Gradient accumulation: the step runs batch_size / num_microbatches rows at a time and makes one update (the
+  # whole batch's, MoE groups formed within each microbatch): the paper's batch on fewer chips.
+  num_microbatches: int = 1
+  num_train_steps: int = 1000
+  log_every: int = 50
+  eval_every: int = 500  # dev loss and perplexity
+  eval_batches: int = 20  # dev batches per evaluation (0 = all)
+  # Greedy dev BLEU and chrF++ of a fixed sample, scored as eval.py scores a split: each language's corpus BLEU
+  # over its sampled pairs, then the mean over the languages (0 = never)
+  eval_bleu_every: int = 0
+  # Dev pairs of each language in that sample (all of a language's when it has fewer). Corpus BLEU of a few short
+  # sentences is inflated by sacrebleu's smoothing of absent n-grams: 32 keeps that under 0.3 BLEU on configs/tiny.py
+  eval_bleu_per_language: int = 32
+  eval_bleu_sentences: int = 4096  # the most pairs in the sample (its time): languages beyond it are left out, whole
+  checkpoint_every: int = 500
+  keep_checkpoints: int = 3
+  nonfinite: str = "stop"  # 'stop': stop with a message naming the step; 'skip': skip the update
+  data: DataConfig = _default(DataConfig)
+  model: ModelConfig = _default(ModelConfig)
+  moe: MoeConfig = _default(MoeConfig)
+  optimizer: OptimizerConfig = _default(OptimizerConfig)
+  mesh: MeshConfig = _default(MeshConfig)
+  dcn_mesh: MeshConfig = _default(MeshConfig, data=1)
+  partitioning: str = "expert"  # logical axis rules: 'data', 'expert' or 'expert_model' (parallel.rules)
+  distributed: DistributedConfig = _default(DistributedConfig)
+
+  def check_values(self):
+    super().check_values()
+    if self.batch_size % self.num_microbatches:
+      raise ConfigError(f"num_microbatches={self.num_microbatches} does not divide batch_size={self.batch_size}")
+    mesh, dcn = self.mesh, self.dcn_mesh
+    if mesh.expert < 1 or mesh.model < 1 or (mesh.data < 1 and mesh.data != -1):
+      raise ConfigError(f"mesh sizes must be positive (mesh.data may be -1), got data={mesh.data} "
+                        f"expert={mesh.expert} model={mesh.model}")
+    if min(dcn.data, dcn.expert, dcn.model) < 1:
+      raise ConfigError(f"dcn_mesh sizes must be positive integers, got {dataclasses.asdict(dcn)}")
+    self._check_moe()
+
+  def _check_moe(self):
+    interval = self.model.moe_interval
+    moe = self.moe.validate(used=interval > 0)
+    if not interval:
+      return
+    if (name := moe.language_router()) and not self.data.source_tags:
+      raise ConfigError(f"moe.router={name!r} routes by the source-language tag: it needs data.source_tags=True")
+    expert_axis, model_axis = self.mesh.expert * self.dcn_mesh.expert, self.mesh.model * self.dcn_mesh.model
+    if moe.expert_kernel == "pallas" and self.partitioning == "expert_model" and model_axis > 1:
+      raise ConfigError(f"moe.expert_kernel='pallas' needs each expert's H whole on a device: "
+                        f"partitioning='expert_model' splits it over mesh.model={self.mesh.model}; use "
+                        "moe.expert_kernel='xla', or mesh.model=1")
+    if expert_axis > 1 and moe.num_experts % expert_axis:
+      raise ConfigError(f"moe.num_experts={moe.num_experts} is not divisible by the expert axis, "
+                        f"mesh.expert={self.mesh.expert} x dcn_mesh.expert={self.dcn_mesh.expert}")
+    if error := moe_group_error(self):
+      raise ConfigError(error)
+
+
+def microbatch_rows(config) -> int:
+  """Rows of one microbatch: what each forward and backward pass of a training step sees."""
+  return config.batch_size // config.num_microbatches
+
+
+def row_lengths(config) -> tuple[int, int]:
+  """(source, target) tokens per training row: data.max_length and data.max_target_length (0 = the same).
+  Sources take ~1.6x the tokens of their English targets, so equal lengths leave target slots empty."""
+  return config.data.max_length, config.data.max_target_length or config.data.max_length
+
+
+def moe_group_error(config, group_devices: int = 1, group_size: int | None = None) -> str | None:
+  """Why the MoE groups of a microbatch fail with `group_size` (default moe.group_size), in one line; None if
+  they work. Each side's tokens must be whole groups (or, without microbatches, fewer tokens make one group) and
+  the groups must split over `group_devices`, the devices of the mesh axes the rules give 'group'."""
+  if not config.model.moe_interval:
+    return None
+  size, micro = group_size or config.moe.group_size, config.num_microbatches > 1
+  batch, rows = ("microbatch", "batch_size / num_microbatches") if micro else ("batch", "batch_size")
+  for key, length in zip(LENGTH_KEYS, row_lengths(config)):
+    tokens = microbatch_rows(config) * length
+    if tokens % size and (tokens > size or micro):
+      return (f"moe.group_size={size} does not divide the {tokens} tokens of a {batch} "
+              f"(batch_size={config.batch_size}{f' / num_microbatches={config.num_microbatches}' * micro} x "
+              f"{key}={length})")
+    if (groups := max(tokens // size, 1)) % group_devices:
+      return (f"the {groups} MoE groups of a {batch} ({rows} x {key}={length} / moe.group_size) do not split "
+              f"over the {group_devices} devices of the mesh axes the groups are split over; lower moe.group_size "
+              "or raise batch_size")
+  return None
+
+
+SECTIONS = {"data": DataConfig, "model": ModelConfig, "moe": MoeConfig, "optimizer": OptimizerConfig,
+            "mesh": MeshConfig, "dcn_mesh": MeshConfig, "distributed": DistributedConfig}

@@ -1,0 +1,54 @@
+"""`auto`: each platform's value of the options whose best value differs by platform, resolved where the devices
+are known; config.json keeps `auto`, and runs written with explicit values resume."""
+
+import jax.numpy as jnp
+import pytest
+
+from gshard_mt import config as config_lib
+from gshard_mt.config import platforms
+from gshard_mt.errors import ConfigError
+from gshard_mt.model.transformer import TransformerConfig
+from tests.helpers import small_config
+
+AUTO = {"model.dropout_rng": "auto", "model.attention": "auto", "model.residual_dtype": "auto"}
+
+
+def test_each_platform_gets_its_measured_choices():
+  assert platforms.chosen(AUTO, "gpu") == {"model.dropout_rng": "rbg", "model.attention": "fused",
+                                           "model.residual_dtype": "bfloat16"}
+  assert platforms.chosen(AUTO, "cuda") == platforms.chosen(AUTO, "gpu")
+  for platform in ("tpu", "cpu", "something_new"):
+    assert platforms.chosen(AUTO, platform) == {"model.dropout_rng": "threefry", "model.attention": "xla",
+                                                "model.residual_dtype": "float32"}
+
+
+def test_only_auto_is_resolved_and_attention_dropout_keeps_the_einsums():
+  assert platforms.chosen(AUTO | {"model.attention": "xla"}, "gpu").keys() == {"model.dropout_rng",
+                                                                              "model.residual_dtype"}
+  assert platforms.chosen(AUTO | {"model.attention_dropout_rate": 0.1}, "gpu")["model.attention"] == "xla"
+
+
+def test_the_model_config_is_resolved_for_the_devices_platform():
+  config = small_config()
+  assert (config.model.attention, config.model.dropout_rng, config.model.residual_dtype) == ("auto",) * 3
+  gpu, cpu = (TransformerConfig.from_config(config, 64, p) for p in ("gpu", "cpu"))
+  assert (gpu.attention, gpu.dropout_rng, gpu.residual_dtype) == ("fused", "rbg", jnp.bfloat16)
+  assert (cpu.attention, cpu.dropout_rng, cpu.residual_dtype) == ("xla", "threefry", jnp.float32)
+  explicit = small_config(**{"model.attention": "xla", "model.residual_dtype": "float32"})
+  assert TransformerConfig.from_config(explicit, 64, "gpu").attention == "xla"
+
+
+def test_config_json_keeps_auto_and_runs_with_explicit_values_resume(tmp_path):
+  config = small_config()
+  config_lib.save(config, tmp_path)
+  assert config_lib.load_saved(tmp_path).model.attention == "auto"
+  old = tmp_path / "old"
+  config_lib.save(config_lib.replace(config, {"model.attention": "xla", "model.dropout_rng": "threefry"}), old)
+  config_lib.save(config, old)  # the same run: what auto means on this platform changes no parameter
+  with pytest.raises(ConfigError, match="written for a different run: model.emb_dim"):
+    config_lib.save(config_lib.replace(config, {"model.emb_dim": 64}), old)
+
+
+def test_auto_is_refused_where_an_option_has_no_platform_value():
+  with pytest.raises(ConfigError, match=r"model.remat='auto': expected one of"):
+    small_config(**{"model.remat": "auto"})
