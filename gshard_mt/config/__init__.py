@@ -20,7 +20,8 @@ import ml_collections
 
 from gshard_mt import io
 from gshard_mt.config import platforms
-from gshard_mt.config.sections import SECTIONS, Config, microbatch_rows, moe_group_error, row_lengths  # noqa: F401
+from gshard_mt.config.groups import microbatch_rows, moe_group_error, row_lengths  # noqa: F401  the API
+from gshard_mt.config.sections import SECTIONS, Config
 from gshard_mt.errors import ConfigError, UserError, article
 
 RENAMED_VALUES = {"model.remat": {False: "none", True: "full"}}  # in older runs' config.json: old value -> today's

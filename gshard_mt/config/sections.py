@@ -8,69 +8,16 @@ defaults). Plain Python, no JAX.
 from __future__ import annotations
 
 import dataclasses
-import math
-import typing
 from typing import Any, ClassVar
 
 from gshard_mt.config import choices
+from gshard_mt.config.checks import Section, fraction
+from gshard_mt.config.groups import moe_group_error
 from gshard_mt.config.moe import MoeConfig
 from gshard_mt.config.platforms import WithAuto
-from gshard_mt.errors import ConfigError, article
+from gshard_mt.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16")
-LENGTH_KEYS = ("data.max_length", "data.max_target_length")  # the row lengths of `row_lengths`, in order
-
-
-class Section:
-  """Checks shared by the sections, from tables of keys: CHOICES (key -> allowed values or a registry), POSITIVE
-  (integers > 0), NONNEGATIVE (integer keys where 0 is allowed -> what 0 means), RANGES (float keys -> (test, the
-  range in words)); each field's value must have its annotated type. KEY: the section's name in the config."""
-
-  KEY: ClassVar[str] = ""
-  CHOICES: ClassVar[dict[str, Any]] = {}
-  POSITIVE: ClassVar[tuple[str, ...]] = ()
-  NONNEGATIVE: ClassVar[dict[str, str]] = {}
-  RANGES: ClassVar[dict[str, tuple]] = {}
-
-  def __post_init__(self):
-    self.check_types()
-    self.check_values()
-
-  def key(self, name: str) -> str:
-    return f"{self.KEY}.{name}" if self.KEY else name
-
-  def check_types(self):
-    hints = typing.get_type_hints(type(self))
-    for f in dataclasses.fields(self):
-      value, kind = getattr(self, f.name), hints[f.name]
-      if kind in (int, float, str, bool) and not _is(value, kind):
-        raise ConfigError(f"{self.key(f.name)}={value!r}: expected {article(kind.__name__)}, got "
-                          f"{article(type(value).__name__)}")
-
-  def check_values(self):
-    for name, allowed in self.CHOICES.items():
-      if getattr(self, name) not in allowed:
-        raise ConfigError(f"{self.key(name)}={getattr(self, name)!r}: expected one of {tuple(allowed)}")
-    for name in self.POSITIVE:
-      if getattr(self, name) <= 0:
-        raise ConfigError(f"{self.key(name)}={getattr(self, name)!r}: expected a positive integer")
-    for name, zero in self.NONNEGATIVE.items():
-      if getattr(self, name) < 0:
-        raise ConfigError(f"{self.key(name)}={getattr(self, name)!r}: expected an integer >= 0 ({zero})")
-    for name, (test, expected) in self.RANGES.items():
-      if not math.isfinite(value := getattr(self, name)) or not test(value):
-        raise ConfigError(f"{self.key(name)}={value!r}: expected a finite number {expected}")
-
-
-def _is(value, kind) -> bool:
-  """Whether `value` is of the config type `kind` (an int is a float; a bool is no int)."""
-  if kind is float:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-  return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
-
-
-def _fraction(low_open: bool = False):
-  return (lambda x: 0 < x <= 1, "in (0, 1]") if low_open else (lambda x: 0 <= x < 1, "in [0, 1)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,8 +28,8 @@ class DataConfig(Section):
   POSITIVE: ClassVar[tuple[str, ...]] = ("max_length", "vocab_size")
   NONNEGATIVE: ClassVar[dict[str, str]] = {"max_target_length": "0 = data.max_length",
                                            "min_eval_pairs": "0 = no minimum"}
-  RANGES: ClassVar[dict[str, tuple]] = {"dev_fraction": _fraction(), "test_fraction": _fraction(),
-                                        "character_coverage": _fraction(low_open=True)}
+  RANGES: ClassVar[dict[str, tuple]] = {"dev_fraction": fraction(), "test_fraction": fraction(),
+                                        "character_coverage": fraction(low_open=True)}
 
   # 'tatoeba', 'multi30k' (both shipped), 'folder', 'tsv', 'tfds:NAME' (e.g. 'tfds:wmt19_translate/de-en'), 'tfds'
   # (= tfds:<data.tfds_name>); join with '+' (the classes of config.choices.SOURCES)
@@ -127,7 +74,7 @@ class ModelConfig(Section):
   POSITIVE: ClassVar[tuple[str, ...]] = ("emb_dim", "num_heads", "head_dim", "mlp_dim", "max_position")
   NONNEGATIVE: ClassVar[dict[str, str]] = {"moe_interval": "0 = dense", "num_encoder_layers": "0 = none",
                                            "num_decoder_layers": "0 = none"}
-  RANGES: ClassVar[dict[str, tuple]] = {"dropout_rate": _fraction(), "attention_dropout_rate": _fraction()}
+  RANGES: ClassVar[dict[str, tuple]] = {"dropout_rate": fraction(), "attention_dropout_rate": fraction()}
 
   emb_dim: int = 512  # M
   num_heads: int = 8
@@ -179,7 +126,7 @@ class OptimizerConfig(Section):
   NONNEGATIVE: ClassVar[dict[str, str]] = {"warmup_steps": "0 = none"}
   RANGES: ClassVar[dict[str, tuple]] = {
       "learning_rate": (lambda x: x > 0, "> 0"), "grad_clip_norm": (lambda x: x >= 0, ">= 0 (0 = no clipping)"),
-      "weight_decay": (lambda x: x >= 0, ">= 0"), "label_smoothing": _fraction()}
+      "weight_decay": (lambda x: x >= 0, ">= 0"), "label_smoothing": fraction()}
 
   name: str = "adafactor"  # or 'adam'
   learning_rate: float = 1.0  # the rate at the end of warmup; 'rsqrt' then decays it as sqrt(warmup / step)
@@ -300,38 +247,6 @@ class Config(Section):
                         f"mesh.expert={self.mesh.expert} x dcn_mesh.expert={self.dcn_mesh.expert}")
     if error := moe_group_error(self):
       raise ConfigError(error)
-
-
-def microbatch_rows(config) -> int:
-  """Rows of one microbatch: what each forward and backward pass of a training step sees."""
-  return config.batch_size // config.num_microbatches
-
-
-def row_lengths(config) -> tuple[int, int]:
-  """(source, target) tokens per training row: data.max_length and data.max_target_length (0 = the same).
-  Sources take ~1.6x the tokens of their English targets, so equal lengths leave target slots empty."""
-  return config.data.max_length, config.data.max_target_length or config.data.max_length
-
-
-def moe_group_error(config, group_devices: int = 1, group_size: int | None = None) -> str | None:
-  """Why the MoE groups of a microbatch fail with `group_size` (default moe.group_size), in one line; None if
-  they work. Each side's tokens must be whole groups (or, without microbatches, fewer tokens make one group) and
-  the groups must split over `group_devices`, the devices of the mesh axes the rules give 'group'."""
-  if not config.model.moe_interval:
-    return None
-  size, micro = group_size or config.moe.group_size, config.num_microbatches > 1
-  batch, rows = ("microbatch", "batch_size / num_microbatches") if micro else ("batch", "batch_size")
-  for key, length in zip(LENGTH_KEYS, row_lengths(config)):
-    tokens = microbatch_rows(config) * length
-    if tokens % size and (tokens > size or micro):
-      return (f"moe.group_size={size} does not divide the {tokens} tokens of a {batch} "
-              f"(batch_size={config.batch_size}{f' / num_microbatches={config.num_microbatches}' * micro} x "
-              f"{key}={length})")
-    if (groups := max(tokens // size, 1)) % group_devices:
-      return (f"the {groups} MoE groups of a {batch} ({rows} x {key}={length} / moe.group_size) do not split "
-              f"over the {group_devices} devices of the mesh axes the groups are split over; lower moe.group_size "
-              "or raise batch_size")
-  return None
 
 
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "moe": MoeConfig, "optimizer": OptimizerConfig,

@@ -113,6 +113,8 @@ def dry_run(config, devices, with_time: bool = True, points: dict | None = None)
       "loop_trip_counts": sorted(hlo_lib.loops(hlo).values(), key=lambda t: (t is None, t)),
       "expert_weight_gathers": hlo_lib.gathers_of(hlo, expert_shapes),
       "hlo_instructions": hlo_lib.instruction_count(hlo),
+      # Pallas kernels for TPUs (Mosaic custom calls): none unless a kernel option asks for one
+      "pallas_calls": hlo.count('custom_call_target="tpu_custom_call"'),
       "lower_seconds": round(lower_s, 2), "compile_seconds": round(compile_s, 2),
   }
   if devices[0].platform == "tpu":

@@ -37,20 +37,23 @@ def worker() -> dict:
   from gshard_mt.tools import dryrun
   from gshard_mt.tpu.estimates import tpu_compiler as tpu
 
-  def report(devices, mesh, layers=2):
+  def report(devices, mesh, layers=2, with_time=True):
     start = time.perf_counter()
     config = dryrun.load_for(TINY, {**mesh, "model.num_encoder_layers": str(layers),
                                     "model.num_decoder_layers": str(layers)}, len(devices))
-    r = dryrun.dry_run(config, devices)
+    r = dryrun.dry_run(config, devices, with_time)
     print(f"{devices[0].device_kind}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return {"moe_all_to_all": r["moe_collectives"]["all-to-all"]["count"],
             "all_to_all": r["collectives"]["all-to-all"]["count"], "loops": r["loop_trip_counts"],
-            "per_device_bytes": r["per_device_bytes"], "kind": r["device_kind"], "estimate": r.get("estimate")}
+            "per_device_bytes": r["per_device_bytes"], "kind": r["device_kind"], "estimate": r.get("estimate"),
+            "pallas_calls": r["pallas_calls"]}
 
   cpu = jax.devices("cpu")
   v3_mesh, v5p_mesh = {"mesh.data": "2", "mesh.expert": "4"}, {"mesh.data": "2", "mesh.expert": "2"}
   out = {"cpu8": report(cpu[:8], v3_mesh, layers=4), "v3": report(tpu.topology_devices("v3:2x2"), v3_mesh, layers=4),
-         "cpu4": report(cpu[:4], v5p_mesh), "v5p": report(tpu.topology_devices("v5p:2x2x1"), v5p_mesh)}
+         "cpu4": report(cpu[:4], v5p_mesh), "v5p": report(tpu.topology_devices("v5p:2x2x1"), v5p_mesh),
+         "v5p_loss_kernel": report(tpu.topology_devices("v5p:2x2x1"), v5p_mesh | {"optimizer.loss_kernel": "pallas"},
+                                   with_time=False)}
   one_core = jax.sharding.SingleDeviceSharding(tpu.topology_devices("v3:1x1")[0])
   a = jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16, sharding=one_core)
   cost = tpu.compiler_cost(jax.jit(jnp.matmul).lower(a, a).compile())
@@ -84,6 +87,13 @@ def test_tpu_program_matches_the_cpu_dry_run(compiled, tpu, cpu, kind, moe_all_t
   assert t["per_device_bytes"]["parameters"] == c["per_device_bytes"]["parameters"]
   assert t["per_device_bytes"]["optimizer_state"] == c["per_device_bytes"]["optimizer_state"]
   assert 0 < t["per_device_bytes"]["peak"] < 2**30
+
+
+def test_the_default_tpu_step_has_no_pallas_kernel(compiled):
+  """The default path is plain JAX on a TPU too: no Mosaic custom call unless a kernel option asks for one (here
+  optimizer.loss_kernel='pallas': one kernel, in the loss's forward)."""
+  assert compiled["v3"]["pallas_calls"] == compiled["v5p"]["pallas_calls"] == 0
+  assert compiled["v5p_loss_kernel"]["pallas_calls"] >= 1
 
 
 def test_flops_count_the_scanned_layers_like_the_unrolled_model(compiled):

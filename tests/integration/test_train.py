@@ -19,7 +19,7 @@ from gshard_mt.errors import WorkdirError
 from gshard_mt.evaluation import evaluate
 from gshard_mt.model import decode
 from gshard_mt.training import checkpoint as checkpoint_lib
-from gshard_mt.training import loop
+from gshard_mt.training import dev_eval, loop
 from gshard_mt.training.setup import build
 from tests.helpers import ROOT, small_args, small_config
 
@@ -80,9 +80,9 @@ def test_dev_bleu_is_that_of_the_saved_parameters(uninterrupted):
   """The last step's scores again, from the checkpoint restored as eval.py restores it, outside the training mesh."""
   workdir, result = uninterrupted
   run = evaluate.restore(workdir, split="dev")
-  sample = loop.language_sample(run.data.tokens["dev"], list(run.data.text["dev"]), 2, 1024, run.config.seed)
+  sample = dev_eval.language_sample(run.data.tokens["dev"], list(run.data.text["dev"]), 2, 1024, run.config.seed)
   translator = decode.Translator(run.model_cfg, run.params, beam_size=1, max_len=run.config.data.max_length)
-  scores = loop.evaluate_bleu(translator, run.data, sample, run.config.batch_size, run.config.data.max_length)
+  scores = dev_eval.evaluate_bleu(translator, run.data, sample, run.config.batch_size, run.config.data.max_length)
   assert scores["dev_bleu_greedy"] == pytest.approx(result["dev_bleu_greedy"])
   assert scores["dev_chrf_greedy"] == pytest.approx(result["dev_chrf_greedy"])
 
@@ -94,9 +94,9 @@ def test_dev_bleu_is_what_eval_py_reports_with_greedy_search(uninterrupted, tmp_
   shutil.copytree(uninterrupted[0], workdir)
   run = evaluate.restore(workdir, split="dev")
   languages = ["ell", "kab"]
-  sample = loop.language_sample(run.data.tokens["dev"], languages, 10**6, 10**9, run.config.seed)
+  sample = dev_eval.language_sample(run.data.tokens["dev"], languages, 10**6, 10**9, run.config.seed)
   translator = decode.Translator(run.model_cfg, run.params, beam_size=1, max_len=run.config.data.max_length)
-  training = loop.evaluate_bleu(translator, run.data, sample, run.config.batch_size, run.config.data.max_length)
+  training = dev_eval.evaluate_bleu(translator, run.data, sample, run.config.batch_size, run.config.data.max_length)
   scores = evaluate.evaluate(workdir, split="dev", beam_size=1, languages=languages)
   assert training["dev_bleu_sentences"] == scores["decoding"]["sentences"]
   assert training["dev_bleu_greedy"] == pytest.approx(scores["average"]["bleu"], abs=1e-9)

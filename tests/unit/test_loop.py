@@ -5,7 +5,7 @@ import pytest
 
 from gshard_mt.data import packing
 from gshard_mt.errors import ConfigError
-from gshard_mt.training import loop
+from gshard_mt.training import dev_eval
 from tests.helpers import small_config
 
 
@@ -23,16 +23,16 @@ SIZES = {"fra": 40, "deu": 3, "kab": 1, "ell": 12, "spa": 25}
 
 def test_sample_is_fixed_by_the_seed():
   split = fake_split(SIZES)
-  a, b = (loop.language_sample(split, list(SIZES), 4, 100, seed=0) for _ in range(2))
+  a, b = (dev_eval.language_sample(split, list(SIZES), 4, 100, seed=0) for _ in range(2))
   assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
-  other = loop.language_sample(split, list(SIZES), 4, 100, seed=1)
+  other = dev_eval.language_sample(split, list(SIZES), 4, 100, seed=1)
   assert any(not np.array_equal(a[k], other[k]) for k in a)
 
 
 @pytest.mark.parametrize("per_language", [1, 2, 3, 8, 40, 500])
 def test_sample_takes_the_same_number_of_every_language(per_language):
   split = fake_split(SIZES)
-  sample = loop.language_sample(split, list(SIZES), per_language, 10**6, seed=0)
+  sample = dev_eval.language_sample(split, list(SIZES), per_language, 10**6, seed=0)
   assert sorted(sample) == sorted(SIZES)
   for lang, positions in sample.items():  # distinct, sorted positions among the language's pairs
     assert len(positions) == min(per_language, SIZES[lang])
@@ -44,15 +44,15 @@ def test_a_cap_leaves_whole_languages_out(max_sentences, languages):
   """4 of each language would be 4 + 3 + 1 + 4 + 4 = 16 pairs: a cap below that keeps max_sentences // 4 languages
   (at least one), each with all of its sampled pairs, and the same pairs as without the cap."""
   split = fake_split(SIZES)
-  full = loop.language_sample(split, list(SIZES), 4, 10**6, seed=0)
-  sample = loop.language_sample(split, list(SIZES), 4, max_sentences, seed=0)
+  full = dev_eval.language_sample(split, list(SIZES), 4, 10**6, seed=0)
+  sample = dev_eval.language_sample(split, list(SIZES), 4, max_sentences, seed=0)
   assert len(sample) == languages
   assert all(np.array_equal(positions, full[lang]) for lang, positions in sample.items())
 
 
 def test_sample_skips_languages_without_pairs():
   split = fake_split({"fra": 5, "deu": 0})
-  assert list(loop.language_sample(split, ["fra", "deu"], 10, 100, seed=0)) == ["fra"]
+  assert list(dev_eval.language_sample(split, ["fra", "deu"], 10, 100, seed=0)) == ["fra"]
 
 
 class EchoTranslator:
@@ -73,14 +73,14 @@ class EchoTranslator:
 
 def test_bleu_of_the_references_is_100_and_of_other_sentences_low(data):
   dev = data.tokens["dev"]
-  sample = loop.language_sample(dev, list(data.text["dev"]), 3, 100, seed=0)
+  sample = dev_eval.language_sample(dev, list(data.text["dev"]), 3, 100, seed=0)
   perfect = EchoTranslator(dev)
-  scores = loop.evaluate_bleu(perfect, data, sample, rows=8, max_length=24)
+  scores = dev_eval.evaluate_bleu(perfect, data, sample, rows=8, max_length=24)
   assert scores["dev_bleu_greedy"] == pytest.approx(100.0) and scores["dev_chrf_greedy"] == pytest.approx(100.0)
   assert scores["dev_bleu_sentences"] == 15 and perfect.rows == [8, 8]
   assert scores["dev_bleu_languages"] == 5 and scores["dev_bleu_per_language"] == 3
   # Each language's references line up with its own pairs: another pair's target scores far lower.
-  wrong = loop.evaluate_bleu(EchoTranslator(dev, shift=1), data, sample, rows=8, max_length=24)
+  wrong = dev_eval.evaluate_bleu(EchoTranslator(dev, shift=1), data, sample, rows=8, max_length=24)
   assert wrong["dev_bleu_greedy"] < 30 and wrong["dev_chrf_greedy"] < 50
 
 

@@ -1,4 +1,4 @@
-"""One statistic: the BLEU that training logs (`loop.evaluate_bleu`) and eval.py's average (`evaluate.decode_pairs`,
+"""One statistic: the BLEU that training logs (`dev_eval.evaluate_bleu`) and eval.py's average (`evaluate.decode_pairs`,
 `score_languages`, `averages`) give the same number on the same hypotheses: each language's corpus BLEU, then the
 mean over the languages, which is neither the BLEU of the pooled sentences nor a mean of sentence BLEUs."""
 
@@ -8,7 +8,7 @@ import sacrebleu
 
 from gshard_mt.data import pipeline
 from gshard_mt.evaluation import evaluate
-from gshard_mt.training import loop, scoring
+from gshard_mt.training import dev_eval, scoring
 from tests.helpers import small_config
 
 
@@ -40,8 +40,8 @@ def both(data):
   translator = DegradingTranslator(dev)
   config = small_config()
   languages = sorted(data.text["dev"])
-  everything = loop.language_sample(dev, languages, per_language=10**6, max_sentences=10**9, seed=0)
-  training = loop.evaluate_bleu(translator, data, everything, rows=8, max_length=config.data.max_length)
+  everything = dev_eval.language_sample(dev, languages, per_language=10**6, max_sentences=10**9, seed=0)
+  training = dev_eval.evaluate_bleu(translator, data, everything, rows=8, max_length=config.data.max_length)
   run = evaluate.Restored(workdir=None, config=config, data=data, model_cfg=None, step=0, params=None)
   ids = {lang: pipeline.language_ids(dev, lang) for lang in languages}
   hyp_by_id, _ = evaluate.decode_pairs(translator, run, split="dev", ids=np.concatenate(list(ids.values())), rows=8,
@@ -77,8 +77,8 @@ def test_a_sample_is_scored_on_its_own_references(data):
   """A per-language sample: training's figure is the same statistic over the sampled pairs alone."""
   dev = data.tokens["dev"]
   translator = DegradingTranslator(dev)
-  sample = loop.language_sample(dev, sorted(data.text["dev"]), 4, 1000, seed=3)
-  training = loop.evaluate_bleu(translator, data, sample, rows=8, max_length=24)
+  sample = dev_eval.language_sample(dev, sorted(data.text["dev"]), 4, 1000, seed=3)
+  training = dev_eval.evaluate_bleu(translator, data, sample, rows=8, max_length=24)
   hyps, refs = {}, {}
   for lang, positions in sample.items():
     pairs = translator.by_pair({"index": pipeline.language_ids(dev, lang)[positions]})

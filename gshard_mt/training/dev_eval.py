@@ -1,0 +1,104 @@
+"""The dev evaluations during training: the loss on (some) dev batches, and the greedy BLEU of a fixed sample of
+each language's dev pairs, scored as eval.py scores a split (`scoring`: each language's corpus BLEU and chrF++, then
+the mean over languages)."""
+
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from gshard_mt.data import packing, pipeline
+from gshard_mt.errors import ConfigError
+from gshard_mt.model import decode
+from gshard_mt.model.transformer import Transformer
+from gshard_mt.parallel import distributed, shardings
+from gshard_mt.training import scoring
+from gshard_mt.training.setup import Setup
+from gshard_mt.training.step import eval_step
+
+
+def evaluate_loss(setup: Setup, params, data: pipeline.Data, config, split="dev") -> dict:
+  """Token-level nll, perplexity and accuracy on (up to `config.eval_batches` batches of) a split."""
+  step = jax.jit(functools.partial(eval_step, model=Transformer(setup.model_cfg, deterministic=True)))
+  totals = np.zeros(3)
+  tokens = data.tokens[split]
+  ids = np.random.default_rng(0).permutation(len(tokens))  # a fixed mix of all languages, even when capped
+  batches = pipeline.eval_batches(tokens, config.batch_size, config.data.max_length, ids)
+  with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
+    for i, batch in enumerate(batches):
+      if config.eval_batches and i >= config.eval_batches:
+        break
+      batch.pop("index")
+      local = distributed.process_rows(batch)
+      totals += np.array(jax.device_get(step(params, distributed.global_batch(local, setup.mesh, setup.rules))))
+  nll = totals[0] / max(totals[2], 1)
+  return {f"{split}_loss": nll, f"{split}_perplexity": float(np.exp(min(nll, 50))),
+          f"{split}_accuracy": totals[1] / max(totals[2], 1)}
+
+
+def language_sample(split: packing.TokenizedSplit, languages: list[str], per_language: int, max_sentences: int,
+                    seed: int) -> dict[str, np.ndarray]:
+  """`per_language` pairs of each language (all of a language's pairs when it has fewer), drawn from `seed`; when
+  the languages would give more than `max_sentences` pairs, only the first max_sentences // per_language of them
+  (at least one), in an order drawn from `seed`. Languages without pairs are left out. Returns {language: sorted
+  positions of its chosen pairs among that language's pairs}."""
+  rng = np.random.default_rng(seed)
+  sizes = {lang: len(pipeline.language_ids(split, lang)) for lang in sorted(languages)}
+  order = [str(lang) for lang in rng.permutation(sorted(sizes)) if sizes[lang]]
+  shuffled = {lang: rng.permutation(sizes[lang]) for lang in order}  # drawn for all: a cap keeps the others' draws
+  if sum(min(sizes[lang], per_language) for lang in order) > max_sentences:
+    order = order[:max(max_sentences // per_language, 1)]
+  return {lang: np.sort(shuffled[lang][:per_language]) for lang in sorted(order)}
+
+
+def evaluate_bleu(translator: decode.Translator, data: pipeline.Data, sample: dict[str, np.ndarray], rows: int,
+                  max_length: int) -> dict:
+  """Greedy translations of the sampled dev pairs, scored as eval.py scores a split (`scoring`: each language's
+  corpus BLEU and chrF++ over its sampled sentences, then the mean over the languages): an estimate of
+  `eval.py --split dev --beam_size 1`. `translator` holds the parameters to evaluate."""
+  tokens = data.tokens["dev"]
+  ids = {lang: pipeline.language_ids(tokens, lang)[positions] for lang, positions in sample.items()}
+  order = np.concatenate(list(ids.values()))
+  order = order[np.argsort(tokens.src_len[order], kind="stable")]  # similar lengths decode together
+  out = {}
+  # No partitioning rules while decoding, as in eval.py: a few rows of one token each need not split as training's
+  # batches do (XLA places the work from the parameters' shardings).
+  with nn.logical_axis_rules(()):
+    for batch in pipeline.eval_batches(tokens, rows, max_length, order):
+      out.update(translator.by_pair(batch))
+  hyps = {lang: [data.tokenizer.decode(out[int(i)]) for i in lang_ids] for lang, lang_ids in ids.items()}
+  refs = {lang: [data.text["dev"][lang].tgt[k] for k in positions] for lang, positions in sample.items()}
+  per_lang, _ = scoring.by_language(hyps, refs)
+  return {"dev_bleu_greedy": scoring.mean_over_languages(per_lang, "bleu"),
+          "dev_chrf_greedy": scoring.mean_over_languages(per_lang, "chrf"), "dev_bleu_sentences": len(order),
+          "dev_bleu_languages": len(sample), "dev_bleu_per_language": max(map(len, sample.values()))}
+
+
+
+
+class DevEvaluator:
+  """What a run evaluates at a step: the dev loss every `eval_every` steps, the greedy dev BLEU of a fixed
+  sample every `eval_bleu_every` (one translator, compiled once, given the current parameters each time), and
+  both at the last step."""
+
+  def __init__(self, config, setup: Setup, data: pipeline.Data, params):
+    self.config, self.setup, self.data = config, setup, data
+    if config.eval_bleu_every:
+      self.sample = language_sample(data.tokens["dev"], list(data.text["dev"]), config.eval_bleu_per_language,
+                                    config.eval_bleu_sentences, config.seed)
+      if not self.sample:
+        raise ConfigError("eval_bleu_every needs dev pairs to translate, and the dev split is empty")
+      self.translator = decode.Translator(setup.model_cfg, params, beam_size=1, max_len=config.data.max_length,
+                                          batch_sharding=shardings.batch_sharding(setup.mesh, setup.rules))
+
+  def __call__(self, step: int, params, last: bool) -> dict:
+    """The dev metrics due at `step` ({} when none is)."""
+    config, due = self.config, lambda every: every and (step % every == 0 or last)
+    dev = evaluate_loss(self.setup, params, self.data, config) if due(config.eval_every) else {}
+    if due(config.eval_bleu_every):
+      self.translator.params = params
+      dev |= evaluate_bleu(self.translator, self.data, self.sample, config.batch_size, config.data.max_length)
+    return dev
