@@ -13,15 +13,12 @@ average test BLEU by point). Finished runs are not trained or decoded again; --r
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 from etils import epath
 from matplotlib import colormaps
 
 from gshard_mt import cli, figures, io
 from gshard_mt.data.corpus import language_of
-from gshard_mt.io import write_atomically
 from gshard_mt.tools import study
 from gshard_mt.tools import sweep as sweep_lib
 from gshard_mt.tools.plot import read_jsonl
@@ -122,13 +119,9 @@ def markdown(points: list[dict], v: dict) -> str:
     per_language = " | ".join(f(p["bleu_by_language"].get(lang), 1) for lang in languages)
     lines.append(f"| {p['point']} | {f(p['bleu'])} | {seeds(p['bleu'])} | {per_language} | "
                  f"{f(p['dev_loss'], 3)} | {seeds(p['dev_loss'], 3)} | {p['tokens_per_s']:.0f} |")
-  lines += ["", "## Routing per MoE layer (last quarter of training, mean over seeds)", "",
-            "| point | layer | load CV | load min | load max | first choices dropped | later choices dropped |",
-            "|---|---|---|---|---|---|---|"]
-  for p in points:
-    for layer, s in p["routing"].items():
-      lines.append(f"| {p['point']} | {layer} | {s['load_cv']:.3f} | {s['load_min']:.3f} | {s['load_max']:.3f} | "
-                   f"{s['top1_dropped']:.4f} | {s['top2_dropped']:.4f} |")
+  lines += study.routing_table("## Routing per MoE layer (last quarter of training, mean over seeds)", "point",
+                               {p["point"]: p["routing"] for p in points},
+                               ("first choices dropped", "later choices dropped"))
   lines += ["", "For expert_choice, 'first choices dropped' is the fraction of tokens no expert took. BLEU: "
             "sacrebleu, beam 4, alpha 0.6, each run's lowest-dev-loss checkpoint on test_2016_flickr.", ""]
   return "\n".join(lines)
@@ -169,11 +162,7 @@ def main(argv):
   done = study.run_and_collect(args, base, runs, root, extra, summarize_run)
   points = aggregate(done)
   v = verdict(points)
-  write_atomically(out / "report.json", json.dumps({"points": points, "verdict": v, "runs": done}, indent=2))
-  write_atomically(out / "report.md", markdown(points, v))
-  pictures = plot(done, points, out)
-  print(markdown(points, v))
-  print(f"wrote {out}/report.md, report.json, " + ", ".join(p.name for p in pictures))
+  study.write_report(out, {"points": points, "verdict": v, "runs": done}, markdown(points, v), plot(done, points, out))
 
 
 if __name__ == "__main__":

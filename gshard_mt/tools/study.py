@@ -130,13 +130,8 @@ def markdown(points: list[dict], table: list[dict]) -> str:
     lines.append("| mean Δ | | | | " + " | ".join(means) + " |")
     lines += ["", "ΔchrF++ against the same baselines: " + "; ".join(
         f"{r['stream']} " + ", ".join(f"{n} {r[f'delta_chrf_{n}']:+.1f}" for n in names) for r in table) + "."]
-  lines += ["", "## Routing per MoE layer (mean over the last quarter of training)", "",
-            "| model | layer | load CV | load min | load max | top-1 dropped | top-2 dropped |",
-            "|---|---|---|---|---|---|---|"]
-  for p in multi:
-    for layer, s in p["routing"].items():
-      lines.append(f"| {p['name']} | {layer} | {s['load_cv']:.3f} | {s['load_min']:.3f} | {s['load_max']:.3f} | "
-                   f"{s['top1_dropped']:.4f} | {s['top2_dropped']:.4f} |")
+  lines += routing_table("## Routing per MoE layer (mean over the last quarter of training)", "model",
+                         {p["name"]: p["routing"] for p in multi}, ("top-1 dropped", "top-2 dropped"))
   signature = next((p["signature"] for p in points if p["signature"]), None)
   lines += ["", f"BLEU: sacrebleu {signature}, beam 4, alpha 0.6, each point's lowest-dev-loss checkpoint.", ""]
   return "\n".join(lines)
@@ -208,11 +203,26 @@ def main(argv):
   args, base, points, root, extra = sweep_lib.parse(parser, argv)
   done = run_and_collect(args, base, points, root, extra, summarize)
   table = compare(done)
-  write_atomically(root / "report.json", json.dumps({"points": done, "comparison": table}, indent=2))
-  write_atomically(root / "report.md", markdown(done, table))
-  pictures = plot(done, table, root)
-  print(markdown(done, table))
-  print(f"wrote {root}/report.md, report.json, " + ", ".join(p.name for p in pictures))
+  write_report(root, {"points": done, "comparison": table}, markdown(done, table), plot(done, table, root))
+
+
+def routing_table(title: str, what: str, routing: dict[str, dict], dropped: tuple[str, str]) -> list[str]:
+  """Markdown lines: a title, then a row per (run or point, MoE layer) of its load spread and dropped fractions."""
+  lines = ["", title, "", f"| {what} | layer | load CV | load min | load max | {dropped[0]} | {dropped[1]} |",
+           "|---|---|---|---|---|---|---|"]
+  for name, layers in routing.items():
+    for layer, s in layers.items():
+      lines.append(f"| {name} | {layer} | {s['load_cv']:.3f} | {s['load_min']:.3f} | {s['load_max']:.3f} | "
+                   f"{s['top1_dropped']:.4f} | {s['top2_dropped']:.4f} |")
+  return lines
+
+
+def write_report(out: epath.Path, report: dict, text: str, pictures: list[epath.Path]):
+  """report.json and report.md (`text`, printed too) in `out`, beside the `pictures` already drawn."""
+  write_atomically(out / "report.json", json.dumps(report, indent=2))
+  write_atomically(out / "report.md", text)
+  print(text)
+  print(f"wrote {out}/report.md, report.json, " + ", ".join(p.name for p in pictures))
 
 
 if __name__ == "__main__":
