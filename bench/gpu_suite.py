@@ -3,6 +3,8 @@ configs/base.py and configs/dense_base.py, and beam-4 decoding of the test split
 
   make bench-gpu                       # = python bench/gpu_suite.py, on a GPU machine (about 9 minutes on an H100)
   python bench/gpu_suite.py --sections training --runs dense_base:defaults,dense_base:scanned   # some steps only
+  python bench/gpu_suite.py --sections training --runs base:reference,base:defaults,dense_base:reference,dense_base:defaults
+      # the defaults per platform (issue 40) against the reference paths that were every platform's defaults before
   python bench/gpu_suite.py --small --out /tmp/suite   # the same code at CPU sizes (a minute)
   python bench/gpu_suite.py --from_json bench/results/<date>-<device>.json   # the tables of a run a limit stopped
 
@@ -92,13 +94,15 @@ MOE_SHAPES = {False: dict(tokens=16384, model_dim=1024, hidden_dim=4096, experts
 # The training step's variants (issue 25's options) -> config overrides; 'all' is every option but dropout 0 (and
 # the layers as the config has them).
 VARIANTS = {
-    "defaults": {},
+    "defaults": {},  # on a GPU, `auto` (config.platforms): rbg dropout bits, cuDNN attention, bf16 residual
+    # the reference paths, every platform's default before `auto` (issue 40): the "before" of the defaults
+    "reference": {"model.dropout_rng": "threefry", "model.attention": "xla", "model.residual_dtype": "float32"},
     "dropout 0": {"model.dropout_rate": "0.0"},  # MaxText's setting
     "rbg dropout bits": {"model.dropout_rng": "rbg"},
     "fused attention": {"model.attention": "fused"},  # cuDNN's flash attention
     "bf16 residual": {"model.residual_dtype": "bfloat16"},
 }
-VARIANTS["all"] = {k: v for overrides in list(VARIANTS.values())[2:] for k, v in overrides.items()}
+VARIANTS["all"] = {k: v for overrides in list(VARIANTS.values())[3:] for k, v in overrides.items()}
 VARIANTS["all and dropout 0"] = VARIANTS["all"] | VARIANTS["dropout 0"]  # the fastest step, MaxText's setting
 VARIANTS["scanned"] = {"model.scan_layers": "True"}  # the layers in a loop (the configs unroll them)
 VARIANTS["index gather"] = {"moe.dispatch": "index_gather"}  # the MoE layer's backward gathers, no scatter-add
