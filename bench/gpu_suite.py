@@ -3,8 +3,9 @@ configs/base.py and configs/dense_base.py, and beam-4 decoding of the test split
 
   make bench-gpu                       # = python bench/gpu_suite.py, on a GPU machine (about 9 minutes on an H100)
   python bench/gpu_suite.py --sections training --runs dense_base:defaults,dense_base:scanned   # some steps only
-  python bench/gpu_suite.py --sections training --runs base:reference,base:defaults,dense_base:reference,dense_base:defaults
-      # the defaults per platform (issue 40) against the reference paths that were every platform's defaults before
+  python bench/gpu_suite.py --sections training \
+      --runs base:reference,base:defaults,dense_base:reference,dense_base:defaults
+      # the defaults per platform (issue 40) against the reference paths, every platform's defaults before
   python bench/gpu_suite.py --small --out /tmp/suite   # the same code at CPU sizes (a minute)
   python bench/gpu_suite.py --from_json bench/results/<date>-<device>.json   # the tables of a run a limit stopped
 
