@@ -43,6 +43,8 @@ def load(results: pathlib.Path = RESULTS) -> list[tuple[str, dict, dict]]:
     if "environment" in data and "command" in data:
       env = data["environment"]
       source = dict(date=env["date"], device=env["device"], jax=env["jax"], command=data["command"])
+    elif all(key in data for key in ("date", "device", "jax", "command")):  # written with its provenance on top
+      source = {key: data[key] for key in ("date", "device", "jax", "command")}
     elif name in sources:
       source = sources[name]
     else:
@@ -63,6 +65,10 @@ def kind(data: dict) -> str:
     return "routers"
   if "points" in data:
     return "study"
+  if "mean_end_spread" in data:
+    return "bias"
+  if "warm_over_cold" in data:
+    return "cache"
   raise ValueError(f"unknown result file with keys {sorted(data)}")
 
 
@@ -89,7 +95,7 @@ def training_tables(files) -> list[str]:
   lines = ["## Training step on an accelerator", "",
            "`make bench-gpu` (bench/gpu_suite.py): the jitted step on packed Tatoeba-112 batches staged on the device; "
            "tokens are real source + target tokens; MFU against the device's peak dense bf16 FLOP/s "
-           "(gshard_mt/compiler/chips.py). \"vs defaults\" is against the same config's defaults in the same file.", ""]
+           "(gshard_mt/parallel/chips.py). \"vs defaults\" is against the same config's defaults in the same file.", ""]
   for name, data, source in files:
     rows = data.get("training") or []
     if not rows:
@@ -204,14 +210,40 @@ def study_tables(files) -> list[str]:
   return lines
 
 
+def bias_tables(files) -> list[str]:
+  lines = ["## Bias balancing: which load moves the biases", ""]
+  for name, data, source in files:
+    setup = data["setup"]
+    lines += [provenance(name, source) + f" `{setup['router']}` at capacity factor {setup['capacity_factor']}, "
+              f"E={setup['E']}, S={setup['S']}, C={setup['C']}, gamma {setup['gamma']}, {setup['steps']} steps; the "
+              "spread is max/min of the load the router asked for at the end, the mean over seeds.", ""]
+    spreads = data["mean_end_spread"]
+    layers = sorted(next(iter(spreads.values())))
+    lines += table(["biases moved by", *layers], [[rule, *(f"{spreads[rule][layer]:.2f}" for layer in layers)]
+                                                  for rule in spreads])
+  return lines
+
+
+def cache_table(files) -> list[str]:
+  lines = ["## Start to first step, cold and warm compilation cache", ""]
+  body = []
+  for name, data, source in files:
+    lines += [provenance(name, source), ""]
+    body.append([data["config"], " ".join(o.removeprefix("--config.") for o in data["overrides"]) or "-",
+                 f"{data['cold_median_s']:.1f}", f"{data['warm_median_s']:.1f}", f"{data['warm_over_cold']:.2f}"])
+  return lines + table(["config", "overrides", "cold s", "warm s", "warm / cold"], body) if files else []
+
+
 def render(results: pathlib.Path = RESULTS) -> str:
   files = load(results)
-  by_kind = {k: [f for f in files if kind(f[1]) == k] for k in ("suite", "profile", "scores", "routers", "study")}
+  by_kind = {k: [f for f in files if kind(f[1]) == k]
+             for k in ("suite", "profile", "scores", "routers", "study", "bias", "cache")}
   suite = by_kind["suite"]
   lines = [HEADER]
   lines += training_tables(suite) + moe_tables(suite) + decoding_table(suite)
   lines += profile_tables(suite + by_kind["profile"])
   lines += score_tables(by_kind["scores"]) + router_table(by_kind["routers"]) + study_tables(by_kind["study"])
+  lines += bias_tables(by_kind["bias"]) + cache_table(by_kind["cache"])
   return "\n".join(lines).rstrip() + "\n"
 
 
