@@ -33,13 +33,11 @@ BLM = ("batch", "length", "embed")
 EMBEDDING_SCHEMES = choices.EMBEDDINGS.add({
     "t5": (0.0, 0.0, -0.5),  # T5 and Flax's examples/wmt: std 1, logits scaled down
     "vaswani": (-0.5, 0.5, 0.0),  # Vaswani et al., tensor2tensor, fairseq: std M^-0.5, inputs scaled up
-    # Mixtures of the two, kept to reproduce the comparison in docs/decisions.md: inputs sqrt(M) times too large
-    # (initial loss grows with M), and logits sqrt(M) times too small (slow start).
+    # Mixtures, for the comparison in docs/decisions.md: inputs sqrt(M) too large, logits sqrt(M) too small.
     "sqrt_input": (0.0, 0.5, -0.5),
     "small_logits": (-0.5, 0.5, -0.5),
 })
-# model.remat: which activations of a layer unit the backward pass keeps; the others it recomputes from the unit's
-# input (True and False in older configs are 'full' and 'none').
+# model.remat: what a layer unit keeps for the backward pass, recomputing the rest ('full'/'none': True/False before).
 REMAT_POLICIES = choices.REMAT_POLICIES.add({
     "none": None,  # no rematerialisation: everything is kept
     "full": jax.checkpoint_policies.nothing_saveable,  # only the unit's input: the forward pass runs twice
@@ -52,7 +50,8 @@ REMAT_POLICIES = choices.REMAT_POLICIES.add({
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-  """The model's hyper-parameters (hashable, so modules can hold it)."""
+  """The model's hyper-parameters (hashable, so modules can hold it): a config's model section with every `auto`
+  resolved and dtypes as dtypes (`from_config`). The defaults are the reference paths in float32, for tests."""
 
   vocab_size: int
   emb_dim: int = 512
@@ -71,25 +70,22 @@ class TransformerConfig:
   dropout_rng: str = "threefry"  # a key of layers.DROPOUT_KEYS (the training step makes the dropout key)
   attention_dropout_rate: float = 0.0
   attention: str = "xla"  # a value of layers.ATTENTIONS
-  # model.attention or moe.expert_kernel 'pallas': the TPU's VMEM in bytes, set by the training setup (None: not
-  # known)
-  kernel_vmem: int | None = None
+  kernel_vmem: int | None = None  # for 'pallas' kernels: the TPU's VMEM in bytes, set by the training setup
   dtype: Any = jnp.float32
   residual_dtype: Any = jnp.float32  # the stream the layers add to (layer norms compute in float32)
   remat: str = "none"  # a key of REMAT_POLICIES
   scan_layers: bool = True
+  scan_unroll: int = 1  # scanned units per loop iteration (lax.scan's unroll); the same program for any value
   moe: MoeConfig = MoeConfig()
 
   @classmethod
   def from_config(cls, config, vocab_size: int, platform: str | None = None) -> TransformerConfig:
-    """From a config's `model` and `moe` sections (every `model` key is a field here; dtypes by name; a key that an
-    older run's config lacks keeps its default), each `auto` option resolved for `platform` (the devices'
+    """From a config's `model` and `moe` sections, each `auto` option resolved for `platform` (the devices'
     `jax.Device.platform`; None: JAX's default backend)."""
-    model = dataclasses.asdict(config.model) if dataclasses.is_dataclass(config.model) else dict(config.model)
+    model = dataclasses.asdict(config.model)
     flat = {f"model.{key}": value for key, value in model.items()}
-    model |= {key.split(".")[1]: value for key, value in
-              platforms.chosen(flat, platform or jax.default_backend()).items()}
-    model |= {key: jnp.dtype(model[key]) for key in ("dtype", "residual_dtype") if key in model}
+    model |= {key[6:]: value for key, value in platforms.chosen(flat, platform or jax.default_backend()).items()}
+    model |= {key: jnp.dtype(model[key]) for key in ("dtype", "residual_dtype")}
     return cls(vocab_size=vocab_size, moe=MoeConfig.from_config(config.moe), **model)
 
   @property
@@ -181,7 +177,7 @@ class Stack(Unit):
     if cfg.scan_layers:
       scanned = nn.scan(unit, variable_axes={"params": 0, "cache": 0, "memory": 0, balance.COLLECTION: 0},
                         split_rngs={"params": True, "dropout": True, "gating": True},
-                        in_axes=(nn.broadcast,), length=num_units,
+                        in_axes=(nn.broadcast,), length=num_units, unroll=max(1, min(cfg.scan_unroll, num_units)),
                         metadata_params={nn.PARTITION_NAME: "layers"})
       x, stats = scanned(cfg, self.is_decoder, self.deterministic, self.decode, name="units")(x, inputs)
     else:
