@@ -14,7 +14,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 from gshard_mt.batch import BATCH_KEYS
@@ -294,10 +293,3 @@ def dummy_batch(batch_size: int, length: int) -> dict:
   ones = jnp.ones((batch_size, length), jnp.int32)
   positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch_size, length))
   return {key: positions if key.endswith("_position") else ones for key in BATCH_KEYS}
-
-
-def count_params(config, vocab_size: int | None = None) -> int:
-  """Parameters of the model a config describes, from shapes alone (nothing is allocated)."""
-  cfg = TransformerConfig.from_config(config, vocab_size or config.data.vocab_size)
-  shapes = jax.eval_shape(lambda: Transformer(cfg).init(jax.random.key(0), dummy_batch(1, 8)))
-  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(shapes)))

@@ -25,15 +25,24 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from io import StringIO
 
+import jax
+import numpy as np
 from etils import epath
 
 from gshard_mt import cli, io
 from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError
-from gshard_mt.model.transformer import count_params
+from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch
 from gshard_mt.tools import plot
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def count_params(config, vocab_size: int | None = None) -> int:
+  """Parameters of the model a config describes, from shapes alone (nothing is allocated)."""
+  cfg = TransformerConfig.from_config(config, vocab_size or config.data.vocab_size)
+  shapes = jax.eval_shape(lambda: Transformer(cfg).init(jax.random.key(0), dummy_batch(1, 8)))
+  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(shapes)))
 
 
 def load_sweep(path: pathlib.Path) -> tuple[str, list[dict]]:

@@ -5,8 +5,8 @@ import pytest
 
 from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError
-from gshard_mt.model.transformer import count_params
 from gshard_mt.parallel import mesh as mesh_lib
+from gshard_mt.tools.sweep import count_params
 from gshard_mt.training.schedules import schedule_of
 from tests.helpers import ROOT
 
