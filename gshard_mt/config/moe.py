@@ -19,7 +19,7 @@ SECOND_EXPERT_POLICIES = ("all", "random")
 DISPATCHES = ("einsum", "index", "index_gather", "grouped", "shard_map")
 ACTIVATIONS = ("relu", "gelu")
 GROUPED_KERNELS = ("ragged_dot", "mosaic_gpu")  # the grouped dispatch's matmuls (moe/grouped.py)
-EXPERT_KERNELS = ("xla", "pallas")  # the capacity buffers' expert FFN (moe/layer.py, moe/expert_kernel.py)
+EXPERT_KERNELS = ("xla", "pallas")  # the capacity buffers' expert FFN (moe/experts.py, tpu/kernels/expert_ffn.py)
 KERNEL_DISPATCHES = ("einsum", "index", "index_gather")  # the automatic paths with capacity buffers
 
 

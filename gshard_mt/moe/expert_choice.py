@@ -16,8 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from gshard_mt.moe import topk
-from gshard_mt.moe.gating import Routing, routing_metrics
+from gshard_mt.moe.gating import Routing, balance_losses, routing_metrics
 
 
 def expert_choice_gating(logits: jax.Array, expert_capacity: int, *,
@@ -42,7 +41,7 @@ def expert_choice_gating(logits: jax.Array, expert_capacity: int, *,
   slot = rank.transpose(0, 2, 1)  # GSE
   kept = (slot < C) & valid[..., None]
   experts = jnp.broadcast_to(jnp.arange(E, dtype=jnp.int32), (G, S, E))
-  _, z_loss = topk.balance_losses(logits, gates, jnp.zeros((G, S, E), jnp.int32), valid)
+  _, z_loss = balance_losses(logits, gates, jnp.zeros((G, S, E), jnp.int32), valid)
   metrics, requested = routing_metrics(gates, valid, kept, kept, experts)  # an expert asks for what it takes
   # One "choice" per token: dropped where no expert took it.
   metrics |= {"choices_wanted": jnp.sum(valid).astype(jnp.float32)[None],

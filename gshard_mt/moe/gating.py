@@ -1,9 +1,13 @@
-"""Top-2 gating, GShard's Algorithm 1, as pure functions.
+"""GShard's gating (Algorithm 1) for any k, as pure functions: the one core of every top-k router (`gshard`,
+`switch`, `topk`, `dropless`, `language`), and the `Routing` every router returns.
 
-Letters: G groups, S tokens per group, E experts, C expert capacity (slots per expert per group), K = 2 choices.
-The rules (float32 softmax, normalisation before any drop, top-1 before top-2 in the buffers, random second-expert
-policy decided before positions, padding left out of everything) are those of Lingvo's `Top2GatingOnLogits`,
-as GShard's Algorithm 1 and section 2.2 describe them.
+Letters: G groups, S tokens per group, E experts, C expert capacity (slots per expert per group), K = k choices.
+The rules are those of Lingvo's `Top2GatingOnLogits`, as GShard's Algorithm 1 and section 2.2 describe them, for
+any k: float32 softmax; the k best experts, best first (ties to the lower index); gates normalised over the k
+chosen before any drop (or, as the Switch Transformer, the chosen gate itself); the 'random' second-expert policy
+decided before any position; every first choice of a group placed before any second choice, every second before
+any third, each in sequence order; positions >= C dropped; padding never dispatched nor counted. GShard's top-2 is
+k = 2 with the 'random' second-expert policy while training (`top2_gating`).
 """
 
 from __future__ import annotations
@@ -79,98 +83,100 @@ class Routing:
     return self._dense(self.kept.astype(jnp.float32)) > 0
 
 
-def top2_gating(
-    logits: jax.Array,
-    expert_capacity: int,
-    *,
-    second_expert_policy: str = "all",
-    second_expert_threshold: float = 0.5,
-    rng: jax.Array | None = None,
-    padding_mask: jax.Array | None = None,
-    selection_bias: jax.Array | None = None,
-) -> Routing:
-  """Routes each group's tokens to their top-2 experts with capacity C.
+def topk_gating(logits: jax.Array, k: int, expert_capacity: int, *, normalize: bool = True,
+                bias: jax.Array | None = None, padding_mask: jax.Array | None = None,
+                second_expert_policy: str = "all", second_expert_threshold: float = 0.5,
+                rng: jax.Array | None = None) -> Routing:
+  """Routes each group's tokens to their top-k experts with capacity C.
 
   Args:
     logits: [G, S, E] router logits, any float dtype (the softmax runs in float32).
-    expert_capacity: C, slots per expert per group.
-    second_expert_policy: 'all' keeps every second choice; 'random' keeps it iff uniform < g2 / threshold.
+    k: choices per token, 1 <= k <= E.
+    expert_capacity: C, slots per expert per group (S: nothing is ever dropped).
+    normalize: gates divided by their sum over the k chosen (GShard); False keeps the softmax value (Switch).
+    bias: [E] added to the gates to choose the experts, not to weigh them (moe.balance='bias'), or None.
+    padding_mask: [G, S], nonzero for real tokens; padded tokens are never dispatched and not counted.
+    second_expert_policy: 'all' keeps every second choice; 'random' keeps it iff uniform < g2 / threshold, decided
+      before any position (a second choice declined takes no slot); k >= 2.
     second_expert_threshold: the threshold of the 'random' policy (0.5 is the paper's `2 * g2 > uniform`).
     rng: PRNG key, required by the 'random' policy.
-    padding_mask: [G, S], nonzero for real tokens; padded tokens are never dispatched and not counted.
-    selection_bias: [E] added to the gates to choose e1 and e2, not to weigh them (moe.balance='bias').
   Returns:
-    Routing; `.combine_weights` f32 [G, S, E, C] and `.dispatch_mask` bool [G, S, E, C] give the paper's tensors.
+    Routing with K = k; `.combine_weights` f32 [G, S, E, C] and `.dispatch_mask` give the paper's tensors.
   """
-  _check_gating_args(logits, expert_capacity, second_expert_policy, second_expert_threshold, rng, padding_mask)
+  _check_gating_args(logits, k, expert_capacity, second_expert_policy, second_expert_threshold, rng, padding_mask)
   G, S, E = logits.shape
-  C = expert_capacity
   logits = logits.astype(jnp.float32)
   gates = jax.nn.softmax(logits, axis=-1)  # GSE
   valid = jnp.ones((G, S), bool) if padding_mask is None else padding_mask.astype(bool)
-  num_valid = jnp.maximum(valid.sum(axis=1, keepdims=True), 1).astype(jnp.float32)  # [G, 1]
-
-  e1, e2, g1, g2 = top2_choices(gates, selection_bias)
-  onehot1, onehot2 = jax.nn.one_hot(e1, E, dtype=jnp.int32), jax.nn.one_hot(e2, E, dtype=jnp.int32)  # GSE
-
-  # Auxiliary loss on the top-1 choices, before any capacity drop.
-  density = jnp.sum(onehot1 * valid[..., None], axis=1) / num_valid  # GE
-  proxy = jnp.sum(gates * valid[..., None], axis=1) / num_valid  # GE
-  aux_loss = jnp.mean(density * proxy) * E * E
-
-  want2 = valid
+  experts, weight = topk_choices(gates, k, bias)  # GSK
+  if normalize:
+    weight = normalized(weight)
+  wanted = jnp.broadcast_to(valid[..., None], (G, S, k))
   if second_expert_policy == "random":
-    want2 = want2 & (jax.random.uniform(rng, (G, S)) < g2 / second_expert_threshold)
-  mask1, pos1, mask2, pos2 = assign_slots(onehot1 * valid[..., None], onehot2 * want2[..., None], C)
-
-  kept = jnp.stack([mask1.sum(-1), mask2.sum(-1)], axis=-1) > 0  # GSK
-  slot = jnp.stack([jnp.sum(pos1 * onehot1, -1), jnp.sum(pos2 * onehot2, -1)], axis=-1).astype(jnp.int32)
-  weight = jnp.stack([g1, g2], axis=-1) * kept
-
-  total_valid = jnp.maximum(valid.sum(), 1).astype(jnp.float32)
-  z_loss = jnp.sum(jax.nn.logsumexp(logits, axis=-1) ** 2 * valid) / total_valid
-  experts = jnp.stack([e1, e2], axis=-1).astype(jnp.int32)
-  metrics, requested = routing_metrics(gates, valid, jnp.stack([valid, want2], axis=-1), kept, experts)
-  return Routing(
-      expert_index=experts,
-      slot=slot,
-      weight=weight,
-      kept=kept,
-      aux_loss=aux_loss,
-      z_loss=z_loss,
-      metrics=metrics,
-      num_experts=E,
-      capacity=C,
-      requested=requested,
-  )
+    sampled = jax.random.uniform(rng, (G, S)) < weight[..., 1] / second_expert_threshold
+    wanted = wanted.at[..., 1].set(wanted[..., 1] & sampled)
+  onehot = jax.nn.one_hot(experts, E, dtype=jnp.int32)  # GSKE
+  kept_e, position = assign_slots(onehot * wanted[..., None], expert_capacity)
+  kept = jnp.sum(kept_e, axis=-1) > 0  # GSK
+  aux_loss, z_loss = balance_losses(logits, gates, onehot[:, :, 0], valid)
+  metrics, requested = routing_metrics(gates, valid, wanted, kept, experts)
+  return Routing(expert_index=experts, slot=jnp.sum(position * onehot, axis=-1).astype(jnp.int32),
+                 weight=weight * kept, kept=kept, aux_loss=aux_loss, z_loss=z_loss, metrics=metrics, num_experts=E,
+                 capacity=expert_capacity, requested=requested)
 
 
-def top2_choices(gates: jax.Array,
-                 bias: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-  """gates [G, S, E] -> (e1, e2 int [G, S], g1, g2 f32 [G, S]): the two best experts and their gates, normalised
-  together (g1 + g2 = 1) before any capacity drop. `bias` [E] takes part in the choice only (DeepSeek-V3)."""
-  scores = gates if bias is None else gates + bias
-  e1 = jnp.argmax(scores, axis=-1)
-  onehot1 = jax.nn.one_hot(e1, gates.shape[-1], dtype=gates.dtype)
-  # Gates are >= 0, so -1 removes e1 from the second argmax even when the other gates underflow to 0 (a bias may
-  # push scores below -1: -inf then).
-  e2 = jnp.argmax(jnp.where(onehot1 > 0, -1.0 if bias is None else -jnp.inf, scores), axis=-1)
-  g1 = jnp.take_along_axis(gates, e1[..., None], axis=-1)[..., 0]
-  g2 = jnp.take_along_axis(gates, e2[..., None], axis=-1)[..., 0]
-  denom = g1 + g2 + 1e-9
-  return e1, e2, g1 / denom, g2 / denom
+def top2_gating(logits: jax.Array, expert_capacity: int, *, second_expert_policy: str = "all",
+                second_expert_threshold: float = 0.5, rng: jax.Array | None = None,
+                padding_mask: jax.Array | None = None, selection_bias: jax.Array | None = None) -> Routing:
+  """GShard's top-2 (Algorithm 1): `topk_gating` with k = 2, normalised gates and the second-expert policy."""
+  return topk_gating(logits, 2, expert_capacity, bias=selection_bias, padding_mask=padding_mask,
+                     second_expert_policy=second_expert_policy, second_expert_threshold=second_expert_threshold,
+                     rng=rng)
 
 
-def assign_slots(want1: jax.Array, want2: jax.Array, capacity: int):
-  """Buffer positions (Algorithm 1): want1, want2 int [G, S, E] one-hot wanted top-1 / top-2 assignments ->
-  (kept1, pos1, kept2, pos2), each [G, S, E]. All top-1 assignments of a group come before any top-2 one, each in
-  sequence order; a top-1 position counts the earlier tokens with the same expert (overflowed ones too), a top-2
-  position follows that expert's kept top-1 assignments; positions >= capacity are dropped."""
-  pos1 = jnp.cumsum(want1, axis=1) - want1  # exclusive: earlier tokens of the group with the same e1
-  kept1 = want1 * (pos1 < capacity)
-  pos2 = jnp.cumsum(want2, axis=1) - want2 + jnp.sum(kept1, axis=1, keepdims=True)
-  kept2 = want2 * (pos2 < capacity)
-  return kept1, pos1, kept2, pos2
+def topk_choices(gates: jax.Array, k: int, bias: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  """gates [G, S, E] -> (experts int32 [G, S, K], their gates f32 [G, S, K]), best first.
+
+  `bias` [E] (DeepSeek-V3's auxiliary-loss-free balancing) takes part in the choice only: the experts are the top
+  k of gates + bias, their gates are the plain ones.
+  """
+  _, experts = jax.lax.top_k(gates if bias is None else gates + bias, k)  # ties: the lower index first
+  return experts.astype(jnp.int32), jnp.take_along_axis(gates, experts, axis=-1)
+
+
+def normalized(weight: jax.Array) -> jax.Array:
+  """[..., K] gates divided by their sum + 1e-9 (GShard's g1 / (g1 + g2 + 1e-9)): never summing over 1."""
+  denom = sum(weight[..., j] for j in range(weight.shape[-1])) + 1e-9
+  return jnp.stack([weight[..., j] / denom for j in range(weight.shape[-1])], axis=-1)
+
+
+def assign_slots(want: jax.Array, capacity: int) -> tuple[jax.Array, jax.Array]:
+  """want int [G, S, K, E] one-hot wanted assignments -> (kept, position), each int [G, S, K, E].
+
+  Choice j of a token takes the position (earlier tokens of the group wanting that expert as their choice j) +
+  (the expert's kept assignments of choices before j); positions >= capacity are dropped (GShard's priority).
+  """
+  kept, position, earlier = [], [], 0
+  for j in range(want.shape[2]):
+    w = want[:, :, j]  # GSE
+    pos = jnp.cumsum(w, axis=1) - w + earlier  # exclusive cumsum: overflowed tokens count too, as in GShard
+    kept.append(w * (pos < capacity))
+    position.append(pos)
+    earlier = earlier + jnp.sum(kept[-1], axis=1, keepdims=True)  # [G, 1, E]
+  return jnp.stack(kept, axis=2), jnp.stack(position, axis=2)
+
+
+def balance_losses(logits, gates, first_choice, valid) -> tuple[jax.Array, jax.Array]:
+  """(aux, z): GShard's (= the Switch Transformer's) load-balancing loss on the first choices before any drop,
+  mean over groups of E * sum_e density_e * proxy_e (1.0 when balanced), and the z-loss over real tokens.
+  logits, gates f32 [G, S, E]; first_choice int one-hot [G, S, E]; valid bool [G, S]."""
+  E = gates.shape[-1]
+  num_valid = jnp.maximum(valid.sum(axis=1, keepdims=True), 1).astype(jnp.float32)  # [G, 1]
+  density = jnp.sum(first_choice * valid[..., None], axis=1) / num_valid  # GE
+  proxy = jnp.sum(gates * valid[..., None], axis=1) / num_valid  # GE
+  total = jnp.maximum(valid.sum(), 1).astype(jnp.float32)
+  z_loss = jnp.sum(jax.nn.logsumexp(logits, axis=-1) ** 2 * valid) / total
+  return jnp.mean(density * proxy) * E * E, z_loss
 
 
 def routing_metrics(gates, valid, wanted, kept, experts) -> tuple[dict, jax.Array]:
@@ -211,11 +217,12 @@ def _check_positive_int(name, value):
     raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-def _check_gating_args(logits, capacity, policy, threshold, rng, padding_mask):
+def _check_gating_args(logits, k, capacity, policy, threshold, rng, padding_mask):
   if logits.ndim != 3:
     raise ValueError(f"logits must be [G, S, E] (rank 3), got shape {tuple(logits.shape)}")
-  if logits.shape[-1] < 2:
-    raise ValueError(f"top-2 gating needs at least 2 experts, got E={logits.shape[-1]}")
+  _check_positive_int("k", k)
+  if k > logits.shape[-1]:
+    raise ValueError(f"top-{k} gating needs at least {k} experts, got E={logits.shape[-1]}")
   _check_positive_int("expert_capacity", capacity)
   if policy not in SECOND_EXPERT_POLICIES:
     raise ValueError(f"unknown second_expert_policy {policy!r}; expected one of {SECOND_EXPERT_POLICIES}")
@@ -224,5 +231,7 @@ def _check_gating_args(logits, capacity, policy, threshold, rng, padding_mask):
       raise ValueError("second_expert_policy='random' needs an rng")
     if not threshold > 0:
       raise ValueError(f"second_expert_threshold must be > 0, got {threshold!r}")
+    if k < 2:
+      raise ValueError(f"second_expert_policy='random' needs a second choice, got k={k}")
   if padding_mask is not None and tuple(padding_mask.shape) != tuple(logits.shape[:2]):
     raise ValueError(f"padding_mask must be [G, S] = {tuple(logits.shape[:2])}, got {tuple(padding_mask.shape)}")

@@ -22,8 +22,8 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from gshard_mt.moe import expert_choice, gating, topk
 from gshard_mt.config.moe import ROUTERS, MoeConfig
+from gshard_mt.moe import expert_choice, gating
 
 
 class Router:
@@ -90,7 +90,8 @@ class TopK(Router):
 
   def route(self, logits, capacity, *, padding_mask=None, rng=None, bias=None) -> gating.Routing:
     del rng  # deterministic
-    return topk.topk_gating(logits, self.k, capacity, normalize=self.normalize, bias=bias, padding_mask=padding_mask)
+    return gating.topk_gating(logits, self.k, capacity, normalize=self.normalize, bias=bias,
+                              padding_mask=padding_mask)
 
 
 @ROUTERS.register("switch")

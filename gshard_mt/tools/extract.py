@@ -28,7 +28,7 @@ from gshard_mt.data import prepare as prepare_lib
 from gshard_mt.errors import WorkdirError
 from gshard_mt.evaluation import evaluate
 from gshard_mt.model.transformer import EMBEDDING_SCHEMES
-from gshard_mt.moe import balance, gating, topk
+from gshard_mt.moe import balance, gating
 from gshard_mt.training import checkpoint as checkpoint_lib
 from gshard_mt.training.setup import build
 from gshard_mt.training.step import TrainState
@@ -46,7 +46,7 @@ def chosen_experts(moe: dict, vectors: np.ndarray, moe_cfg) -> np.ndarray:
   router bias [..., E]; `...` the scanned units), by the router's own rule: the top-k of softmax(logits) + bias."""
   logits = gating.cap_logits(jnp.einsum("LM,...ME->...LE", vectors, moe["wg"]), moe_cfg.router_logit_cap)
   bias = moe.get(balance.NAME)
-  experts, _ = topk.topk_choices(jax.nn.softmax(logits, axis=-1), moe_cfg.num_selected,
+  experts, _ = gating.topk_choices(jax.nn.softmax(logits, axis=-1), moe_cfg.num_selected,
                                  None if bias is None else bias[..., None, :])
   E = moe["wg"].shape[-1]
   return np.asarray(jax.nn.one_hot(experts, E, dtype=jnp.int32).sum(axis=(-3, -2)) > 0)

@@ -19,7 +19,7 @@ from flax.linen import partitioning as nn_partitioning
 from gshard_mt import cli
 from gshard_mt import config as config_lib
 from gshard_mt.errors import UserError
-from gshard_mt.moe import layer as moe
+from gshard_mt.moe import axes as moe
 from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.parallel import rules as rules_lib
 from gshard_mt.tools import dryrun

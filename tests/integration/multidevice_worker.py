@@ -49,13 +49,14 @@ def layer_collectives(mesh_shape, dispatch, check_vma=True) -> dict:
   import jax.numpy as jnp
 
   from gshard_mt.moe import layer as layer_lib
+  from gshard_mt.moe import manual
 
   layer = layer_lib.MoeFeedForward(MoeConfig(num_experts=8, hidden_dim=32, group_size=16, dispatch=dispatch,
                                              second_expert_policy="all"))
   x = jax.random.normal(jax.random.PRNGKey(0), (8, 32, 16))
   params = nn.unbox(layer.init(jax.random.PRNGKey(1), x))
-  original = layer_lib.manual.moe_shard_map
-  layer_lib.manual.moe_shard_map = functools.partial(original, check_vma=check_vma)
+  original = manual.moe_shard_map
+  manual.moe_shard_map = functools.partial(original, check_vma=check_vma)
   try:
     forward = jax.jit(lambda p, x: layer.apply(p, x, deterministic=False)[0])
     both = jax.jit(jax.grad(lambda p, x: jnp.sum(forward(p, x) * jnp.cos(x)), argnums=(0, 1)))
@@ -64,7 +65,7 @@ def layer_collectives(mesh_shape, dispatch, check_vma=True) -> dict:
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules_lib.RULES[strategy]):
       return {"forward": collective_counts(forward, params, x), "forward_backward": collective_counts(both, params, x)}
   finally:
-    layer_lib.manual.moe_shard_map = original
+    manual.moe_shard_map = original
 
 
 def first_moment(opt_state):

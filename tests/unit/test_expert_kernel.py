@@ -11,7 +11,7 @@ import pytest
 
 from gshard_mt.config.moe import MoeConfig
 from gshard_mt.errors import ConfigError
-from gshard_mt.moe.layer import expert_ffn
+from gshard_mt.moe.experts import expert_ffn
 from gshard_mt.tpu.kernels import expert_ffn as expert_kernel
 from tests.helpers import ROOT, run_on_cpu_devices
 

@@ -15,7 +15,7 @@ from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu, transposed_ragged_d
 
 from gshard_mt.errors import ConfigError
 from gshard_mt.moe import grouped
-from gshard_mt.moe.layer import ACTIVATIONS
+from gshard_mt.moe.experts import ACTIVATIONS
 
 M, H, E = 8, 16, 4
 SIZES = jnp.array([3, 0, 5, 4], jnp.int32)  # an expert with no rows too

@@ -8,7 +8,7 @@ from gshard_mt.config import defaults
 from gshard_mt.config import moe as moe_config
 from gshard_mt.config.moe import MoeConfig
 from gshard_mt.errors import ConfigError
-from gshard_mt.moe import dispatch, layer
+from gshard_mt.moe import dispatch, experts
 
 
 def test_the_config_files_moe_section_is_exactly_moe_config():
@@ -17,7 +17,8 @@ def test_the_config_files_moe_section_is_exactly_moe_config():
 
 
 def test_choices_are_what_the_layer_implements():
-  assert tuple(layer.ACTIVATIONS) == moe_config.ACTIVATIONS
+  assert tuple(experts.ACTIVATIONS) == moe_config.ACTIVATIONS
+  assert tuple(experts.PATHS) == moe_config.DISPATCHES
   assert set(dispatch.DISPATCHERS) | {"shard_map"} == set(moe_config.DISPATCHES)
 
 

@@ -169,3 +169,21 @@ def test_shard_map_rejects_layouts_it_cannot_run(group_spec, expert_spec, messag
   with jax.sharding.use_abstract_mesh(mesh), pytest.raises(ValueError, match=message):
     manual.moe_shard_map(x.reshape(4, 16, M), routing, params["params"]["wi"], params["params"]["wo"], None,
                          group_spec=group_spec, expert_spec=expert_spec)
+
+
+def test_every_dispatch_is_one_expert_path_behind_one_interface():
+  from gshard_mt.config.moe import DISPATCHES
+  from gshard_mt.moe import experts
+
+  _, _, params = inputs()
+  wi, wo = params["params"]["wi"], params["params"]["wo"]
+  routing = gating.top2_gating(jax.random.normal(jax.random.key(3), (2, 16, E)) * 2, 4)  # C = 4: some dropped
+  assert not np.asarray(routing.kept).all()
+  x = jax.random.normal(jax.random.key(4), (2, 16, M))
+  outputs = {}
+  for name in DISPATCHES:
+    path = experts.expert_path(MoeConfig(num_experts=E, hidden_dim=H, dispatch=name), jnp.float32)
+    assert isinstance(path, experts.ExpertPath)
+    outputs[name] = jax.jit(path)(x, routing, wi, wo)
+  for name, y in outputs.items():
+    np.testing.assert_allclose(y, outputs["einsum"], atol=1e-5, err_msg=name)

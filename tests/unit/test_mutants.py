@@ -64,7 +64,8 @@ class TestGating:
     # three want it second; capacity 2 keeps two of the first and none of the second.
     want1 = jnp.array([[[1, 0]] * 3 + [[0, 1]] * 3], jnp.int32)
     want2 = want1[:, :, ::-1]
-    kept1, pos1, kept2, pos2 = gating.assign_slots(want1, want2, 2)
+    kept, pos = gating.assign_slots(jnp.stack([want1, want2], axis=2), 2)  # [G, S, K, E]
+    kept1, pos1, kept2, pos2 = kept[:, :, 0], pos[:, :, 0], kept[:, :, 1], pos[:, :, 1]
     np.testing.assert_array_equal(kept1.sum(axis=1), [[2, 2]])
     np.testing.assert_array_equal(kept2.sum(axis=1), [[0, 0]])
     np.testing.assert_array_equal(pos1[0, :3, 0], [0, 1, 2])
@@ -89,10 +90,11 @@ class TestGating:
     np.testing.assert_allclose(routing.weight[0, 0], [0.2, 0.8], rtol=1e-6)
 
   def test_weights_never_sum_over_one(self):
-    # x_top2_choices__mutmut_64 (g1 + g2 - 1e-9): the epsilon may only shrink the weights. With 256 equal gates,
-    # g1 + g2 = 1/128, whose float32 spacing is under 1e-9, and subtracting it made each weight 0.5 + 2**-24.
-    _, _, g1, g2 = gating.top2_choices(jnp.full((1, 1, 256), 1 / 256))
-    assert float(g1[0, 0]) + float(g2[0, 0]) <= 1.0
+    # x_top2_choices__mutmut_64 (g1 + g2 - 1e-9, now in `normalized`): the epsilon may only shrink the weights.
+    # With 256 equal gates, g1 + g2 = 1/128, whose float32 spacing is under 1e-9, and subtracting it made each
+    # weight 0.5 + 2**-24.
+    g = gating.normalized(gating.topk_choices(jnp.full((1, 1, 256), 1 / 256), 2)[1])
+    assert float(g[0, 0, 0]) + float(g[0, 0, 1]) <= 1.0
 
   def test_softmax_in_float32_for_bfloat16_logits(self):
     # x_top2_gating__mutmut_19 (the float32 cast dropped: the softmax, the gates and the weights in bfloat16).

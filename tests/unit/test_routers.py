@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gshard_mt.errors import ConfigError
 from gshard_mt.config import moe as moe_config
-from gshard_mt.moe import expert_choice, gating, routers, topk
 from gshard_mt.config.moe import MoeConfig
+from gshard_mt.errors import ConfigError
+from gshard_mt.moe import expert_choice, gating, routers
 
 
 def softmax(x):
@@ -81,7 +81,7 @@ def _dense(routing):
 def test_topk_matches_sequential_reference(G, S, E, C, k, normalize, pad, biased):
   logits, valid = inputs(G, S, E, pad, seed=k)
   bias = np.linspace(-0.3, 0.3, E).astype(np.float32) if biased else None
-  routing = jax.jit(topk.topk_gating, static_argnums=(1, 2), static_argnames="normalize")(
+  routing = jax.jit(gating.topk_gating, static_argnums=(1, 2), static_argnames="normalize")(
       logits, k, C, normalize=normalize, bias=bias, padding_mask=valid)
   combine, aux = reference_topk(logits, k, C, normalize, bias, valid)
   got_combine, got_dispatch = _dense(routing)
@@ -95,7 +95,7 @@ def test_topk_matches_sequential_reference(G, S, E, C, k, normalize, pad, biased
 
 def test_topk_with_two_choices_is_gshard_top2_with_policy_all():
   logits, valid = inputs(3, 32, 8, 0.2, seed=5)
-  got = jax.jit(lambda z, m: topk.topk_gating(z, 2, 5, padding_mask=m))(logits, valid)
+  got = jax.jit(lambda z, m: gating.topk_gating(z, 2, 5, padding_mask=m))(logits, valid)
   want = jax.jit(lambda z, m: gating.top2_gating(z, 5, padding_mask=m))(logits, valid)
   for field in ("expert_index", "slot", "kept"):
     np.testing.assert_array_equal(getattr(got, field), getattr(want, field))
@@ -118,7 +118,7 @@ def test_expert_choice_matches_sequential_reference():
 def test_selection_bias_chooses_but_does_not_weigh():
   logits, _ = inputs(1, 16, 4, 0.0, seed=1)
   bias = jnp.array([0.0, 0.0, 0.0, 5.0])  # expert 3 first for every token
-  routing = jax.jit(topk.topk_gating, static_argnums=(1, 2))(logits, 2, 16, bias=bias)
+  routing = jax.jit(gating.topk_gating, static_argnums=(1, 2))(logits, 2, 16, bias=bias)
   assert (np.asarray(routing.expert_index[..., 0]) == 3).all()
   gates = softmax(logits)[0]
   chosen = np.take_along_axis(gates, np.asarray(routing.expert_index[0]), -1)
@@ -171,7 +171,7 @@ class Hash(routers.Router):
   def route(self, logits, capacity, *, padding_mask=None, rng=None, bias=None):
     G, S, E = logits.shape
     chosen = jax.nn.one_hot(jnp.arange(S) % E, E)[None] * 100.0  # far above any logit: the hash decides
-    return topk.topk_gating(logits + chosen, 1, capacity, normalize=False, bias=bias, padding_mask=padding_mask)
+    return gating.topk_gating(logits + chosen, 1, capacity, normalize=False, bias=bias, padding_mask=padding_mask)
 
 
 @pytest.fixture
@@ -218,7 +218,7 @@ def test_the_moe_config_imports_no_jax_and_finds_the_routers_when_read():
   import subprocess
   import sys
 
-  code = ("import sys\nfrom gshard_mt.moe import config\nassert 'jax' not in sys.modules\n"
+  code = ("import sys\nfrom gshard_mt.config import moe as config\nassert 'jax' not in sys.modules\n"
           "assert 'gshard' in config.ROUTERS.names() and config.MoeConfig(router='switch').validate()\n"
           "assert 'gshard_mt.moe.routers' in sys.modules\n")
   subprocess.run([sys.executable, "-c", code], check=True)

@@ -3,7 +3,7 @@
 import flax.linen as nn
 import pytest
 
-from gshard_mt.moe import layer as moe
+from gshard_mt.moe import axes as moe
 from gshard_mt.parallel import rules
 
 

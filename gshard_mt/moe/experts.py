@@ -1,0 +1,128 @@
+"""The experts' half of the MoE layer (GShard Algorithm 2 after gating), one class per `moe.dispatch` behind one
+interface: `path(x [G, S, M], routing, wi [E, M, H], wo [E, H, M]) -> y [G, S, M]` sends each token to its experts,
+runs their FFN and brings the outputs back weighted by their gates. Each path owns its expert FFN and the dtype in
+which the weights enter it.
+
+- `Buffers` ('einsum', the paper's one-hot einsums, the reference; 'index', the default, gathers by slot;
+  'index_gather', the same with gathers for its backward): capacity buffers [E, G, C, M] (`dispatch`), the experts'
+  FFN by XLA's einsums or, with moe.expert_kernel='pallas', the TPU kernels; the constraints on the buffers are
+  the G -> E and E -> G all-to-alls when E is split over devices;
+- `Grouped` ('grouped'): rows in blocks by expert and grouped matmuls over the kept assignments only (`grouped`;
+  the dropless and language routers need it);
+- `ShardMap` ('shard_map'): the manual path, its all-to-alls written out (`manual`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from gshard_mt.config.moe import MoeConfig
+from gshard_mt.moe import dispatch, grouped, manual
+from gshard_mt.moe.axes import EGCH, EGCM, EGCM_BY_GROUP, EMH, GSM
+from gshard_mt.moe.gating import Routing
+from gshard_mt.parallel.einsum import weight_einsum
+
+ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu}  # keys: config.moe.ACTIVATIONS (tested)
+
+
+def expert_ffn(expert_in: jax.Array, wi: jax.Array, wo: jax.Array, activation: str = "relu",
+               constrain: bool = True) -> jax.Array:
+  """Each expert's FFN on its buffers: [E, G, C, M] x wi [E, M, H] x wo [E, H, M] -> [E, G, C, M].
+
+  The output stays E-sharded here; the caller's constraint to EGCM_BY_GROUP is the E -> G all-to-all (producing
+  G-sharded buffers in the einsum itself lets XLA all-gather wo instead). constrain=False leaves out the sharding
+  constraints (inside shard_map, where each device sees its own shards).
+  """
+  h = ACTIVATIONS[activation](weight_einsum("EGCM,EMH->EGCH", expert_in, wi))
+  h = nn.with_logical_constraint(h, EGCH if constrain else None)
+  return nn.with_logical_constraint(weight_einsum("EGCH,EHM->EGCM", h, wo), EGCM if constrain else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertPath:
+  """The interface: `activation` of the experts, `dtype` of the tokens and of the experts' computation."""
+
+  activation: str = "relu"
+  dtype: Any = jnp.float32
+
+  @classmethod
+  def from_config(cls, cfg: MoeConfig, dtype, kernel_vmem: int | None = None) -> ExpertPath:
+    return cls(cfg.activation, dtype)
+
+  def __call__(self, x: jax.Array, routing: Routing, wi: jax.Array, wo: jax.Array) -> jax.Array:
+    raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class Buffers(ExpertPath):
+  """Capacity buffers, filled by `dispatch.DISPATCHERS[dispatch]`. The weights as they are (float32): weight_einsum
+  casts them, and keeps their gradients float32; the TPU kernels of moe.expert_kernel='pallas' (ReLU only) cast
+  them in VMEM and run the all-to-alls themselves, around the kernels."""
+
+  dispatch: str = "index"
+  expert_kernel: str = "xla"
+  kernel_vmem: int | None = None  # the TPU's VMEM in bytes (None: not known)
+
+  @classmethod
+  def from_config(cls, cfg: MoeConfig, dtype, kernel_vmem: int | None = None) -> Buffers:
+    return cls(cfg.activation, dtype, cfg.dispatch, cfg.expert_kernel, kernel_vmem)
+
+  def experts(self, buffers: jax.Array, wi: jax.Array, wo: jax.Array) -> jax.Array:
+    """The experts' FFN on the dispatched buffers [E, G, C, M] -> [E, G, C, M]."""
+    if self.expert_kernel == "pallas":  # the all-to-alls inside, around the kernels
+      # optional: the TPU kernels, only when moe.expert_kernel='pallas' asks for them
+      from gshard_mt.tpu.kernels import expert_ffn as kernel
+
+      buffers = nn.with_logical_constraint(buffers, EGCM_BY_GROUP)
+      return kernel.expert_ffn(buffers, wi, wo, EGCM_BY_GROUP, EMH, self.kernel_vmem)
+    buffers = nn.with_logical_constraint(buffers, EGCM)  # G -> E reshard: an all-to-all
+    return expert_ffn(buffers, wi, wo, self.activation)
+
+  def __call__(self, x, routing, wi, wo):
+    dispatcher = dispatch.make_dispatcher(self.dispatch, routing)
+    out = nn.with_logical_constraint(self.experts(dispatcher.dispatch(x), wi, wo), EGCM_BY_GROUP)  # E -> G
+    return nn.with_logical_constraint(dispatcher.combine(out), GSM)
+
+
+@dataclasses.dataclass(frozen=True)
+class Grouped(ExpertPath):
+  """Rows in blocks by expert, the grouped matmuls of moe.grouped_kernel; the weights in their own dtype (their
+  gradients stay in it)."""
+
+  grouped_kernel: str = "ragged_dot"
+
+  @classmethod
+  def from_config(cls, cfg: MoeConfig, dtype, kernel_vmem: int | None = None) -> Grouped:
+    return cls(cfg.activation, dtype, cfg.grouped_kernel)
+
+  def __call__(self, x, routing, wi, wo):
+    dispatcher = dispatch.GroupedDispatcher(routing)
+    kernels = grouped.kernels_for(self.grouped_kernel, wi.shape[1], wi.shape[2], self.dtype)
+    rows = grouped.grouped_expert_ffn(dispatcher.dispatch(x), dispatcher.group_sizes, wi, wo,
+                                      ACTIVATIONS[self.activation], kernels)
+    return nn.with_logical_constraint(dispatcher.combine(rows), GSM)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardMap(ExpertPath):
+  """Dispatch, experts and combine per device under shard_map (`manual.moe_shard_map`), the weights cast to dtype."""
+
+  def __call__(self, x, routing, wi, wo):
+    return manual.moe_shard_map(x, routing, wi.astype(self.dtype), wo.astype(self.dtype),
+                                functools.partial(expert_ffn, activation=self.activation, constrain=False),
+                                group_spec=nn.logical_to_mesh_axes(GSM), expert_spec=nn.logical_to_mesh_axes(EMH))
+
+
+PATHS = {"einsum": Buffers, "index": Buffers, "index_gather": Buffers, "grouped": Grouped,
+         "shard_map": ShardMap}  # keys: config.moe.DISPATCHES (tested)
+
+
+def expert_path(cfg: MoeConfig, dtype, kernel_vmem: int | None = None) -> ExpertPath:
+  """The path of moe.dispatch."""
+  return PATHS[cfg.dispatch].from_config(cfg, dtype, kernel_vmem)
