@@ -15,7 +15,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gshard_mt import cli  # noqa: E402
-from gshard_mt import config as config_lib  # noqa: E402
 
 
 def main(argv):
@@ -29,8 +28,8 @@ def main(argv):
 
   rows = []
   for n in (int(x) for x in args.layers.split(",")):
-    config = config_lib.load(args.config, {"model.num_encoder_layers": str(n), "model.num_decoder_layers": str(n),
-                                           "mesh.data": "1"}, num_devices=1)
+    config = dryrun.load_for(args.config, {"model.num_encoder_layers": str(n), "model.num_decoder_layers": str(n),
+                                           "mesh.data": "1"}, 1)
     report = dryrun.dry_run(config, jax.devices()[:1])
     rows.append({"layers": 2 * n, "lower_seconds": report["lower_seconds"],
                  "compile_seconds": report["compile_seconds"], "device": jax.devices()[0].device_kind})

@@ -71,7 +71,8 @@ class ModelConfig(Section):
       "positions": ("sinusoidal", "learned"), "embedding": choices.EMBEDDINGS, "dtype": DTYPES,
       "residual_dtype": WithAuto(DTYPES), "dropout_rng": WithAuto(choices.DROPOUT_KEYS),
       "remat": choices.REMAT_POLICIES, "attention": WithAuto(choices.ATTENTIONS)}
-  POSITIVE: ClassVar[tuple[str, ...]] = ("emb_dim", "num_heads", "head_dim", "mlp_dim", "max_position")
+  POSITIVE: ClassVar[tuple[str, ...]] = ("emb_dim", "num_heads", "head_dim", "mlp_dim", "max_position",
+                                          "scan_unroll")
   NONNEGATIVE: ClassVar[dict[str, str]] = {"moe_interval": "0 = dense", "num_encoder_layers": "0 = none",
                                            "num_decoder_layers": "0 = none"}
   RANGES: ClassVar[dict[str, tuple]] = {"dropout_rate": fraction(), "attention_dropout_rate": fraction()}
@@ -103,6 +104,7 @@ class ModelConfig(Section):
   residual_dtype: str = "auto"
   remat: str = "none"  # what a layer unit keeps for the backward pass (model.REMAT_POLICIES): 'none', 'full', ...
   scan_layers: bool = True  # compile one layer unit, not one per layer
+  scan_unroll: int = 1  # with scan_layers: layer units per loop iteration (lax.scan's unroll)
 
   def check_values(self):
     super().check_values()

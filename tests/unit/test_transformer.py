@@ -1,6 +1,10 @@
 """The Transformer: the initial loss at any width (ln V + 0.5, as the README states), for each embedding scheme
 and output tying."""
 
+import dataclasses
+import functools
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -60,3 +64,28 @@ def test_layer_norm_parameters_keep_their_names():
   want |= {f"{prefix}/{norm}/{p}": (1, 32) for prefix, names in layer.items() for norm in names
            for p in ("scale", "bias")}
   assert norms == want
+
+
+@pytest.mark.parametrize("unroll", [2, 3])
+def test_scan_unroll_computes_the_same_with_fewer_loop_iterations(unroll):
+  """model.scan_unroll runs `unroll` layer units per iteration of the scan's loop (3 units: 2 -> one iteration of
+  two and the one left over, 3 -> all in one), with the same parameters, outputs and gradients."""
+  cfg = TransformerConfig(vocab_size=V, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64, num_encoder_layers=3,
+                          num_decoder_layers=3, moe_interval=0, dropout_rate=0.0)
+  rng = np.random.default_rng(0)
+  batch = {k: np.array(v) for k, v in dummy_batch(2, 8).items()}
+  batch["inputs"] = rng.integers(3, V, (2, 8)).astype(np.int32)
+  batch["targets"] = rng.integers(3, V, (2, 8)).astype(np.int32)
+  params = Transformer(cfg).init(jax.random.key(0), batch)
+
+  def loss(cfg, params):
+    return jnp.mean(Transformer(cfg).apply(params, batch)[0] ** 2)
+
+  unrolled = dataclasses.replace(cfg, scan_unroll=unroll)
+  assert jax.tree.structure(params) == jax.tree.structure(Transformer(unrolled).init(jax.random.key(0), batch))
+  want, got = (jax.jit(jax.value_and_grad(functools.partial(loss, c)))(params) for c in (cfg, unrolled))
+  np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+  jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7), got[1], want[1])
+  trips = lambda c: [int(t) for t in re.findall(r'"known_trip_count":\{"n":"(\d+)"', jax.jit(  # noqa: E731
+      functools.partial(loss, c)).lower(params).compile().as_text())]
+  assert trips(cfg) == [3, 3] and trips(unrolled) == []  # XLA removes a loop of one iteration
