@@ -1,16 +1,19 @@
-"""Each extension point is one class registered by name: a data source, a learning-rate schedule and a router
-defined in this file, registered here, each train two steps of configs/tiny.py (shrunk as the other tests shrink it)
-with no module of the package changed."""
+"""Each extension point is one class registered by name: a data source, a learning-rate schedule and a router,
+each defined and registered in this file, trains two steps of configs/tiny.py (shrunk as the other tests shrink
+it) with no module of the package changed."""
 
+import dataclasses
 import json
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gshard_mt.config.choices import SCHEDULES, SOURCES
+from gshard_mt.config.choices import ROUTERS, SCHEDULES, SOURCES
 from gshard_mt.data import corpus
 from gshard_mt.data.sources import Part, Source
+from gshard_mt.moe import gating
+from gshard_mt.moe.routers import Router
 from gshard_mt.training import loop
 from gshard_mt.training.schedules import Schedule
 from tests.helpers import small_config
@@ -48,10 +51,22 @@ class LinearToZero(Schedule):
     return lr * jnp.maximum(0.0, 1.0 - step / self.total_steps)
 
 
+@dataclasses.dataclass(frozen=True)
+class LeastLikely(Router):
+  """Each token to its k least likely experts (a perverse router, so that the test shows the router is the one
+  asked for: the kept load then follows the lowest logits)."""
+
+  k: int = 2
+
+  def route(self, logits, capacity, *, padding_mask=None, rng=None, bias=None):
+    return gating.topk_gating(-logits, self.k, capacity, bias=bias, padding_mask=padding_mask)
+
+
 @pytest.fixture
 def registered():
   """Registers the classes above (and takes them out again after the test)."""
-  added = [(SOURCES, "syllables", Syllables), (SCHEDULES, "linear_to_zero", LinearToZero)]
+  added = [(SOURCES, "syllables", Syllables), (SCHEDULES, "linear_to_zero", LinearToZero),
+           (ROUTERS, "least_likely", LeastLikely)]
   for registry, name, cls in added:
     registry.register(name)(cls)
   yield
@@ -81,6 +96,14 @@ def test_a_schedule_defined_here_trains_with_the_total_steps(registered, workdir
   # reached the schedule (constant would give 0.5)
   assert [r["learning_rate"] for r in metrics(workdir)] == pytest.approx([0.25, 0.25])
 
+
+
+def test_a_router_defined_here_trains(registered, workdir):
+  config = small_config(**{"num_train_steps": 2, "moe.router": "least_likely", "moe.num_selected": 1})
+  result = loop.train_and_evaluate(config, workdir)
+  rows = metrics(workdir)
+  assert result["step"] == 2 and all(np.isfinite(r["loss"]) for r in rows)
+  assert "moe/encoder_0/top1_dropped" in rows[0]  # logged as every router's metrics are
 
 
 def test_an_unknown_name_is_a_one_line_error_naming_the_choices():

@@ -165,10 +165,10 @@ _ffn.defvjp(_ffn_forward, _ffn_backward)
 def expert_ffn(buffers: jax.Array, wi: jax.Array, wo: jax.Array, buffer_axes: tuple, weight_axes: tuple,
                vmem: int | None = None) -> jax.Array:
   """relu(buffers wi) wo per expert: [E, G, C, M] x wi [E, M, H] x wo [E, H, M] (float32; bf16 in the matmuls
-  when the buffers are) -> [E, G, C, M] in the buffers' dtype, what `moe.layer.expert_ffn` computes with a ReLU.
+  when the buffers are) -> [E, G, C, M] in the buffers' dtype, what `moe.experts.expert_ffn` computes with a ReLU.
 
   buffer_axes, weight_axes: the logical axes of the buffers, split by groups as the dispatch writes them
-  (`moe.layer.EGCM_BY_GROUP`), and of wi (`EMH`). With the experts split over a mesh axis, which must split the
+  (`moe.axes.EGCM_BY_GROUP`), and of wi (`EMH`). With the experts split over a mesh axis, which must split the
   groups too, the G -> E and E -> G all-to-alls over it happen here: each device sends the slots of each peer's
   experts and keeps what it receives as it arrives, peer-major ([P, E', G'·C, M]), which the kernels read as
   they are (XLA's all-to-all for the EGCM constraint delivers the same and transposes it to [E', P·G', C, M] in
