@@ -40,8 +40,9 @@ class MoeConfig:
   second_expert_policy: str = "random"
   second_expert_threshold: float = 0.5
   # 'einsum' (the paper's), 'index' (gather by slot), 'grouped' (rows in blocks by expert, grouped matmuls over
-  # the kept assignments only; one device: on a mesh XLA all-gathers its rows), 'shard_map' (manual all-to-alls)
-  dispatch: str = "index"
+  # the kept assignments only; one device: on a mesh XLA all-gathers its rows), 'shard_map' (manual all-to-alls);
+  # 'auto': the platform's (config.platforms: 'index_gather' on GPUs, 'index' elsewhere)
+  dispatch: str = "auto"
   # of 'grouped': 'ragged_dot' (XLA's jax.lax.ragged_dot; a Mosaic kernel on TPU) or 'mosaic_gpu' (JAX's Pallas
   # Mosaic GPU kernels on a Hopper GPU, bf16; 'ragged_dot' elsewhere)
   grouped_kernel: str = "ragged_dot"
@@ -87,7 +88,7 @@ class MoeConfig:
     """Raises ConfigError naming the `moe.*` key; `used=False` (a dense model) checks only the choices."""
     routers = ROUTERS.names()
     for key, allowed in (("router", routers), ("decoder_router", ("",) + routers), ("balance", BALANCES),
-                         ("second_expert_policy", SECOND_EXPERT_POLICIES), ("dispatch", DISPATCHES),
+                         ("second_expert_policy", SECOND_EXPERT_POLICIES), ("dispatch", ("auto", *DISPATCHES)),
                          ("activation", ACTIVATIONS), ("grouped_kernel", GROUPED_KERNELS),
                          ("expert_kernel", EXPERT_KERNELS)):
       if getattr(self, key) not in allowed:
@@ -123,7 +124,8 @@ class MoeConfig:
     if self.grouped_kernel != "ragged_dot" and self.dispatch != "grouped":
       raise ConfigError(f"moe.grouped_kernel={self.grouped_kernel!r} is the grouped dispatch's: it needs "
                         f"moe.dispatch='grouped', not {self.dispatch!r}")
-    if self.expert_kernel == "pallas" and (self.dispatch not in KERNEL_DISPATCHES or self.activation != "relu"):
+    if self.expert_kernel == "pallas" and (self.dispatch not in ("auto", *KERNEL_DISPATCHES)
+                                           or self.activation != "relu"):
       raise ConfigError(f"moe.expert_kernel='pallas' computes relu(x wi) wo on capacity buffers: it needs "
                         f"moe.activation='relu' and moe.dispatch in {KERNEL_DISPATCHES}, not "
                         f"{self.activation!r} and {self.dispatch!r}")

@@ -3,9 +3,10 @@ devices are known (`resolved`); config.json keeps `auto`, so a work directory mo
 them may be set by hand.
 
 The choices, measured (docs/decisions.md, docs/performance.md):
-- GPUs: XLA's RngBitGenerator for the dropout bits, cuDNN's flash attention, the bf16 residual stream. On an H200
-  (2026-11-26, JAX 0.11.2) dense_base's step went from 38.7 to 32.0 ms with them (and dropout 0); the bf16
-  residual kept Multi30k's test_2016_flickr de->en at 29.95 BLEU against 30.1.
+- GPUs: XLA's RngBitGenerator for the dropout bits, cuDNN's flash attention, the bf16 residual stream, and the
+  index dispatch's gather backward. On an H200 (2026-11-26, JAX 0.11.2) dense_base's step went from 38.7 to 32.0 ms
+  with the first three (and dropout 0), and the MoE layer from 0.58 to 0.62 of a dense FFN with the gathers; the
+  bf16 residual kept Multi30k's test_2016_flickr de->en at 29.95 BLEU against 30.1.
 - TPUs: XLA's own paths, no kernel that has never run on a TPU.
 - CPUs: the reference paths, so that results stay bit-exact against earlier runs.
 """
@@ -13,9 +14,11 @@ The choices, measured (docs/decisions.md, docs/performance.md):
 from __future__ import annotations
 
 AUTO = "auto"
-REFERENCE = {"model.dropout_rng": "threefry", "model.attention": "xla", "model.residual_dtype": "float32"}
+REFERENCE = {"model.dropout_rng": "threefry", "model.attention": "xla", "model.residual_dtype": "float32",
+             "moe.dispatch": "index"}
 BY_PLATFORM = {
-    "gpu": {"model.dropout_rng": "rbg", "model.attention": "fused", "model.residual_dtype": "bfloat16"},
+    "gpu": {"model.dropout_rng": "rbg", "model.attention": "fused", "model.residual_dtype": "bfloat16",
+            "moe.dispatch": "index_gather"},
     "tpu": REFERENCE,
     "cpu": REFERENCE,
 }
@@ -33,6 +36,11 @@ class WithAuto:
 
   def __iter__(self):
     return iter((AUTO, *self.allowed))
+
+
+def dispatch_on(dispatch: str, platform: str) -> str:
+  """moe.dispatch on `platform`: `auto` resolved, any other value as it is."""
+  return chosen({"moe.dispatch": dispatch}, platform).get("moe.dispatch", dispatch)
 
 
 def chosen(values: dict, platform: str) -> dict[str, str]:

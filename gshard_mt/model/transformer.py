@@ -85,7 +85,9 @@ class TransformerConfig:
     flat = {f"model.{key}": value for key, value in model.items()}
     model |= {key[6:]: value for key, value in platforms.chosen(flat, platform or jax.default_backend()).items()}
     model |= {key: jnp.dtype(model[key]) for key in ("dtype", "residual_dtype")}
-    return cls(vocab_size=vocab_size, moe=MoeConfig.from_config(config.moe), **model)
+    moe = MoeConfig.from_config(config.moe)
+    moe = dataclasses.replace(moe, dispatch=platforms.dispatch_on(moe.dispatch, platform or jax.default_backend()))
+    return cls(vocab_size=vocab_size, moe=moe, **model)
 
   @property
   def unit_size(self) -> int:

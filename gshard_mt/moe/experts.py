@@ -22,6 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from gshard_mt.config import platforms
 from gshard_mt.config.moe import MoeConfig
 from gshard_mt.moe import dispatch, grouped, manual
 from gshard_mt.moe.axes import EGCH, EGCM, EGCM_BY_GROUP, EMH, GSM
@@ -125,4 +126,6 @@ PATHS = {"einsum": Buffers, "index": Buffers, "index_gather": Buffers, "grouped"
 
 def expert_path(cfg: MoeConfig, dtype, kernel_vmem: int | None = None) -> ExpertPath:
   """The path of moe.dispatch."""
+  if cfg.dispatch == platforms.AUTO:  # a MoeConfig not resolved by the model's config: JAX's default backend's
+    cfg = dataclasses.replace(cfg, dispatch=platforms.dispatch_on(cfg.dispatch, jax.default_backend()))
   return PATHS[cfg.dispatch].from_config(cfg, dtype, kernel_vmem)

@@ -32,7 +32,7 @@ def test_choices_are_what_the_layer_implements():
     (dict(num_experts=1), "moe.num_experts=1: top-2 gating needs at least 2 experts"),
     (dict(grouped_kernel="triton"), "moe.grouped_kernel='triton': expected one of"),
     (dict(grouped_kernel="mosaic_gpu"), "moe.grouped_kernel='mosaic_gpu' is the grouped dispatch's: it needs "
-                                        "moe.dispatch='grouped', not 'index'"),
+                                        "moe.dispatch='grouped', not 'auto'"),
 ])
 def test_checks_name_the_key(change, message):
   with pytest.raises(ConfigError, match=message):

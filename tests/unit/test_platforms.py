@@ -10,21 +10,21 @@ from gshard_mt.errors import ConfigError
 from gshard_mt.model.transformer import TransformerConfig
 from tests.helpers import small_config
 
-AUTO = {"model.dropout_rng": "auto", "model.attention": "auto", "model.residual_dtype": "auto"}
+AUTO = {"model.dropout_rng": "auto", "model.attention": "auto", "model.residual_dtype": "auto", "moe.dispatch": "auto"}
 
 
 def test_each_platform_gets_its_measured_choices():
   assert platforms.chosen(AUTO, "gpu") == {"model.dropout_rng": "rbg", "model.attention": "fused",
-                                           "model.residual_dtype": "bfloat16"}
+                                           "model.residual_dtype": "bfloat16", "moe.dispatch": "index_gather"}
   assert platforms.chosen(AUTO, "cuda") == platforms.chosen(AUTO, "gpu")
   for platform in ("tpu", "cpu", "something_new"):
     assert platforms.chosen(AUTO, platform) == {"model.dropout_rng": "threefry", "model.attention": "xla",
-                                                "model.residual_dtype": "float32"}
+                                                "model.residual_dtype": "float32", "moe.dispatch": "index"}
 
 
 def test_only_auto_is_resolved_and_attention_dropout_keeps_the_einsums():
-  assert platforms.chosen(AUTO | {"model.attention": "xla"}, "gpu").keys() == {"model.dropout_rng",
-                                                                              "model.residual_dtype"}
+  assert platforms.chosen(AUTO | {"model.attention": "xla"}, "gpu").keys() == {
+      "model.dropout_rng", "model.residual_dtype", "moe.dispatch"}
   assert platforms.chosen(AUTO | {"model.attention_dropout_rate": 0.1}, "gpu")["model.attention"] == "xla"
 
 
@@ -32,8 +32,11 @@ def test_the_model_config_is_resolved_for_the_devices_platform():
   config = small_config()
   assert (config.model.attention, config.model.dropout_rng, config.model.residual_dtype) == ("auto",) * 3
   gpu, cpu = (TransformerConfig.from_config(config, 64, p) for p in ("gpu", "cpu"))
-  assert (gpu.attention, gpu.dropout_rng, gpu.residual_dtype) == ("fused", "rbg", jnp.bfloat16)
-  assert (cpu.attention, cpu.dropout_rng, cpu.residual_dtype) == ("xla", "threefry", jnp.float32)
+  assert (gpu.attention, gpu.dropout_rng, gpu.residual_dtype, gpu.moe.dispatch) == (
+      "fused", "rbg", jnp.bfloat16, "index_gather")
+  assert (cpu.attention, cpu.dropout_rng, cpu.residual_dtype, cpu.moe.dispatch) == (
+      "xla", "threefry", jnp.float32, "index")
+  assert config.moe.dispatch == "auto" and small_config(**{"moe.dispatch": "einsum"}).moe.dispatch == "einsum"
   explicit = small_config(**{"model.attention": "xla", "model.residual_dtype": "float32"})
   assert TransformerConfig.from_config(explicit, 64, "gpu").attention == "xla"
 
