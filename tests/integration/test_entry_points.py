@@ -1,6 +1,7 @@
 """Every entry point answers bad input with one line naming the file (or directory) and exit status 2, before any
 compilation: the four malformed-corpus cases and a work directory that does not match."""
 
+import re
 import subprocess
 import sys
 
@@ -35,13 +36,17 @@ def folder_with(tmp_path, case):
   return folder, str(src)
 
 
+INFO = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ INFO ")
+
+
 def run(*args):
   return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=ROOT,
                         env=fresh_env())
 
 
 def assert_one_line_error(proc, *needles):
-  lines = proc.stderr.strip().splitlines()
+  """Exit 2 and one line of error: the progress a command logged before it (INFO lines) aside."""
+  lines = [line for line in proc.stderr.strip().splitlines() if not INFO.match(line)]
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
   for needle in needles:
