@@ -69,7 +69,7 @@ import numpy as np  # noqa: E402
 from gshard_mt import cli, io, xla_flags  # noqa: E402
 from gshard_mt import config as config_lib  # noqa: E402
 from gshard_mt.config.moe import DISPATCHES, MoeConfig  # noqa: E402
-from gshard_mt.data import packing, pipeline  # noqa: E402
+from gshard_mt.data import pipeline  # noqa: E402
 from gshard_mt.errors import UserError  # noqa: E402
 from gshard_mt.evaluation import evaluate  # noqa: E402
 from gshard_mt.model import decode  # noqa: E402
@@ -77,6 +77,7 @@ from gshard_mt.model.transformer import Transformer  # noqa: E402
 from gshard_mt.moe import grouped  # noqa: E402
 from gshard_mt.moe.layer import MoeFeedForward  # noqa: E402
 from gshard_mt.parallel import distributed  # noqa: E402
+from gshard_mt.parallel import mesh as mesh_lib  # noqa: E402
 from gshard_mt.training import metrics  # noqa: E402
 from gshard_mt.training.setup import Setup, build  # noqa: E402
 
@@ -170,7 +171,8 @@ class Prepared:
 
 def prepare(name: str, variant: str, *, small: bool, workdir: pathlib.Path) -> Prepared:
   overrides = (SMALL if small else {}) | VARIANTS[variant]
-  config = config_lib.load(CONFIGS[name], overrides, num_devices=jax.device_count())
+  config = config_lib.load(CONFIGS[name], overrides)
+  mesh_lib.check(config, jax.device_count())
   data = pipeline.load(config, workdir)
   setup = build(config, data.tokenizer.vocab_size)
   return Prepared(config, data, setup, setup.init_state(config.seed))
@@ -204,7 +206,7 @@ def training_section(prepared: Callable[[str, str], Prepared], name: str, varian
               tokens_per_s=float(sum(sides)) / seconds, step_tflops=flops * 1e-12,
               mfu=metrics.mfu(flops / seconds, jax.devices()[0], jax.device_count()),
               compile_and_warmup_s=compile_and_warmup_s, packing_efficiency=batches.packing_efficiency,
-              batch_size=config.batch_size, row_lengths=packing.row_lengths(config))
+              batch_size=config.batch_size, row_lengths=config_lib.row_lengths(config))
 
 
 def profile_section(small: bool, name: str, warmup: int, steps: int) -> dict:

@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gshard_mt import config as config_lib  # noqa: E402
-from gshard_mt.data import packing, pipeline  # noqa: E402
+from gshard_mt.data import pipeline  # noqa: E402
 
 
 def main():
@@ -43,7 +43,7 @@ def main():
   rest, overrides = config_lib.split_overrides(sys.argv[1:])
   args = parser.parse_args(rest)
   config = config_lib.load(args.config, overrides)
-  source_length, configured_target = packing.row_lengths(config)
+  source_length, configured_target = config_lib.row_lengths(config)
   rows = []
   with tempfile.TemporaryDirectory() as workdir:
     start = time.perf_counter()

@@ -225,8 +225,8 @@ def main(argv):
     gpu_suite.small_backend()
   else:
     xla_flags.add(NO_COMMAND_BUFFERS)
-  config = config_lib.load(parsed.config, {**(gpu_suite.SMALL if parsed.small else {}), **overrides},
-                           num_devices=jax.device_count())
+  config = config_lib.load(parsed.config, {**(gpu_suite.SMALL if parsed.small else {}), **overrides})
+  gpu_suite.mesh_lib.check(config, jax.device_count())
   with tempfile.TemporaryDirectory() as workdir:
     data = pipeline.load(config, pathlib.Path(workdir))
     summary = profile(config, data, build(config, data.tokenizer.vocab_size), parsed.warmup, parsed.steps)

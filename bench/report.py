@@ -55,6 +55,8 @@ def load(results: pathlib.Path = RESULTS) -> list[tuple[str, dict, dict]]:
 
 
 def kind(data: dict) -> str:
+  if "compile_width" in data:
+    return "compile"
   if "environment" in data:
     return "suite"
   if "parts" in data:
@@ -234,16 +236,33 @@ def cache_table(files) -> list[str]:
   return lines + table(["config", "overrides", "cold s", "warm s", "warm / cold"], body) if files else []
 
 
+def compile_tables(files) -> list[str]:
+  lines = ["## Compile time of the first training step against width", "",
+           "bench/compile_width.py: one training step lowered and compiled for one CPU device from abstract values, "
+           "a fresh process each time and no compilation cache; the median of the repeats in wall seconds (CPU "
+           "seconds of the process in brackets: less moved by other work on the cores); the step time is the median "
+           "of steps at a small batch on real arrays, at the smallest width.", ""]
+  for name, data, source in files:
+    widths, summary = data["widths"], data["compile_width"]["summary"]
+    lines += [provenance(name, source) + f" Median of {data['repeats']}.", ""]
+    body = [[layout, *(f"{s['compile_s'][str(w)]:.1f} ({s['compile_cpu_s'][str(w)]:.1f})" for w in widths),
+             f"{s['compile_ratio']:.2f} ({s['compile_cpu_ratio']:.2f})",
+             "-" if s["step_median_s"] is None else f"{s['step_median_s']:.2f}"] for layout, s in summary.items()]
+    lines += table(["layout", *(f"compile s, width {w}" for w in widths), f"{widths[-1]} / {widths[0]}",
+                    f"step s (batch {data['step_batch']})"], body)
+  return lines if files else []
+
+
 def render(results: pathlib.Path = RESULTS) -> str:
   files = load(results)
   by_kind = {k: [f for f in files if kind(f[1]) == k]
-             for k in ("suite", "profile", "scores", "routers", "study", "bias", "cache")}
+             for k in ("suite", "profile", "scores", "routers", "study", "bias", "cache", "compile")}
   suite = by_kind["suite"]
   lines = [HEADER]
   lines += training_tables(suite) + moe_tables(suite) + decoding_table(suite)
   lines += profile_tables(suite + by_kind["profile"])
   lines += score_tables(by_kind["scores"]) + router_table(by_kind["routers"]) + study_tables(by_kind["study"])
-  lines += bias_tables(by_kind["bias"]) + cache_table(by_kind["cache"])
+  lines += bias_tables(by_kind["bias"]) + cache_table(by_kind["cache"]) + compile_tables(by_kind["compile"])
   return "\n".join(lines).rstrip() + "\n"
 
 

@@ -23,6 +23,7 @@ from gshard_mt.model import layers
 from gshard_mt.model.layers import Attention, DenseFFN, layer_norm, packing_mask, shift_right, sinusoidal, source_bias
 from gshard_mt.moe import balance
 from gshard_mt.moe.layer import MoeFeedForward
+from gshard_mt.parallel.einsum import weight_einsum
 
 BLM = ("batch", "length", "embed")
 # Embedding schemes: (initial std, input multiplier, tied-logits multiplier), each as a power of M. Both real
@@ -263,7 +264,7 @@ class Transformer(nn.Module):
     kernel = self.tgt_embed.embedding.T * self._scales[2] if self.cfg.tied_logits else self.logits_kernel  # [M, V]
     # In the computation dtype, as every other matmul: float32 [B, L, V] logits would be the largest tensor of a
     # bfloat16 step, and the loss reads them in float32 anyway (training.step.cross_entropy).
-    logits = layers.weight_einsum("BLM,MV->BLV", y.astype(self.cfg.dtype), kernel)
+    logits = weight_einsum("BLM,MV->BLV", y.astype(self.cfg.dtype), kernel)
     return nn.with_logical_constraint(logits, ("batch", "length", "vocab")), stats
 
   def __call__(self, batch):

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from gshard_mt import cli
-from gshard_mt.data import packing, pipeline
+from gshard_mt import config as config_lib
+from gshard_mt.data import pipeline
 
 
 def main(argv):
@@ -33,7 +34,7 @@ def main(argv):
   batches = data.train_batches(config)
   for i in range(20):
     batches.batch(i)
-  source, target = packing.row_lengths(config)
+  source, target = config_lib.row_lengths(config)
   print(f"training rows: {source} source / {target} target tokens (data.max_length, data.max_target_length); "
         f"pairs longer on either side (filtered): {batches.filtered}; packing efficiency "
         f"{100 * batches.packing_efficiency:.1f}% of {config.batch_size} x ({source} + {target}) slots "
