@@ -1,4 +1,4 @@
-"""The loss's reductions of the logits in one pass (`gshard_mt.tpu.kernels.logit_stats`): the Pallas kernel (interpret mode on
+"""The loss's reductions of the logits in one pass (`tpu.kernels.logit_stats`): the Pallas kernel (interpret mode on
 the CPU) against the jnp reductions, float32 and bf16 (ties of the maximum included), in one block and in many;
 the custom gradient against autodiff of the jnp reductions; Mosaic compiles the kernel for a v5p, charged its
 bytes."""
