@@ -23,9 +23,9 @@ Sections:
   (compiled and warmed up first; batches staged on the device beforehand): step time, real tokens/s and MFU
   (`gshard_mt.training.metrics`: the step's model FLOPs as the dry run counts them, against the device's peak
   bf16 FLOP/s), for the (config, variant) pairs of RUNS, each against its config's defaults (VARIANTS: dropout 0,
-  rbg dropout bits, fused attention, a bf16 residual stream, all of them, all with dropout 0, the layers scanned,
-  the index dispatch with gathers for its backward passes (alone and with all), the grouped dispatch with the
-  Mosaic GPU kernels; --runs picks others).
+  rbg dropout bits, fused attention, a bf16 residual stream, all of them, all with dropout 0, the layers scanned
+  (and scanned with every unit in the loop's body), the index dispatch with gathers for its backward passes (alone
+  and with all), the grouped dispatch with the Mosaic GPU kernels; --runs picks others).
 - Profile: a few training steps of each config traced by bench/profile_step.py in a process of its own (XLA's
   GPU command buffers off): device time per step by part of the model (the parts of bench/step_breakdown.py's
   TPU estimate), the matmuls' share, the idle gaps and the longest instructions.
@@ -107,6 +107,8 @@ VARIANTS = {
 VARIANTS["all"] = {k: v for overrides in list(VARIANTS.values())[3:] for k, v in overrides.items()}
 VARIANTS["all and dropout 0"] = VARIANTS["all"] | VARIANTS["dropout 0"]  # the fastest step, MaxText's setting
 VARIANTS["scanned"] = {"model.scan_layers": "True"}  # the layers in a loop (the configs unroll them)
+# the parameters stacked as scanned, the loop's body every unit (model.scan_unroll caps at the unit count)
+VARIANTS["scanned unrolled"] = {"model.scan_layers": "True", "model.scan_unroll": "64"}
 VARIANTS["index gather"] = {"moe.dispatch": "index_gather"}  # the MoE layer's backward gathers, no scatter-add
 VARIANTS["all and index gather"] = VARIANTS["all"] | VARIANTS["index gather"]  # the fastest MoE layer on an H100
 # Rows in blocks by expert, by the Mosaic GPU grouped matmuls (ragged_dot off a GPU).
