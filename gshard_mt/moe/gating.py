@@ -140,8 +140,15 @@ def topk_choices(gates: jax.Array, k: int, bias: jax.Array | None = None) -> tup
   `bias` [E] (DeepSeek-V3's auxiliary-loss-free balancing) takes part in the choice only: the experts are the top
   k of gates + bias, their gates are the plain ones.
   """
-  _, experts = jax.lax.top_k(gates if bias is None else gates + bias, k)  # ties: the lower index first
-  return experts.astype(jnp.int32), jnp.take_along_axis(gates, experts, axis=-1)
+  # k argmaxes, not jax.lax.top_k: XLA lowers TopK on [G*S, E] rows, and with G split over devices the reshape
+  # all-gathers every group's gates (tests/integration/test_partitioning.py counts the collectives)
+  scores, chosen = gates if bias is None else gates + bias, []
+  for _ in range(k):
+    best = jnp.argmax(scores, axis=-1)  # ties: the lower index first, as top_k
+    chosen.append(best)
+    scores = jnp.where(jax.nn.one_hot(best, gates.shape[-1], dtype=bool), -jnp.inf, scores)
+  experts = jnp.stack(chosen, axis=-1).astype(jnp.int32)
+  return experts, jnp.take_along_axis(gates, experts, axis=-1)
 
 
 def normalized(weight: jax.Array) -> jax.Array:
