@@ -90,5 +90,5 @@ def test_rbg_masks_differ_across_steps_and_layers():
 def test_an_unknown_generator_is_one_line_naming_the_key():
   with pytest.raises(ConfigError) as raised:
     config_lib.load(ROOT / "configs" / "tiny.py", {"model.dropout_rng": "philox"})
-  assert str(raised.value) == "model.dropout_rng='philox': expected one of ('threefry', 'rbg')"
+  assert str(raised.value) == "model.dropout_rng='philox': expected one of ('auto', 'threefry', 'rbg')"
 

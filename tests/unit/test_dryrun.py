@@ -40,8 +40,9 @@ def test_fit_group_size(mesh, devices, expected):
 
 
 def test_fit_group_size_fits_the_microbatch():
-  """2 microbatches of 4 rows on 4 devices: 512 / 320 tokens, 4 / 2.5 groups of 128; 32 / 20 groups of 16 split."""
-  config = config_lib.load(TINY, {"num_microbatches": "2", "moe.group_size": "128"})
+  """2 microbatches of 4 rows on 4 devices: 512 / 320 tokens, 8 / 5 groups of 64 (5 do not split over 4; 16 / 10
+  of 32 neither); 32 / 20 groups of 16 split."""
+  config = config_lib.load(TINY, {"num_microbatches": "2", "moe.group_size": "64"})
   assert dryrun.fit_group_size(config, 4) == 16
 
 
