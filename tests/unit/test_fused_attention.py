@@ -122,9 +122,10 @@ def test_fused_attention_refuses_attention_dropout():
   with pytest.raises(ConfigError, match=r"model.attention='fused' has no attention dropout: it needs "
                                         r"model.attention_dropout_rate=0, not 0.1"):
     config_lib.load(ROOT / "configs" / "tiny.py", {"model.attention": "fused", "model.attention_dropout_rate": "0.1"})
-  with pytest.raises(ConfigError, match=r"model.attention='flash': expected one of \('xla', 'fused', 'pallas'\)"):
+  with pytest.raises(ConfigError, match=r"model.attention='flash': expected one of \('auto', 'xla', 'fused', "
+                                        r"'pallas'\)"):
     config_lib.load(ROOT / "configs" / "tiny.py", {"model.attention": "flash"})
-  assert ModelConfig.CHOICES["attention"] is layers.ATTENTIONS
+  assert ModelConfig.CHOICES["attention"].allowed is layers.ATTENTIONS  # and auto
 
 
 def test_cudnn_on_a_gpu_when_it_takes_the_inputs_else_xla():
