@@ -19,7 +19,8 @@ from typing import Any
 import ml_collections
 
 from gshard_mt import io
-from gshard_mt.config import platforms
+from gshard_mt.config import checks, platforms
+from gshard_mt.config.checks import Section
 from gshard_mt.config.groups import microbatch_rows, moe_group_error, row_lengths  # noqa: F401  the API
 from gshard_mt.config.sections import SECTIONS, Config
 from gshard_mt.errors import ConfigError, UserError, article
@@ -155,11 +156,11 @@ def _typed(section: str, cls, values: dict):
   hints = typing.get_type_hints(cls)
   values = {k: float(v) if hints[k] is float and isinstance(v, int) and not isinstance(v, bool) else v
             for k, v in values.items()}
-  for key, value in values.items():
-    if hints[key] in (int, float, str, bool) and not isinstance(value, hints[key]) or (
-        hints[key] is int and isinstance(value, bool)):
-      raise ConfigError(f"{prefix}{key}={value!r}: expected {article(hints[key].__name__)}, got "
-                        f"{article(type(value).__name__)}")
+  if not issubclass(cls, Section):  # a Section checks its own types; MoeConfig, the model's too, does not
+    for key, value in values.items():
+      if not checks.is_a(value, hints[key]):
+        raise ConfigError(f"{prefix}{key}={value!r}: expected {article(hints[key].__name__)}, got "
+                          f"{article(type(value).__name__)}")
   return cls(**values) if section else values
 
 

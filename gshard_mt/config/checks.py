@@ -33,7 +33,7 @@ class Section:
     hints = typing.get_type_hints(type(self))
     for f in dataclasses.fields(self):
       value, kind = getattr(self, f.name), hints[f.name]
-      if kind in (int, float, str, bool) and not _is(value, kind):
+      if not is_a(value, kind):
         raise ConfigError(f"{self.key(f.name)}={value!r}: expected {article(kind.__name__)}, got "
                           f"{article(type(value).__name__)}")
 
@@ -52,8 +52,10 @@ class Section:
         raise ConfigError(f"{self.key(name)}={value!r}: expected a finite number {expected}")
 
 
-def _is(value, kind) -> bool:
-  """Whether `value` is of the config type `kind` (an int is a float; a bool is no int)."""
+def is_a(value, kind) -> bool:
+  """Whether `value` is of the config type `kind` (an int is a float; a bool is no int; other types pass)."""
+  if kind not in (int, float, str, bool):
+    return True
   if kind is float:
     return isinstance(value, int | float) and not isinstance(value, bool)
   return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))

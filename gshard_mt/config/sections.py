@@ -165,6 +165,15 @@ class MeshConfig(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class DcnMeshConfig(MeshConfig):
+  """Slices per mesh axis (`dcn_mesh`)."""
+
+  KEY: ClassVar[str] = "dcn_mesh"
+
+  data: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
 class DistributedConfig(Section):
   """Multi-process runs: every process runs the same command with its own process_id (or, with auto=True, JAX
   reads them from the cluster: TPU pods, SLURM, ...). One process on one host needs none of this."""
@@ -216,7 +225,7 @@ class Config(Section):
   moe: MoeConfig = _default(MoeConfig)
   optimizer: OptimizerConfig = _default(OptimizerConfig)
   mesh: MeshConfig = _default(MeshConfig)
-  dcn_mesh: MeshConfig = _default(MeshConfig, data=1)
+  dcn_mesh: DcnMeshConfig = _default(DcnMeshConfig)
   partitioning: str = "expert"  # logical axis rules: 'data', 'expert' or 'expert_model' (parallel.rules)
   distributed: DistributedConfig = _default(DistributedConfig)
 
@@ -252,4 +261,4 @@ class Config(Section):
 
 
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "moe": MoeConfig, "optimizer": OptimizerConfig,
-            "mesh": MeshConfig, "dcn_mesh": MeshConfig, "distributed": DistributedConfig}
+            "mesh": MeshConfig, "dcn_mesh": DcnMeshConfig, "distributed": DistributedConfig}

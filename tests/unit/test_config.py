@@ -1,6 +1,7 @@
 """Config files, command-line overrides and validation."""
 
 import json
+import re
 
 import pytest
 
@@ -147,3 +148,16 @@ def test_moe_keys_are_checked_by_moe_config():
   with pytest.raises(ConfigError, match="moe.num_experts=1: top-2 gating needs at least 2 experts"):
     config_lib.load(TINY, {"moe.num_experts": "1", "mesh.expert": "1"})
   config_lib.load(TINY, {"moe.num_experts": "1", "model.moe_interval": "0"})  # a dense model ignores E
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"dcn_mesh": {"data": 1.5}}, "dcn_mesh.data=1.5: expected an int, got a float"),
+    ({"moe": {"jitter_noise": "x"}}, "moe.jitter_noise='x': expected a float, got a str"),
+    ({"model": {"scan_layers": 1}}, "model.scan_layers=1: expected a bool, got an int"),
+    ({"batch_size": True}, "batch_size=True: expected an int, got a bool"),
+    ({"data": {"surce": "tsv"}}, "unknown config key 'data.surce'; did you mean source"),
+])
+def test_parse_names_the_key_of_a_wrong_type_or_name(values, message):
+  with pytest.raises(ConfigError, match=re.escape(message)):
+    config_lib.parse(values)
+  assert config_lib.parse({"data": {"temperature": 2}}).data.temperature == 2.0  # an int is a float
