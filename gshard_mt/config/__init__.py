@@ -1,4 +1,5 @@
-"""Config files (Python files with `get_config()`), dotted command-line overrides, validation, saving.
+"""Config files (Python files with `get_config()`), dotted command-line overrides, parsing into the frozen `Config`
+(`sections`: every key's default and check), saving and loading config.json.
 
   python train.py --config configs/tiny.py --workdir runs/tiny --config.moe.num_experts=16
 """
@@ -140,7 +141,7 @@ def parse(config: ml_collections.ConfigDict | dict) -> Config:
   Keys missing (a config.json written before they were added) take their defaults."""
   values = to_dict(config) if isinstance(config, ml_collections.ConfigDict) else dict(config)
   sections = {name: _typed(name, cls, values.pop(name, {})) for name, cls in SECTIONS.items()}
-  return Config(**_typed("", Config, {k: v for k, v in values.items()}), **sections)
+  return Config(**_typed("", Config, values), **sections)
 
 
 def _typed(section: str, cls, values: dict):
@@ -156,7 +157,7 @@ def _typed(section: str, cls, values: dict):
   hints = typing.get_type_hints(cls)
   values = {k: float(v) if hints[k] is float and isinstance(v, int) and not isinstance(v, bool) else v
             for k, v in values.items()}
-  if not issubclass(cls, Section):  # a Section checks its own types; MoeConfig, the model's too, does not
+  if not issubclass(cls, Section):  # a Section checks its own types when made; MoeConfig's are checked here
     for key, value in values.items():
       if not checks.is_a(value, hints[key]):
         raise ConfigError(f"{prefix}{key}={value!r}: expected {article(hints[key].__name__)}, got "
