@@ -87,7 +87,6 @@ def will_use_tpu(platforms: str) -> bool:
   named = {p.strip() for p in platforms.split(",") if p.strip()}
   if named and "tpu" not in named:
     return False
-
   return hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0
 
 

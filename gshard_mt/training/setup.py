@@ -99,14 +99,9 @@ def _pallas_config(config, model_cfg, device):
 
 def model_config(config, vocab_size: int, platform: str) -> TransformerConfig:
   """The model's config for devices of `platform`, its `auto` options resolved there (and logged)."""
-  model_cfg = TransformerConfig.from_config(config, vocab_size, platform)
-  sections = {"model": model_cfg, "moe": model_cfg.moe}
-  resolved = {key: getattr(sections[key.split(".")[0]], key.split(".")[1]) for key, value in config_lib.flatten(
-      config_lib.to_dict(config)).items() if value == platforms.AUTO and key.split(".")[0] in sections}
-  if resolved:
-    log.info("auto options on %s: %s", platform, ", ".join(f"{k}={jnp.dtype(v).name if 'dtype' in k else v}"
-                                                          for k, v in resolved.items()))
-  return model_cfg
+  if chosen := platforms.chosen(config_lib.flatten(config_lib.to_dict(config)), platform):
+    log.info("auto options on %s: %s", platform, ", ".join(f"{k}={v}" for k, v in chosen.items()))
+  return TransformerConfig.from_config(config, vocab_size, platform)
 
 
 def build(config, vocab_size: int, devices=None) -> Setup:
