@@ -202,13 +202,15 @@ def training_section(prepared: Callable[[str, str], Prepared], name: str, varian
       timed.append(step_metrics)
     jax.block_until_ready(state)
     seconds = (time.perf_counter() - start) / steps
-  sides = np.mean([(float(m["source_tokens"]), float(m["target_tokens"])) for m in jax.device_get(timed)], axis=0)
+  timed = jax.device_get(timed)
+  sides = np.mean([(float(m["source_tokens"]), float(m["target_tokens"])) for m in timed], axis=0)
   flops = metrics.step_flops(state.params, config.moe.num_experts, *sides)
   return dict(config=f"configs/{name}.py", steps=steps, step_ms=seconds * 1e3, tokens_per_step=float(sum(sides)),
               tokens_per_s=float(sum(sides)) / seconds, step_tflops=flops * 1e-12,
               mfu=metrics.mfu(flops / seconds, jax.devices()[0], jax.device_count()),
               compile_and_warmup_s=compile_and_warmup_s, packing_efficiency=batches.packing_efficiency,
-              batch_size=config.batch_size, row_lengths=config_lib.row_lengths(config))
+              batch_size=config.batch_size, row_lengths=config_lib.row_lengths(config),
+              losses=[float(timed[0]["loss"]), float(timed[-1]["loss"])])  # the timed steps' first and last
 
 
 def profile_section(small: bool, name: str, warmup: int, steps: int) -> dict:
@@ -287,6 +289,8 @@ def main(argv) -> int:
   parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated, of " + ",".join(SECTIONS))
   parser.add_argument("--runs", default="", help="the training section's config:variant pairs, comma-separated "
                       "(default: RUNS), e.g. dense_base:defaults,dense_base:scanned")
+  parser.add_argument("--profiles", default=",".join(CONFIGS), help="the profile section's configs, "
+                      "comma-separated, of " + ",".join(CONFIGS))
   parser.add_argument("--from_json", default="", help="print the tables of a JSON this suite wrote (one a time "
                       "limit stopped, say), and run nothing")
   args = parser.parse_args(argv)
@@ -302,6 +306,9 @@ def main(argv) -> int:
     if len(run) != 2 or run[0] not in CONFIGS or run[1] not in VARIANTS:
       raise UserError(f"--runs: {':'.join(run)!r} is not config:variant with a config of {sorted(CONFIGS)} and a "
                       f"variant of {sorted(VARIANTS)}")
+  profiles = [name for name in args.profiles.split(",") if name]
+  if any(name not in CONFIGS for name in profiles):
+    raise UserError(f"--profiles: {args.profiles!r} names a config not of {','.join(CONFIGS)}")
   if args.runs and "training" not in sections:
     raise UserError(f"--runs chooses the training section's steps, but --sections {args.sections} leaves it out")
   if args.small:
@@ -337,7 +344,7 @@ def main(argv) -> int:
         save()
     if "profile" in sections:
       result["profile"] = []
-      for name in CONFIGS:
+      for name in profiles:
         result["profile"].append({"config": f"configs/{name}.py"} | run_section(
             profile_section, args.small, name, sizes["train_warmup"], sizes["profile_steps"]))
         save()

@@ -32,17 +32,19 @@ def markdown(result: dict) -> str:
     lines.append("")
   lines += ["Training step (packed Tatoeba-112 batches; tokens are real source + target tokens; the variants of "
             "`VARIANTS`, each step against its config's defaults):", "",
-            "| config | variant | rows x source / target tokens | step ms | vs defaults | tokens/s | MFU |",
-            "|---|---|---|---|---|---|---|"] if "training" in result else []
+            "| config | variant | rows x source / target tokens | step ms | vs defaults | tokens/s | MFU | loss, first "
+            "and last timed step |",
+            "|---|---|---|---|---|---|---|---|"] if "training" in result else []
   defaults = {r["config"]: r.get("step_ms") for r in result.get("training", []) if r["variant"] == "defaults"}
   for r in result.get("training", []):
     if "error" in r:
-      lines.append(f"| {r['config']} | {r['variant']} | failed: {r['error']} | | | | |")
+      lines.append(f"| {r['config']} | {r['variant']} | failed: {r['error']} | | | | | |")
     else:
       mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
       versus = f"{r['step_ms'] / defaults[r['config']]:.2f}x" if defaults.get(r["config"]) else "n/a"
       lines.append(f"| {r['config']} | {r['variant']} | {r['batch_size']} x {' / '.join(map(str, r['row_lengths']))} "
-                   f"| {r['step_ms']:.1f} | {versus} | {r['tokens_per_s']:,.0f} | {mfu} |")
+                   f"| {r['step_ms']:.1f} | {versus} | {r['tokens_per_s']:,.0f} | {mfu} | "
+                   + (" -> ".join(f"{loss:.3f}" for loss in r["losses"]) if "losses" in r else "") + " |")
   profiles = {r["config"]: r for r in result.get("profile", []) if "error" not in r}
   if "profile" in result:
     lines += ["", "Profile of the training step, traced (device time per step by part of the model):", ""]
