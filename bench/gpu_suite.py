@@ -68,6 +68,7 @@ import numpy as np  # noqa: E402
 
 from gshard_mt import cli, io, xla_flags  # noqa: E402
 from gshard_mt import config as config_lib  # noqa: E402
+from gshard_mt.config import platforms  # noqa: E402
 from gshard_mt.config.moe import DISPATCHES, MoeConfig  # noqa: E402
 from gshard_mt.data import pipeline  # noqa: E402
 from gshard_mt.errors import UserError  # noqa: E402
@@ -96,9 +97,9 @@ MOE_SHAPES = {False: dict(tokens=16384, model_dim=1024, hidden_dim=4096, experts
 # The training step's variants (issue 25's options) -> config overrides; 'all' is every option but dropout 0 (and
 # the layers as the config has them).
 VARIANTS = {
-    "defaults": {},  # on a GPU, `auto` (config.platforms): rbg dropout bits, cuDNN attention, bf16 residual
+    "defaults": {},  # `auto` as config.platforms resolves it on the device (on a GPU: the index_gather dispatch)
     # the reference paths, every platform's default before `auto` (issue 40): the "before" of the defaults
-    "reference": {"model.dropout_rng": "threefry", "model.attention": "xla", "model.residual_dtype": "float32"},
+    "reference": dict(platforms.REFERENCE),
     "dropout 0": {"model.dropout_rate": "0.0"},  # MaxText's setting
     "rbg dropout bits": {"model.dropout_rng": "rbg"},
     "fused attention": {"model.attention": "fused"},  # cuDNN's flash attention

@@ -42,7 +42,8 @@ def load(results: pathlib.Path = RESULTS) -> list[tuple[str, dict, dict]]:
     data = json.loads(path.read_text())
     if "environment" in data and "command" in data:
       env = data["environment"]
-      source = dict(date=env["date"], device=env["device"], jax=env["jax"], command=data["command"])
+      source = dict(date=env["date"], device=env["device"], jax=env["jax"], command=data["command"],
+                    note=data.get("note"))  # a note added to the file afterwards, saying how to read it
     elif all(key in data for key in ("date", "device", "jax", "command")):  # written with its provenance on top
       source = {key: data[key] for key in ("date", "device", "jax", "command")}
     elif name in sources:
@@ -97,7 +98,9 @@ def training_tables(files) -> list[str]:
   lines = ["## Training step on an accelerator", "",
            "`make bench-gpu` (bench/gpu_suite.py): the jitted step on packed Tatoeba-112 batches staged on the device; "
            "tokens are real source + target tokens; MFU against the device's peak dense bf16 FLOP/s "
-           "(gshard_mt/parallel/chips.py). \"vs defaults\" is against the same config's defaults in the same file.", ""]
+           "(gshard_mt/parallel/chips.py). \"vs defaults\" is against the same config's defaults in the same file; "
+           "the loss is that of the first and the last timed step (where the suite recorded it): a step that is "
+           "fast but does not learn shows there.", ""]
   for name, data, source in files:
     rows = data.get("training") or []
     if not rows:
@@ -107,14 +110,15 @@ def training_tables(files) -> list[str]:
     for r in rows:
       variant = r.get("variant", "defaults")
       if "error" in r:
-        body.append([r["config"], variant, f"failed: {r['error']}", "", "", "", ""])
+        body.append([r["config"], variant, f"failed: {r['error']}", "", "", "", "", ""])
         continue
       base = defaults.get(r["config"])
       body.append([r["config"], variant, f"{r['batch_size']} x {' / '.join(map(str, r['row_lengths']))}",
                    f"{r['step_ms']:.1f}", f"{r['step_ms'] / base:.2f}x" if base else "n/a",
-                   f"{r['tokens_per_s']:,.0f}", pct(r.get("mfu"))])
+                   f"{r['tokens_per_s']:,.0f}", pct(r.get("mfu")),
+                   " -> ".join(f"{loss:.2f}" for loss in r["losses"]) if "losses" in r else ""])
     lines += [provenance(name, source), ""] + table(
-        ["config", "variant", "rows x source / target", "step ms", "vs defaults", "tokens/s", "MFU"], body)
+        ["config", "variant", "rows x source / target", "step ms", "vs defaults", "tokens/s", "MFU", "loss"], body)
   return lines
 
 
@@ -231,9 +235,10 @@ def cache_table(files) -> list[str]:
   body = []
   for name, data, source in files:
     lines += [provenance(name, source), ""]
-    body.append([data["config"], " ".join(o.removeprefix("--config.") for o in data["overrides"]) or "-",
+    overrides = " ".join(o.removeprefix("--config.") for o in data["overrides"]) or "-"
+    body.append([data["device"], data["config"], overrides,
                  f"{data['cold_median_s']:.1f}", f"{data['warm_median_s']:.1f}", f"{data['warm_over_cold']:.2f}"])
-  return lines + table(["config", "overrides", "cold s", "warm s", "warm / cold"], body) if files else []
+  return lines + table(["device", "config", "overrides", "cold s", "warm s", "warm / cold"], body) if files else []
 
 
 def compile_tables(files) -> list[str]:

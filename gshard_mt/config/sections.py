@@ -91,16 +91,16 @@ class ModelConfig(Section):
   max_position: int = 512  # for learned positions
   dropout_rate: float = 0.1
   # the dropout masks' random bits (model.layers.DROPOUT_KEYS): 'threefry', or 'rbg' (XLA's RngBitGenerator);
-  # 'auto' = the platform's (config.platforms: rbg on GPUs, threefry elsewhere)
+  # 'auto' = the platform's (config.platforms: threefry everywhere for now)
   dropout_rng: str = "auto"
   attention_dropout_rate: float = 0.0
   # 'xla': einsums with an additive mask (the reference; attention dropout); 'fused': jax.nn.dot_product_attention
   # with a boolean mask, cuDNN's flash attention on GPUs; 'pallas': the whole block in Pallas kernels for TPUs
   # (gshard_mt.tpu.kernels.attention; interpret mode elsewhere, for tests; no attention dropout); 'auto' = the
-  # platform's (config.platforms: fused on GPUs, xla elsewhere)
+  # platform's (config.platforms: xla everywhere for now)
   attention: str = "auto"
   dtype: str = "bfloat16"  # computation; parameters are float32
-  # the residual stream: 'float32' or 'bfloat16' (layer norms stay float32); 'auto' = bfloat16 on GPUs, else float32
+  # the residual stream: 'float32' or 'bfloat16' (layer norms stay float32); 'auto' = float32 everywhere for now
   residual_dtype: str = "auto"
   remat: str = "none"  # what a layer unit keeps for the backward pass (model.REMAT_POLICIES): 'none', 'full', ...
   scan_layers: bool = True  # compile one layer unit, not one per layer

@@ -19,6 +19,7 @@ import gpu_suite  # noqa: E402
     (["--runs", "tiny:defaults"], "--runs: 'tiny:defaults' is not config:variant"),
     (["--runs", "dense_base"], "--runs: 'dense_base' is not config:variant"),
     (["--sections", "profile", "--runs", "base:defaults"], "--runs chooses the training section's steps"),
+    (["--sections", "profile", "--profiles", "base,tiny"], "--profiles: 'base,tiny' names a config not of"),
 ])
 def test_bad_choices_end_before_any_work(argv, message, tmp_path):
   with pytest.raises(UserError, match=message):
@@ -28,13 +29,14 @@ def test_bad_choices_end_before_any_work(argv, message, tmp_path):
 
 def test_markdown_holds_only_the_sections_that_ran():
   row = dict(config="configs/dense_base.py", variant="defaults", step_ms=50.0, mfu=0.2, tokens_per_s=1e6,
-             batch_size=512, row_lengths=[64, 40])
+             batch_size=512, row_lengths=[64, 40], losses=[9.0, 7.25])
   result = dict(environment=dict(device="GPU", date="2026-11-25", device_count=1, platform="gpu", jax="0.11.2",
                                  flax="0.12.10", commit="abc", xla_flags=""),
                 command="python bench/gpu_suite.py --sections training", seconds=60, json="x.json",
                 training=[row, row | dict(variant="scanned", step_ms=70.0)])
   text = gpu_suite.markdown(result)
-  assert "| configs/dense_base.py | scanned | 512 x 64 / 40 | 70.0 | 1.40x | 1,000,000 | 20.0% |" in text
+  assert ("| configs/dense_base.py | scanned | 512 x 64 / 40 | 70.0 | 1.40x | 1,000,000 | 20.0% | 9.000 -> 7.250 |"
+          in text)
   assert "MoE layer" not in text and "Decoding" not in text and "Profile" not in text
   assert "Command: `python bench/gpu_suite.py --sections training`" in text
 
@@ -53,7 +55,7 @@ def test_the_tables_of_a_run_a_time_limit_stopped(tmp_path, capsys):
   """A run stopped after its first training step left its JSON (written after each step): --from_json prints its
   tables, which say so, and writes nothing."""
   row = dict(config="configs/dense_base.py", variant="defaults", step_ms=50.0, mfu=0.2, tokens_per_s=1e6,
-             batch_size=512, row_lengths=[64, 40])
+             batch_size=512, row_lengths=[64, 40], losses=[9.0, 7.25])
   result = dict(environment=dict(device="GPU", date="2026-11-26", device_count=1, platform="gpu", jax="0.11.2",
                                  flax="0.12.10", commit="abc", xla_flags=""),
                 command="python bench/gpu_suite.py", seconds=600, json="x.json", finished=False, training=[row])

@@ -14,18 +14,17 @@ AUTO = {"model.dropout_rng": "auto", "model.attention": "auto", "model.residual_
 
 
 def test_each_platform_gets_its_measured_choices():
-  assert platforms.chosen(AUTO, "gpu") == {"model.dropout_rng": "rbg", "model.attention": "fused",
-                                           "model.residual_dtype": "bfloat16", "moe.dispatch": "index_gather"}
+  assert platforms.chosen(AUTO, "gpu") == {"model.dropout_rng": "threefry", "model.attention": "xla",
+                                           "model.residual_dtype": "float32", "moe.dispatch": "index_gather"}
   assert platforms.chosen(AUTO, "cuda") == platforms.chosen(AUTO, "gpu")
   for platform in ("tpu", "cpu", "something_new"):
     assert platforms.chosen(AUTO, platform) == {"model.dropout_rng": "threefry", "model.attention": "xla",
                                                 "model.residual_dtype": "float32", "moe.dispatch": "index"}
 
 
-def test_only_auto_is_resolved_and_attention_dropout_keeps_the_einsums():
-  assert platforms.chosen(AUTO | {"model.attention": "xla"}, "gpu").keys() == {
+def test_only_auto_is_resolved():
+  assert platforms.chosen(AUTO | {"model.attention": "fused", "model.dropout_rate": 0.1}, "gpu").keys() == {
       "model.dropout_rng", "model.residual_dtype", "moe.dispatch"}
-  assert platforms.chosen(AUTO | {"model.attention_dropout_rate": 0.1}, "gpu")["model.attention"] == "xla"
 
 
 def test_the_model_config_is_resolved_for_the_devices_platform():
@@ -33,12 +32,13 @@ def test_the_model_config_is_resolved_for_the_devices_platform():
   assert (config.model.attention, config.model.dropout_rng, config.model.residual_dtype) == ("auto",) * 3
   gpu, cpu = (TransformerConfig.from_config(config, 64, p) for p in ("gpu", "cpu"))
   assert (gpu.attention, gpu.dropout_rng, gpu.residual_dtype, gpu.moe.dispatch) == (
-      "fused", "rbg", jnp.bfloat16, "index_gather")
+      "xla", "threefry", jnp.float32, "index_gather")
   assert (cpu.attention, cpu.dropout_rng, cpu.residual_dtype, cpu.moe.dispatch) == (
       "xla", "threefry", jnp.float32, "index")
   assert config.moe.dispatch == "auto" and small_config(**{"moe.dispatch": "einsum"}).moe.dispatch == "einsum"
-  explicit = small_config(**{"model.attention": "xla", "model.residual_dtype": "float32"})
-  assert TransformerConfig.from_config(explicit, 64, "gpu").attention == "xla"
+  explicit = small_config(**{"model.attention": "fused", "model.residual_dtype": "bfloat16"})
+  assert (TransformerConfig.from_config(explicit, 64, "gpu").attention,
+          TransformerConfig.from_config(explicit, 64, "cpu").residual_dtype) == ("fused", jnp.bfloat16)
 
 
 def test_config_json_keeps_auto_and_runs_with_explicit_values_resume(tmp_path):
