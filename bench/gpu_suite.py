@@ -15,7 +15,7 @@ from the JSON files by `python bench/report.py`.
 Sections:
 
 - MoE layer: forward + backward of bench/moe_layer.py's reference shape (16,384 tokens, M=1024, H=4096, E=32,
-  S=1024, capacity factor 1.25, bf16) for every dispatch of `gshard_mt.config.moe.DISPATCHES` and for the grouped
+  S=1024, capacity factor 1.25, bf16) for every dispatch of `gshard_mt.config.choices.DISPATCHES` and for the grouped
   dispatch with the Mosaic GPU kernels (moe.grouped_kernel), each as a ratio to the dense FFN of hidden 2H timed
   in the same process (bench/moe_layer.py's timing); then the grouped FFN alone by kernel, XLA's ragged_dot and
   the Mosaic GPU kernels with each of MOSAIC_TILES, each checked against ragged_dot.
@@ -69,7 +69,8 @@ import numpy as np  # noqa: E402
 from gshard_mt import cli, io, xla_flags  # noqa: E402
 from gshard_mt import config as config_lib  # noqa: E402
 from gshard_mt.config import platforms  # noqa: E402
-from gshard_mt.config.moe import DISPATCHES, MoeConfig  # noqa: E402
+from gshard_mt.config.choices import DISPATCHES  # noqa: E402
+from gshard_mt.config.moe import MoeConfig  # noqa: E402
 from gshard_mt.data import pipeline  # noqa: E402
 from gshard_mt.errors import UserError  # noqa: E402
 from gshard_mt.evaluation import evaluate  # noqa: E402

@@ -12,3 +12,6 @@ DROPOUT_KEYS = Registry("model.dropout_rng", builtins="gshard_mt.model.layers") 
 EMBEDDINGS = Registry("model.embedding", builtins="gshard_mt.model.transformer")  # scales as powers of M
 REMAT_POLICIES = Registry("model.remat", builtins="gshard_mt.model.transformer")  # jax.checkpoint policies
 PARTITIONINGS = Registry("partitioning", builtins="gshard_mt.parallel.rules")  # logical axis rule tables
+DISPATCHES = Registry("moe.dispatch", builtins="gshard_mt.moe.experts")  # ExpertPath classes
+ACTIVATIONS = Registry("moe.activation", builtins="gshard_mt.moe.experts")  # functions
+GROUPED_KERNELS = Registry("moe.grouped_kernel", builtins="gshard_mt.moe.grouped")  # the grouped matmuls' classes

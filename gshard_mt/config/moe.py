@@ -10,17 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from gshard_mt.config.choices import ROUTERS
+from gshard_mt.config.choices import ACTIVATIONS, DISPATCHES, GROUPED_KERNELS, ROUTERS
 from gshard_mt.errors import ConfigError
 
 BALANCES = ("aux_loss", "bias")
 SECOND_EXPERT_POLICIES = ("all", "random")
-# All automatic (XLA places the all-to-alls) but shard_map.
-DISPATCHES = ("einsum", "index", "index_gather", "grouped", "shard_map")
-ACTIVATIONS = ("relu", "gelu")
-GROUPED_KERNELS = ("ragged_dot", "mosaic_gpu")  # the grouped dispatch's matmuls (moe/grouped.py)
 EXPERT_KERNELS = ("xla", "pallas")  # the capacity buffers' expert FFN (moe/experts.py, tpu/kernels/expert_ffn.py)
-KERNEL_DISPATCHES = ("einsum", "index", "index_gather")  # the automatic paths with capacity buffers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +84,7 @@ class MoeConfig:
     routers = ROUTERS.names()
     for key, allowed in (("router", routers), ("decoder_router", ("",) + routers), ("balance", BALANCES),
                          ("second_expert_policy", SECOND_EXPERT_POLICIES), ("dispatch", ("auto", *DISPATCHES)),
-                         ("activation", ACTIVATIONS), ("grouped_kernel", GROUPED_KERNELS),
+                         ("activation", ACTIVATIONS.names()), ("grouped_kernel", GROUPED_KERNELS.names()),
                          ("expert_kernel", EXPERT_KERNELS)):
       if getattr(self, key) not in allowed:
         raise ConfigError(f"moe.{key}={getattr(self, key)!r}: expected one of {allowed}")
@@ -124,10 +119,10 @@ class MoeConfig:
     if self.grouped_kernel != "ragged_dot" and self.dispatch != "grouped":
       raise ConfigError(f"moe.grouped_kernel={self.grouped_kernel!r} is the grouped dispatch's: it needs "
                         f"moe.dispatch='grouped', not {self.dispatch!r}")
-    if self.expert_kernel == "pallas" and (self.dispatch not in ("auto", *KERNEL_DISPATCHES)
-                                           or self.activation != "relu"):
+    buffers = tuple(name for name, path in DISPATCHES.items() if path.capacity_buffers)
+    if self.expert_kernel == "pallas" and (self.dispatch not in ("auto", *buffers) or self.activation != "relu"):
       raise ConfigError(f"moe.expert_kernel='pallas' computes relu(x wi) wo on capacity buffers: it needs "
-                        f"moe.activation='relu' and moe.dispatch in {KERNEL_DISPATCHES}, not "
+                        f"moe.activation='relu' and moe.dispatch in {buffers}, not "
                         f"{self.activation!r} and {self.dispatch!r}")
     if self.balance == "bias" and self.aux_loss_weight > 0:
       raise ConfigError(f"moe.balance='bias' balances without the auxiliary loss (DeepSeek-V3): set "

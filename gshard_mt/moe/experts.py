@@ -16,20 +16,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from gshard_mt.config import platforms
+from gshard_mt.config import choices, platforms
 from gshard_mt.config.moe import MoeConfig
 from gshard_mt.moe import dispatch, grouped, manual
 from gshard_mt.moe.axes import EGCH, EGCM, EGCM_BY_GROUP, EMH, GSM
 from gshard_mt.moe.gating import Routing
 from gshard_mt.parallel.einsum import weight_einsum
 
-ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu}  # keys: config.moe.ACTIVATIONS (tested)
+ACTIVATIONS = choices.ACTIVATIONS.add({"relu": jax.nn.relu, "gelu": jax.nn.gelu})
 
 
 def expert_ffn(expert_in: jax.Array, wi: jax.Array, wo: jax.Array, activation: str = "relu",
@@ -51,6 +51,7 @@ class ExpertPath:
 
   activation: str = "relu"
   dtype: Any = jnp.float32
+  capacity_buffers: ClassVar[bool] = False  # fills [E, G, C, M] buffers (what moe.expert_kernel='pallas' runs on)
 
   @classmethod
   def from_config(cls, cfg: MoeConfig, dtype, kernel_vmem: int | None = None) -> ExpertPath:
@@ -69,6 +70,7 @@ class Buffers(ExpertPath):
   dispatch: str = "index"
   expert_kernel: str = "xla"
   kernel_vmem: int | None = None  # the TPU's VMEM in bytes (None: not known)
+  capacity_buffers: ClassVar[bool] = True
 
   @classmethod
   def from_config(cls, cfg: MoeConfig, dtype, kernel_vmem: int | None = None) -> Buffers:
@@ -120,8 +122,9 @@ class ShardMap(ExpertPath):
                                 group_spec=nn.logical_to_mesh_axes(GSM), expert_spec=nn.logical_to_mesh_axes(EMH))
 
 
-PATHS = {"einsum": Buffers, "index": Buffers, "index_gather": Buffers, "grouped": Grouped,
-         "shard_map": ShardMap}  # keys: config.moe.DISPATCHES (tested)
+# moe.dispatch -> its path; all automatic (XLA places the all-to-alls) but shard_map
+PATHS = choices.DISPATCHES.add({"einsum": Buffers, "index": Buffers, "index_gather": Buffers, "grouped": Grouped,
+                                "shard_map": ShardMap})
 
 
 def expert_path(cfg: MoeConfig, dtype, kernel_vmem: int | None = None) -> ExpertPath:

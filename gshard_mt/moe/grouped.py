@@ -28,7 +28,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from gshard_mt.config.moe import GROUPED_KERNELS
+from gshard_mt.config import choices
 from gshard_mt.errors import ConfigError
 
 ROW_TILE = 8  # the rows of JAX's Mosaic GPU grouped matmuls, in tiles of 8 (MosaicGpu pads them)
@@ -104,6 +104,10 @@ class MosaicGpu:
         raise ConfigError(f"{key}={dim}: moe.grouped_kernel='mosaic_gpu' needs a multiple of {step} (its tiles)")
 
 
+# moe.grouped_kernel -> its grouped matmuls
+GROUPED_KERNELS = choices.GROUPED_KERNELS.add({"ragged_dot": RaggedDot, "mosaic_gpu": MosaicGpu})
+
+
 def _whole_row_tiles(group_sizes: jax.Array, *xs: jax.Array) -> tuple[jax.Array, tuple[jax.Array, ...]]:
   """The Mosaic GPU kernels' rows come in tiles of ROW_TILE (a row count that is not a multiple fails as the
   kernel lowers): each of xs [R, .] with zero rows appended up to a multiple, counted in the last group, where
@@ -119,7 +123,7 @@ def kernels_for(name: str, model_dim: int, hidden_dim: int, dtype) -> RaggedDot 
   (the weight-gradient kernel asks the device for its number of SMs when it is traced, so it cannot be traced
   for a GPU elsewhere)."""
   if name not in GROUPED_KERNELS:
-    raise ConfigError(f"moe.grouped_kernel={name!r}: expected one of {GROUPED_KERNELS}")
+    raise ConfigError(f"moe.grouped_kernel={name!r}: expected one of {GROUPED_KERNELS.names()}")
   if name == "mosaic_gpu" and jax.default_backend() == "gpu":
     _check_hopper()
     kernels = MosaicGpu()

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gshard_mt.config.moe import DISPATCHES
+from gshard_mt.config.choices import DISPATCHES
 from tests.helpers import ROOT
 
 

@@ -4,11 +4,10 @@ import dataclasses
 
 import pytest
 
-from gshard_mt.config import defaults
-from gshard_mt.config import moe as moe_config
+from gshard_mt.config import choices, defaults
 from gshard_mt.config.moe import MoeConfig
 from gshard_mt.errors import ConfigError
-from gshard_mt.moe import dispatch, experts
+from gshard_mt.moe import dispatch, experts, grouped
 
 
 def test_the_config_files_moe_section_is_exactly_moe_config():
@@ -16,10 +15,14 @@ def test_the_config_files_moe_section_is_exactly_moe_config():
   assert MoeConfig.from_config(defaults.get_config().moe) == MoeConfig()
 
 
-def test_choices_are_what_the_layer_implements():
-  assert tuple(experts.ACTIVATIONS) == moe_config.ACTIVATIONS
-  assert tuple(experts.PATHS) == moe_config.DISPATCHES
-  assert set(dispatch.DISPATCHERS) | {"shard_map"} == set(moe_config.DISPATCHES)
+def test_choices_are_the_registries_the_layer_fills():
+  assert experts.ACTIVATIONS is choices.ACTIVATIONS and experts.PATHS is choices.DISPATCHES
+  assert grouped.GROUPED_KERNELS is choices.GROUPED_KERNELS
+  assert choices.DISPATCHES.names() == ("einsum", "index", "index_gather", "grouped", "shard_map")
+  assert set(dispatch.DISPATCHERS) | {"shard_map"} == set(choices.DISPATCHES)
+  buffers = r"moe.dispatch in \('einsum', 'index', 'index_gather'\), not 'relu' and 'grouped'"
+  with pytest.raises(ConfigError, match=buffers):
+    dataclasses.replace(MoeConfig(), expert_kernel="pallas", dispatch="grouped").validate()
 
 
 @pytest.mark.parametrize("change, message", [

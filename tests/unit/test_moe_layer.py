@@ -172,7 +172,7 @@ def test_shard_map_rejects_layouts_it_cannot_run(group_spec, expert_spec, messag
 
 
 def test_every_dispatch_is_one_expert_path_behind_one_interface():
-  from gshard_mt.config.moe import DISPATCHES
+  from gshard_mt.config.choices import DISPATCHES
   from gshard_mt.moe import experts
 
   _, _, params = inputs()
