@@ -42,6 +42,12 @@ def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
   return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
+def curve(ax, rows: list[dict], key: str, **style) -> None:
+  """The series of `key` as a line; a lone point (a run of one logged step) as a dot, which a line would not show."""
+  xs, ys = series(rows, key)
+  ax.plot(xs, ys, **({"marker": "o"} if len(xs) == 1 else {}) | style)
+
+
 def dev_bleu(workdir: epath.Path) -> tuple[list[int], list[float]]:
   """(steps, average BLEU) of the single-checkpoint dev evaluations (eval/dev-<step>/scores.json)."""
   scores = sorted((json.loads(p.read_text()) for p in (workdir / "eval").glob("dev-*/scores.json")
@@ -62,7 +68,7 @@ def greedy_sample(rows: list[dict]) -> tuple[str, str, str]:
 
 def plot_training(workdir: epath.Path, rows: list[dict]) -> epath.Path:
   fig, axes = figures.subplots(1, 4, figsize=(18, 3.8))
-  axes[0].plot(*series(rows, "loss"), label="training loss (label-smoothed)")
+  curve(axes[0], rows, "loss", label="training loss (label-smoothed)")
   axes[0].plot(*series(rows, "dev_loss"), marker="o", label="dev loss (NLL)")
   axes[0].set(xlabel="step", ylabel="nats per target token", title="loss")
   axes[0].legend(fontsize=8)
@@ -79,11 +85,11 @@ def plot_training(workdir: epath.Path, rows: list[dict]) -> epath.Path:
   else:
     axes[1].text(0.5, 0.5, "not evaluated: train with\n--config.eval_bleu_every=N, or run\n"
                  "eval.py --split dev --step N", ha="center", va="center", transform=axes[1].transAxes)
-  axes[2].plot(*series(rows, "aux_loss"), color="tab:purple")
+  curve(axes[2], rows, "aux_loss", color="tab:purple")
   moe_layers = len({k for r in rows for k in r if k.endswith("/load_cv")})
   axes[2].axhline(max(moe_layers, 1), color="grey", lw=0.8, ls="--", label="balanced")
   axes[2].set(xlabel="step", ylabel="sum over MoE layers (1 each when balanced)", title="auxiliary loss")
-  axes[3].plot(*series(rows, "learning_rate"), color="tab:orange")
+  curve(axes[3], rows, "learning_rate", color="tab:orange")
   axes[3].set(xlabel="step", ylabel="learning rate", title="learning rate")
   for ax in axes:
     ax.grid(alpha=0.3)
@@ -117,14 +123,15 @@ def routing_figure(rows: list[dict], loads: list[dict]):
   matrices = [np.array([r[f"{layer}/load"] for r in loads]).T * len(loads[0][f"{layer}/load"])  # [E, steps]
               for layer in layers]
   norm = load_norm(matrices)
+  half = (steps[-1] - steps[0]) / (2 * (len(steps) - 1)) if len(steps) > 1 else 0.5  # each column centred on its step
   for (heat, drops), layer, matrix in zip(axes, layers, matrices):
     E = matrix.shape[0]
     image = heat.imshow(matrix, aspect="auto", origin="lower", cmap="RdBu_r", norm=norm, interpolation="nearest",
-                        extent=(steps[0], steps[-1], -0.5, E - 0.5))
+                        extent=(steps[0] - half, steps[-1] + half, -0.5, E - 0.5))
     heat.set(xlabel="step", ylabel="expert", title=f"{layer.removeprefix('moe/')}: expert load")
     heat.set_yticks(range(E) if E <= 16 else np.linspace(0, E - 1, 9).astype(int))
     for key, label in (("top1_dropped", "top-1 dropped"), ("top2_dropped", "top-2 dropped")):
-      drops.plot(*series(rows, f"{layer}/{key}"), label=label)
+      curve(drops, rows, f"{layer}/{key}", label=label)
     drops.set(xlabel="step", ylabel="fraction", title="dropped at capacity", ylim=(0, None))
     drops.grid(alpha=0.3)
     drops.legend(fontsize=8)

@@ -100,3 +100,15 @@ def test_every_layer_shares_one_colour_scale_for_the_load():
   colour = {value: {tuple(image.cmap(image.norm(value))) for image in images} for value in (0.0, 1.0, 1.2, 3.0)}
   assert all(len(colours) == 1 for colours in colour.values()), colour
   assert images[0].norm.vmin == 0 and images[0].norm.vmax == 3.0 and images[0].norm(1.0) == 0.5
+
+
+def test_a_run_of_one_logged_step_shows_its_points(recwarn):
+  """One logged step: the loss, the drops and the load heatmap still show it (a line of one point draws nothing,
+  and an image from step 1 to step 1 has no width)."""
+  layer = "moe/encoder_0"
+  rows = [{"step": 1, "loss": 8.9, f"{layer}/top1_dropped": 0.2, f"{layer}/top2_dropped": 0.4}]
+  fig = plot.routing_figure(rows, [{"step": 1, f"{layer}/load": [0.5, 0.3, 0.1, 0.1]}])
+  left, right, _, _ = fig.axes[0].get_images()[0].get_extent()
+  assert (left, right) == (0.5, 1.5)
+  assert [line.get_marker() for line in fig.axes[1].get_lines()] == ["o", "o"]
+  assert not [w for w in recwarn if "singular" in str(w.message)]
