@@ -111,18 +111,19 @@ def topk_gating(logits: jax.Array, k: int, expert_capacity: int, *, normalize: b
   experts, weight = topk_choices(gates, k, bias)  # GSK
   if normalize:
     weight = normalized(weight)
-  wanted = jnp.broadcast_to(valid[..., None], (G, S, k))
+  wanted = [valid] * k  # per choice, [G, S]
   if second_expert_policy == "random":
-    sampled = jax.random.uniform(rng, (G, S)) < weight[..., 1] / second_expert_threshold
-    wanted = wanted.at[..., 1].set(wanted[..., 1] & sampled)
-  onehot = jax.nn.one_hot(experts, E, dtype=jnp.int32)  # GSKE
-  kept_e, position = assign_slots(onehot * wanted[..., None], expert_capacity)
-  kept = jnp.sum(kept_e, axis=-1) > 0  # GSK
-  aux_loss, z_loss = balance_losses(logits, gates, onehot[:, :, 0], valid)
-  metrics, requested = routing_metrics(gates, valid, wanted, kept, experts)
-  return Routing(expert_index=experts, slot=jnp.sum(position * onehot, axis=-1).astype(jnp.int32),
-                 weight=weight * kept, kept=kept, aux_loss=aux_loss, z_loss=z_loss, metrics=metrics, num_experts=E,
-                 capacity=expert_capacity, requested=requested)
+    wanted[1] = valid & (jax.random.uniform(rng, (G, S)) < weight[..., 1] / second_expert_threshold)
+  # One [G, S, E] array per choice, never K beside E: on a TPU the two minor dimensions are tiled (8 x 128), and a
+  # [.., K, E] pair would pad K to 8 (the TPU compiler's estimate of the layer rose by a quarter with it).
+  onehot = [jax.nn.one_hot(experts[..., j], E, dtype=jnp.int32) for j in range(k)]  # K x GSE
+  kept_e, position = assign_slots([o * w[..., None] for o, w in zip(onehot, wanted)], expert_capacity)
+  kept = jnp.stack([jnp.sum(o, axis=-1) > 0 for o in kept_e], axis=-1)  # GSK
+  slot = jnp.stack([jnp.sum(p * o, axis=-1) for p, o in zip(position, onehot)], axis=-1).astype(jnp.int32)
+  aux_loss, z_loss = balance_losses(logits, gates, onehot[0], valid)
+  metrics, requested = routing_metrics(gates, valid, jnp.stack(wanted, axis=-1), kept, experts)
+  return Routing(expert_index=experts, slot=slot, weight=weight * kept, kept=kept, aux_loss=aux_loss, z_loss=z_loss,
+                 metrics=metrics, num_experts=E, capacity=expert_capacity, requested=requested)
 
 
 def top2_gating(logits: jax.Array, expert_capacity: int, *, second_expert_policy: str = "all",
@@ -157,20 +158,19 @@ def normalized(weight: jax.Array) -> jax.Array:
   return jnp.stack([weight[..., j] / denom for j in range(weight.shape[-1])], axis=-1)
 
 
-def assign_slots(want: jax.Array, capacity: int) -> tuple[jax.Array, jax.Array]:
-  """want int [G, S, K, E] one-hot wanted assignments -> (kept, position), each int [G, S, K, E].
+def assign_slots(want: list[jax.Array], capacity: int) -> tuple[list[jax.Array], list[jax.Array]]:
+  """want: per choice, int [G, S, E] one-hot wanted assignments -> (kept, position): per choice, int [G, S, E].
 
   Choice j of a token takes the position (earlier tokens of the group wanting that expert as their choice j) +
   (the expert's kept assignments of choices before j); positions >= capacity are dropped (GShard's priority).
   """
   kept, position, earlier = [], [], 0
-  for j in range(want.shape[2]):
-    w = want[:, :, j]  # GSE
+  for w in want:  # GSE
     pos = jnp.cumsum(w, axis=1) - w + earlier  # exclusive cumsum: overflowed tokens count too, as in GShard
     kept.append(w * (pos < capacity))
     position.append(pos)
     earlier = earlier + jnp.sum(kept[-1], axis=1, keepdims=True)  # [G, 1, E]
-  return jnp.stack(kept, axis=2), jnp.stack(position, axis=2)
+  return kept, position
 
 
 def balance_losses(logits, gates, first_choice, valid) -> tuple[jax.Array, jax.Array]:

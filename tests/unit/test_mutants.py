@@ -64,8 +64,7 @@ class TestGating:
     # three want it second; capacity 2 keeps two of the first and none of the second.
     want1 = jnp.array([[[1, 0]] * 3 + [[0, 1]] * 3], jnp.int32)
     want2 = want1[:, :, ::-1]
-    kept, pos = gating.assign_slots(jnp.stack([want1, want2], axis=2), 2)  # [G, S, K, E]
-    kept1, pos1, kept2, pos2 = kept[:, :, 0], pos[:, :, 0], kept[:, :, 1], pos[:, :, 1]
+    (kept1, kept2), (pos1, pos2) = gating.assign_slots([want1, want2], 2)  # each [G, S, E]
     np.testing.assert_array_equal(kept1.sum(axis=1), [[2, 2]])
     np.testing.assert_array_equal(kept2.sum(axis=1), [[0, 0]])
     np.testing.assert_array_equal(pos1[0, :3, 0], [0, 1, 2])

@@ -45,6 +45,9 @@ def topology_devices(name: str) -> list:
   # libtpu locks a file so that one process owns the TPU; compile-only devices own nothing, so several dry runs
   # (and the tests) may share it.
   os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+  # No persistent compilation cache: a compile-only device has no client to load a cached program into (JAX warns
+  # "PjRtCompiler must be constructed with a Client" for each), and what it compiles is never run.
+  jax.config.update("jax_enable_compilation_cache", False)
   xla_flags.quiet_tpu_host_lookup()
   # libtpu's flags, so that the estimates see what training compiles on a TPU. libtpu reads them when it starts:
   # below, unless JAX has started its backends already with libtpu among them (JAX_PLATFORMS empty or naming tpu).
