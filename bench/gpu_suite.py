@@ -212,7 +212,8 @@ def training_section(prepared: Callable[[str, str], Prepared], name: str, varian
               mfu=metrics.mfu(flops / seconds, jax.devices()[0], jax.device_count()),
               compile_and_warmup_s=compile_and_warmup_s, packing_efficiency=batches.packing_efficiency,
               batch_size=config.batch_size, row_lengths=config_lib.row_lengths(config),
-              losses=[float(timed[0]["loss"]), float(timed[-1]["loss"])])  # the timed steps' first and last
+              losses=[float(timed[0]["loss"]), float(timed[-1]["loss"])],  # the timed steps' first and last
+              skipped_steps=sum(not bool(m["finite"]) for m in timed))  # updates skipped: not finite
 
 
 def profile_section(small: bool, name: str, warmup: int, steps: int) -> dict:

@@ -116,7 +116,8 @@ def training_tables(files) -> list[str]:
       body.append([r["config"], variant, f"{r['batch_size']} x {' / '.join(map(str, r['row_lengths']))}",
                    f"{r['step_ms']:.1f}", f"{r['step_ms'] / base:.2f}x" if base else "n/a",
                    f"{r['tokens_per_s']:,.0f}", pct(r.get("mfu")),
-                   " -> ".join(f"{loss:.2f}" for loss in r["losses"]) if "losses" in r else ""])
+                   (" -> ".join(f"{loss:.2f}" for loss in r["losses"]) if "losses" in r else "")
+                   + (f" ({r['skipped_steps']} updates skipped: not finite)" if r.get("skipped_steps") else "")])
     lines += [provenance(name, source), ""] + table(
         ["config", "variant", "rows x source / target", "step ms", "vs defaults", "tokens/s", "MFU", "loss"], body)
   return lines

@@ -44,7 +44,8 @@ def markdown(result: dict) -> str:
       versus = f"{r['step_ms'] / defaults[r['config']]:.2f}x" if defaults.get(r["config"]) else "n/a"
       lines.append(f"| {r['config']} | {r['variant']} | {r['batch_size']} x {' / '.join(map(str, r['row_lengths']))} "
                    f"| {r['step_ms']:.1f} | {versus} | {r['tokens_per_s']:,.0f} | {mfu} | "
-                   + (" -> ".join(f"{loss:.3f}" for loss in r["losses"]) if "losses" in r else "") + " |")
+                   + (" -> ".join(f"{loss:.3f}" for loss in r["losses"]) if "losses" in r else "")
+                   + (f" ({r['skipped_steps']} updates skipped: not finite)" if r.get("skipped_steps") else "") + " |")
   profiles = {r["config"]: r for r in result.get("profile", []) if "error" not in r}
   if "profile" in result:
     lines += ["", "Profile of the training step, traced (device time per step by part of the model):", ""]

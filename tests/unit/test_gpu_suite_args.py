@@ -33,10 +33,12 @@ def test_markdown_holds_only_the_sections_that_ran():
   result = dict(environment=dict(device="GPU", date="2026-11-25", device_count=1, platform="gpu", jax="0.11.2",
                                  flax="0.12.10", commit="abc", xla_flags=""),
                 command="python bench/gpu_suite.py --sections training", seconds=60, json="x.json",
-                training=[row, row | dict(variant="scanned", step_ms=70.0)])
+                training=[row, row | dict(variant="scanned", step_ms=70.0),
+                          row | dict(variant="all", losses=[9.0, 9.0], skipped_steps=30)])
   text = gpu_suite.markdown(result)
   assert ("| configs/dense_base.py | scanned | 512 x 64 / 40 | 70.0 | 1.40x | 1,000,000 | 20.0% | 9.000 -> 7.250 |"
           in text)
+  assert "| 9.000 -> 9.000 (30 updates skipped: not finite) |" in text
   assert "MoE layer" not in text and "Decoding" not in text and "Profile" not in text
   assert "Command: `python bench/gpu_suite.py --sections training`" in text
 
