@@ -9,7 +9,7 @@ with depth. Packed rows are handled by segment ids (attention only within a pair
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
@@ -19,6 +19,7 @@ from flax import struct
 from gshard_mt.batch import BATCH_KEYS
 from gshard_mt.config import choices, platforms
 from gshard_mt.config.moe import MoeConfig
+from gshard_mt.config.sections import ModelConfig
 from gshard_mt.model import layers
 from gshard_mt.model.layers import Attention, DenseFFN, layer_norm, packing_mask, shift_right, sinusoidal, source_bias
 from gshard_mt.moe import balance
@@ -48,34 +49,20 @@ REMAT_POLICIES = choices.REMAT_POLICIES.add({
 })
 
 
-@dataclasses.dataclass(frozen=True)
-class TransformerConfig:
-  """The model's hyper-parameters (hashable, so modules can hold it): a config's model section with every `auto`
-  resolved and dtypes as dtypes (`from_config`). The defaults are the reference paths in float32, for tests."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TransformerConfig(ModelConfig):
+  """The model section as the model reads it (hashable, so modules can hold it): `ModelConfig` with every `auto`
+  resolved and dtypes as dtypes (`from_config`), plus the vocabulary, the MoE section and the TPU's VMEM. The
+  defaults that differ from ModelConfig's are the reference paths in float32, for tests."""
+
+  CHOICES: ClassVar[dict[str, Any]] = {k: v for k, v in ModelConfig.CHOICES.items() if not k.endswith("dtype")}
 
   vocab_size: int
-  emb_dim: int = 512
-  num_heads: int = 8
-  head_dim: int = 64
-  mlp_dim: int = 2048
-  num_encoder_layers: int = 6
-  num_decoder_layers: int = 6
-  moe_interval: int = 2
-  share_embeddings: bool = True
-  tied_logits: bool = False
-  embedding: str = "vaswani"  # a key of EMBEDDING_SCHEMES
-  positions: str = "sinusoidal"
-  max_position: int = 512
-  dropout_rate: float = 0.1
   dropout_rng: str = "threefry"  # a key of layers.DROPOUT_KEYS (the training step makes the dropout key)
-  attention_dropout_rate: float = 0.0
   attention: str = "xla"  # a value of layers.ATTENTIONS
-  kernel_vmem: int | None = None  # for 'pallas' kernels: the TPU's VMEM in bytes, set by the training setup
   dtype: Any = jnp.float32
   residual_dtype: Any = jnp.float32  # the stream the layers add to (layer norms compute in float32)
-  remat: str = "none"  # a key of REMAT_POLICIES
-  scan_layers: bool = True
-  scan_unroll: int = 1  # scanned units per loop iteration (lax.scan's unroll); the same program for any value
+  kernel_vmem: int | None = None  # for 'pallas' kernels: the TPU's VMEM in bytes, set by the training setup
   moe: MoeConfig = MoeConfig()
 
   @classmethod
