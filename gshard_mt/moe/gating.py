@@ -12,6 +12,7 @@ k = 2 with the 'random' second-expert policy while training (`top2_gating`).
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -108,22 +109,25 @@ def topk_gating(logits: jax.Array, k: int, expert_capacity: int, *, normalize: b
   logits = logits.astype(jnp.float32)
   gates = jax.nn.softmax(logits, axis=-1)  # GSE
   valid = jnp.ones((G, S), bool) if padding_mask is None else padding_mask.astype(bool)
-  experts, weight = topk_choices(gates, k, bias)  # GSK
+  # Every choice in arrays of its own ([G, S] and [G, S, E]), stacked into [G, S, K] once at the end: on a TPU the
+  # two minor dimensions are tiled (8 x 128), so each [.., K] or [.., K, E] intermediate is padded many times over
+  # (the TPU compiler's estimate of the layer rose by a quarter with them).
+  experts, weight = choices_of(gates, k, bias)
   if normalize:
     weight = normalized(weight)
-  wanted = [valid] * k  # per choice, [G, S]
+  wanted = [valid] * k
   if second_expert_policy == "random":
-    wanted[1] = valid & (jax.random.uniform(rng, (G, S)) < weight[..., 1] / second_expert_threshold)
-  # One [G, S, E] array per choice, never K beside E: on a TPU the two minor dimensions are tiled (8 x 128), and a
-  # [.., K, E] pair would pad K to 8 (the TPU compiler's estimate of the layer rose by a quarter with it).
-  onehot = [jax.nn.one_hot(experts[..., j], E, dtype=jnp.int32) for j in range(k)]  # K x GSE
+    wanted[1] = valid & (jax.random.uniform(rng, (G, S)) < weight[1] / second_expert_threshold)
+  onehot = [jax.nn.one_hot(e, E, dtype=jnp.int32) for e in experts]  # K x GSE
   kept_e, position = assign_slots([o * w[..., None] for o, w in zip(onehot, wanted)], expert_capacity)
-  kept = jnp.stack([jnp.sum(o, axis=-1) > 0 for o in kept_e], axis=-1)  # GSK
-  slot = jnp.stack([jnp.sum(p * o, axis=-1) for p, o in zip(position, onehot)], axis=-1).astype(jnp.int32)
+  kept = [jnp.sum(o, axis=-1) > 0 for o in kept_e]
+  slot = [jnp.sum(p * o, axis=-1).astype(jnp.int32) for p, o in zip(position, onehot)]
   aux_loss, z_loss = balance_losses(logits, gates, onehot[0], valid)
-  metrics, requested = routing_metrics(gates, valid, jnp.stack(wanted, axis=-1), kept, experts)
-  return Routing(expert_index=experts, slot=slot, weight=weight * kept, kept=kept, aux_loss=aux_loss, z_loss=z_loss,
-                 metrics=metrics, num_experts=E, capacity=expert_capacity, requested=requested)
+  stack = functools.partial(jnp.stack, axis=-1)  # K arrays [G, S] -> [G, S, K]
+  metrics, requested = routing_metrics(gates, valid, stack(wanted), stack(kept), stack(experts))
+  return Routing(expert_index=stack(experts), slot=stack(slot), weight=stack([w * c for w, c in zip(weight, kept)]),
+                 kept=stack(kept), aux_loss=aux_loss, z_loss=z_loss, metrics=metrics, num_experts=E,
+                 capacity=expert_capacity, requested=requested)
 
 
 def top2_gating(logits: jax.Array, expert_capacity: int, *, second_expert_policy: str = "all",
@@ -136,26 +140,32 @@ def top2_gating(logits: jax.Array, expert_capacity: int, *, second_expert_policy
 
 
 def topk_choices(gates: jax.Array, k: int, bias: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-  """gates [G, S, E] -> (experts int32 [G, S, K], their gates f32 [G, S, K]), best first.
+  """gates [G, S, E] -> (experts int32 [G, S, K], their gates f32 [G, S, K]), best first (`choices_of`, stacked)."""
+  experts, chosen = choices_of(gates, k, bias)
+  return jnp.stack(experts, axis=-1), jnp.stack(chosen, axis=-1)
+
+
+def choices_of(gates: jax.Array, k: int, bias: jax.Array | None = None) -> tuple[list, list]:
+  """gates [G, S, E] -> (experts, their gates): per choice, best first, int32 [G, S] and f32 [G, S].
 
   `bias` [E] (DeepSeek-V3's auxiliary-loss-free balancing) takes part in the choice only: the experts are the top
   k of gates + bias, their gates are the plain ones.
   """
   # k argmaxes, not jax.lax.top_k: XLA lowers TopK on [G*S, E] rows, and with G split over devices the reshape
   # all-gathers every group's gates (tests/integration/test_partitioning.py counts the collectives)
-  scores, chosen = gates if bias is None else gates + bias, []
+  scores, experts = gates if bias is None else gates + bias, []
   for _ in range(k):
     best = jnp.argmax(scores, axis=-1)  # ties: the lower index first, as top_k
-    chosen.append(best)
+    experts.append(best.astype(jnp.int32))
     scores = jnp.where(jax.nn.one_hot(best, gates.shape[-1], dtype=bool), -jnp.inf, scores)
-  experts = jnp.stack(chosen, axis=-1).astype(jnp.int32)
-  return experts, jnp.take_along_axis(gates, experts, axis=-1)
+  return experts, [jnp.take_along_axis(gates, e[..., None], axis=-1)[..., 0] for e in experts]
 
 
-def normalized(weight: jax.Array) -> jax.Array:
-  """[..., K] gates divided by their sum + 1e-9 (GShard's g1 / (g1 + g2 + 1e-9)): never summing over 1."""
-  denom = sum(weight[..., j] for j in range(weight.shape[-1])) + 1e-9
-  return jnp.stack([weight[..., j] / denom for j in range(weight.shape[-1])], axis=-1)
+def normalized(weights: list[jax.Array]) -> list[jax.Array]:
+  """Per choice, the gates [G, S] divided by their sum + 1e-9 (GShard's g1 / (g1 + g2 + 1e-9)): never summing
+  over 1."""
+  denom = sum(weights) + 1e-9
+  return [w / denom for w in weights]
 
 
 def assign_slots(want: list[jax.Array], capacity: int) -> tuple[list[jax.Array], list[jax.Array]]:

@@ -92,8 +92,8 @@ class TestGating:
     # x_top2_choices__mutmut_64 (g1 + g2 - 1e-9, now in `normalized`): the epsilon may only shrink the weights.
     # With 256 equal gates, g1 + g2 = 1/128, whose float32 spacing is under 1e-9, and subtracting it made each
     # weight 0.5 + 2**-24.
-    g = gating.normalized(gating.topk_choices(jnp.full((1, 1, 256), 1 / 256), 2)[1])
-    assert float(g[0, 0, 0]) + float(g[0, 0, 1]) <= 1.0
+    g1, g2 = gating.normalized(gating.choices_of(jnp.full((1, 1, 256), 1 / 256), 2)[1])
+    assert float(g1[0, 0]) + float(g2[0, 0]) <= 1.0
 
   def test_softmax_in_float32_for_bfloat16_logits(self):
     # x_top2_gating__mutmut_19 (the float32 cast dropped: the softmax, the gates and the weights in bfloat16).
