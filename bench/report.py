@@ -17,6 +17,8 @@ import json
 import pathlib
 import sys
 
+from suite_report import loss_cell  # bench/suite_report.py: the loss column, as the suite prints it
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 DOC = ROOT / "docs" / "performance.md"
@@ -115,9 +117,7 @@ def training_tables(files) -> list[str]:
       base = defaults.get(r["config"])
       body.append([r["config"], variant, f"{r['batch_size']} x {' / '.join(map(str, r['row_lengths']))}",
                    f"{r['step_ms']:.1f}", f"{r['step_ms'] / base:.2f}x" if base else "n/a",
-                   f"{r['tokens_per_s']:,.0f}", pct(r.get("mfu")),
-                   (" -> ".join(f"{loss:.2f}" for loss in r["losses"]) if "losses" in r else "")
-                   + (f" ({r['skipped_steps']} updates skipped: not finite)" if r.get("skipped_steps") else "")])
+                   f"{r['tokens_per_s']:,.0f}", pct(r.get("mfu")), loss_cell(r, 2)])
     lines += [provenance(name, source), ""] + table(
         ["config", "variant", "rows x source / target", "step ms", "vs defaults", "tokens/s", "MFU", "loss"], body)
   return lines

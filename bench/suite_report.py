@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 
+def loss_cell(row: dict, digits: int) -> str:
+  """A training row's loss at its first and last timed step, and the updates skipped as not finite (rows written
+  before the suite recorded them: empty)."""
+  losses = " -> ".join(f"{loss:.{digits}f}" for loss in row.get("losses", ()))
+  return losses + (f" ({row['skipped_steps']} updates skipped: not finite)" if row.get("skipped_steps") else "")
+
+
 def markdown(result: dict) -> str:
   """The tables of a suite run, as markdown."""
   env = result["environment"]
@@ -43,9 +50,7 @@ def markdown(result: dict) -> str:
       mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
       versus = f"{r['step_ms'] / defaults[r['config']]:.2f}x" if defaults.get(r["config"]) else "n/a"
       lines.append(f"| {r['config']} | {r['variant']} | {r['batch_size']} x {' / '.join(map(str, r['row_lengths']))} "
-                   f"| {r['step_ms']:.1f} | {versus} | {r['tokens_per_s']:,.0f} | {mfu} | "
-                   + (" -> ".join(f"{loss:.3f}" for loss in r["losses"]) if "losses" in r else "")
-                   + (f" ({r['skipped_steps']} updates skipped: not finite)" if r.get("skipped_steps") else "") + " |")
+                   f"| {r['step_ms']:.1f} | {versus} | {r['tokens_per_s']:,.0f} | {mfu} | {loss_cell(r, 3)} |")
   profiles = {r["config"]: r for r in result.get("profile", []) if "error" not in r}
   if "profile" in result:
     lines += ["", "Profile of the training step, traced (device time per step by part of the model):", ""]

@@ -55,7 +55,9 @@ class TransformerConfig(ModelConfig):
   resolved and dtypes as dtypes (`from_config`), plus the vocabulary, the MoE section and the TPU's VMEM. The
   defaults that differ from ModelConfig's are the reference paths in float32, for tests."""
 
-  CHOICES: ClassVar[dict[str, Any]] = {k: v for k, v in ModelConfig.CHOICES.items() if not k.endswith("dtype")}
+  # dtypes as dtypes, not the config's names of them
+  CHOICES: ClassVar[dict[str, Any]] = {k: v for k, v in ModelConfig.CHOICES.items()
+                                       if k not in ("dtype", "residual_dtype")}
 
   vocab_size: int
   dropout_rng: str = "threefry"  # a key of layers.DROPOUT_KEYS (the training step makes the dropout key)

@@ -124,9 +124,10 @@ def topk_gating(logits: jax.Array, k: int, expert_capacity: int, *, normalize: b
   slot = [jnp.sum(p * o, axis=-1).astype(jnp.int32) for p, o in zip(position, onehot)]
   aux_loss, z_loss = balance_losses(logits, gates, onehot[0], valid)
   stack = functools.partial(jnp.stack, axis=-1)  # K arrays [G, S] -> [G, S, K]
-  metrics, requested = routing_metrics(gates, valid, stack(wanted), stack(kept), stack(experts))
-  return Routing(expert_index=stack(experts), slot=stack(slot), weight=stack([w * c for w, c in zip(weight, kept)]),
-                 kept=stack(kept), aux_loss=aux_loss, z_loss=z_loss, metrics=metrics, num_experts=E,
+  experts_k, kept_k = stack(experts), stack(kept)
+  metrics, requested = routing_metrics(gates, valid, stack(wanted), kept_k, experts_k)
+  return Routing(expert_index=experts_k, slot=stack(slot), weight=stack([w * c for w, c in zip(weight, kept)]),
+                 kept=kept_k, aux_loss=aux_loss, z_loss=z_loss, metrics=metrics, num_experts=E,
                  capacity=expert_capacity, requested=requested)
 
 
