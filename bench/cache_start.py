@@ -36,19 +36,23 @@ ONE_STEP = ["--config.num_train_steps=1", "--config.eval_every=0", "--config.eva
 
 def first_step(command: list[str], timeout: float) -> dict:
   """Runs `command` until its first-step line; {'seconds': from start to that line, 'step_line_seconds': the
-  first step's own time as train.py logs it, 'loaded', 'written': programs of the cache}. Stops the process then."""
+  first step's own time as train.py logs it, 'loaded', 'written': programs of the cache, 'timeline': [seconds from
+  the start, line] for every line before it, JAX's compile log included: where a warm start spends its time}.
+  Stops the process then."""
   start = time.perf_counter()
   proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                          env=dict(os.environ, PYTHONUNBUFFERED="1", JAX_LOG_COMPILES="1"))
   tail: list[str] = []
+  timeline: list[tuple[float, str]] = []
   try:
     for line in proc.stdout:
       tail = (tail + [line])[-40:]
+      timeline.append((round(time.perf_counter() - start, 2), line.strip()[-160:]))
       match = FIRST_STEP.search(line)
       if match:
         seconds = time.perf_counter() - start
         return {"seconds": round(seconds, 2), "step_line_seconds": float(match[2]),
-                "loaded": int(match[3] or 0), "written": int(match[4] or 0)}
+                "loaded": int(match[3] or 0), "written": int(match[4] or 0), "timeline": timeline}
       if time.perf_counter() - start > timeout:
         break
     raise RuntimeError(f"no first-step line from {' '.join(command)} (exit {proc.poll()}):\n{''.join(tail)}")

@@ -1,7 +1,6 @@
-"""What every command shares: logging, loading a config file with `--config.key=value` overrides, and the ways a
-command ends without a traceback: user errors (a bad config, corpus or work directory) in one line with exit
-status 2; storage faults (a full disk, a read-only or forbidden path) in one line with the path, what failed and
-the free space, exit status 74 (`io.STORAGE_EXIT_CODE`); Ctrl-C outside the training loop in one line, 130."""
+"""What every command shares: logging, a config file with `--config.key=value` overrides, and the ways a command
+ends in one line without a traceback: a user error (a bad config, corpus or work directory), exit status 2; a
+storage fault (a full disk, a read-only or forbidden path) with the path and the free space, 74; Ctrl-C, 130."""
 
 from __future__ import annotations
 
@@ -20,8 +19,8 @@ QUIET = ("absl", "jax._src.xla_bridge", "orbax")
 
 
 def setup_logging():
-  """INFO logging; the reports of a storage fault by the threads of Orbax and TensorStore (tracebacks, logged
-  and unhandled) are left out: the command ends with its own one line about it."""
+  """INFO logging, without the tracebacks of a storage fault from Orbax's and TensorStore's threads: the command
+  ends with its own line about it."""
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
   for name in QUIET:
     logging.getLogger(name).setLevel(logging.WARNING)
@@ -36,8 +35,7 @@ def parser(doc: str, *, config: bool = False) -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
   if config:
     p.add_argument("--config", required=True, help="a Python config file with get_config()")
-  # Taken out of the arguments by `run` before main parses them (it must be set before anything compiles); here for
-  # --help. Every command that goes through `run` takes it.
+  # here for --help: `run` takes it out of the arguments before main parses them, as it must act before any compile
   p.add_argument(compilation_cache.FLAG, metavar="DIR|off",
                  help=f"JAX's persistent compilation cache (default: ${compilation_cache.SWITCH}, else "
                       f"{compilation_cache.default_folder().replace(os.path.expanduser('~'), '~')})")
@@ -53,10 +51,8 @@ def parse_with_overrides(p: argparse.ArgumentParser, argv: list[str]):
 
 def run(main: Callable[[list[str]], object], argv: list[str] | None = None, prog: str | None = None,
         cache: bool = True):
-  """Runs main(argv) with logging set up, the compiler flags of a GPU or TPU (`xla_flags`) and JAX's persistent
-  compilation cache (`compilation_cache`; off with cache=False, for the tools that measure compile time); a UserError
-  ends the program with its message and status 2, a storage fault with its one line and status 74, Ctrl-C with
-  status 130."""
+  """Runs main(argv) with logging, the compiler flags (`xla_flags`) and the compilation cache (off with cache=False,
+  for the tools that measure compile time); ends a UserError, a storage fault or Ctrl-C in one line."""
   setup_logging()
   xla_flags.apply()
   xla_flags.quiet_tpu_host_lookup()

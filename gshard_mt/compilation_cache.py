@@ -1,30 +1,16 @@
-"""JAX's persistent compilation cache, on for every command (`cli.run`): compiled programs are kept on disk, so a
-restarted run, a second eval.py or translate.py of a work directory and a tool run again load them instead of
-compiling them again (bench/cache_start.py measures train.py's start to its first step, cold and warm).
+"""JAX's persistent compilation cache, on for every command (`cli.run`): a restarted run, a second eval.py of a
+work directory or a tool run again loads its compiled programs instead of compiling them (bench/cache_start.py).
 
-Where, the first that is set: `--compilation_cache DIR` on any command, $GSHARD_MT_COMPILATION_CACHE, JAX's own
-$JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/gshard_mt/jax (~/.cache/gshard_mt/jax), one folder per user made
-readable by the user alone. `off` (or `0`, `none`) turns it off. The choice is exported in
-$GSHARD_MT_COMPILATION_CACHE, so the processes a command starts (sweep, study) use the same. The first compile logs
-the folder; the first step's line says how many programs came from it.
+Where, the first that is set: `--compilation_cache DIR`, $GSHARD_MT_COMPILATION_CACHE, $JAX_COMPILATION_CACHE_DIR,
+else $XDG_CACHE_HOME/gshard_mt/jax (~/.cache/gshard_mt/jax), readable by the user alone; `off` turns it off. The
+choice is exported in $GSHARD_MT_COMPILATION_CACHE, so the processes a command starts (sweep, study) share it. JAX's
+other settings (minimum compile time 1 s, minimum entry size) and their JAX_* variables are left to JAX.
 
-JAX's settings (jax/_src/config.py, jaxlib 0.12): `jax_compilation_cache_dir` (the folder; local or gs://...),
-`jax_enable_compilation_cache`, `jax_persistent_cache_min_compile_time_secs` (default 1: programs that compile
-faster are not written) and `jax_persistent_cache_min_entry_size_bytes` (default 0); their JAX_* environment variables
-are left to JAX. The CPU needs nothing more: "cpu" is among the platforms JAX caches for.
-
-Caveats, from JAX's guide (docs/persistent_compilation_cache.md) and source:
-- The cache is trusted: whoever can write to the folder can run code in your processes. Never point it at a folder
-  that others can write to.
-- Several processes (multi-host): every process compiles a cold program, and only process 0 writes it; all of them
-  read. On a disk of one host the other hosts find nothing and compile again each time: to share the programs, give
-  every host the same folder on shared storage (NFS, or gs://bucket/path with the `gcs` extra). The log says so when
-  a run of several processes uses a local folder.
-- Object storage (gs://): create the bucket in the workload's region and project, and set an object lifecycle (age,
-  Delete) of the run's length: nothing is ever evicted. Locally nothing is evicted either: the folder grows with each
-  new program, and may be deleted at any time.
-- A CPU program is compiled for the host's CPU, which the key does not name: with a home folder shared by machines of
-  different CPUs, a program from another machine may be refused (a warning) and compiled again.
+Caveats (JAX's docs/persistent_compilation_cache.md): the cache is trusted (whoever can write to the folder can run
+code in your processes); only process 0 writes it, so hosts share programs only through a shared folder (NFS, or
+gs://bucket/path with the `gcs` extra); nothing is evicted (give a bucket an object lifecycle; a local folder may be
+deleted at any time); a CPU program's key does not name the host's CPU, so a home folder shared by different CPUs
+may refuse another machine's program (a warning) and compile it again.
 """
 
 from __future__ import annotations
@@ -57,8 +43,8 @@ def default_folder(environ=os.environ) -> str:
 
 
 def choose(flag: str | None = None, environ=os.environ) -> tuple[str | None, str]:
-  """(the cache folder, or None for off; what chose it): the flag, $GSHARD_MT_COMPILATION_CACHE,
-  $JAX_COMPILATION_CACHE_DIR or the default, the first set (an empty value counts as unset)."""
+  """(the cache folder, or None for off; what chose it): the first set (not empty) of the flag,
+  $GSHARD_MT_COMPILATION_CACHE and $JAX_COMPILATION_CACHE_DIR, else the default."""
   for value, source in ((flag, FLAG), (environ.get(SWITCH), SWITCH), (environ.get(JAX_VARIABLE), JAX_VARIABLE)):
     if value is not None and value.strip():
       value = value.strip()
@@ -69,37 +55,34 @@ def choose(flag: str | None = None, environ=os.environ) -> tuple[str | None, str
 
 
 def take_flag(argv: list[str]) -> tuple[list[str], str | None]:
-  """(argv without `--compilation_cache VALUE` or `--compilation_cache=VALUE`, its last VALUE or None). A flag
-  without a value is left in argv for the command's parser to refuse."""
-  rest, value, i = [], None, 0
-  while i < len(argv):
-    word = argv[i]
+  """(argv without `--compilation_cache [=]VALUE`, its last VALUE or None); a flag without a value is left for
+  the command's parser to refuse."""
+  rest, value, words = [], None, iter(argv)
+  for word in words:
     if word.startswith(FLAG + "="):
       value = word.split("=", 1)[1]
-    elif word == FLAG and i + 1 < len(argv):
-      value, i = argv[i + 1], i + 1
+    elif word == FLAG and (following := next(words, None)) is not None:
+      value = following
     else:
       rest.append(word)
-    i += 1
   return rest, value
 
 
 def setup(flag: str | None = None, environ=os.environ) -> str | None:
-  """Turns the cache on in the chosen folder (made when missing, private to the user) or off; returns the folder
-  (None: off). Call before anything compiles: JAX opens the cache at the first compile."""
+  """Turns the cache on in the chosen folder (made private to the user) or off; returns the folder or None. Call
+  before anything compiles: JAX opens the cache at the first compile."""
   folder, source = choose(flag, environ)
-  environ[SWITCH] = folder or "off"
   if folder is not None and io.is_local(folder):
     try:
       os.makedirs(folder, mode=0o700, exist_ok=True)
     except OSError as e:
       log.warning("compilation cache off: cannot make %s (%s)", folder, e.strerror or e)
-      folder, environ[SWITCH] = None, "off"
+      folder = None
+  environ[SWITCH] = folder or "off"
   _state.update(folder=folder, source=source)
+  jax.config.update("jax_enable_compilation_cache", folder is not None)
   if folder is None:
-    jax.config.update("jax_enable_compilation_cache", False)
     return None
-  jax.config.update("jax_enable_compilation_cache", True)
   jax.config.update("jax_compilation_cache_dir", folder)
   if not _state["listening"]:
     jax.monitoring.register_event_listener(_on_event)
@@ -113,8 +96,7 @@ def counts() -> dict:
 
 
 def summary() -> str:
-  """What the cache did so far, for a log line ('compilation cache: 3 programs loaded, 1 written'); '' where
-  `setup` has not run (a library call, not a command)."""
+  """'compilation cache: 3 programs loaded, 1 written' so far; '' where `setup` has not run (no command)."""
   if _state["source"] is None:
     return ""
   if _state["folder"] is None:
@@ -128,13 +110,9 @@ def _on_event(event: str, **_):
   elif event == WRITTEN:
     _counts["written"] += 1
   elif event == USED:
-    _log_folder()
-
-
-def _log_folder():
-  folder, source = _state["folder"], _state["source"]
-  where = "the default" if source == "default" else f"from {source}"
-  log.info("compilation cache: %s (%s; %s DIR moves it, %s off turns it off)", folder, where, FLAG, FLAG)
-  if jax.process_count() > 1 and io.is_local(folder):
-    log.info("compilation cache: only process 0 writes it, so the other hosts share its programs only when %s is "
-             "on storage every host sees (NFS, gs://...)", folder)
+    folder, source = _state["folder"], _state["source"]
+    where = "the default" if source == "default" else f"from {source}"
+    log.info("compilation cache: %s (%s; %s DIR moves it, %s off turns it off)", folder, where, FLAG, FLAG)
+    if jax.process_count() > 1 and io.is_local(folder):
+      log.info("compilation cache: only process 0 writes it, so the other hosts share its programs only when %s "
+               "is on storage every host sees (NFS, gs://...)", folder)

@@ -18,18 +18,16 @@ class WorkdirError(UserError):
   """A work directory, checkpoint, language or baseline that cannot be used; the message says why."""
 
 
-def one_line(error: BaseException, limit: int = 200) -> str:
-  """'ExceptionType: the first line of its message' (at most `limit` characters of it), for a report that goes on
-  after the error."""
-  return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:limit]}"
+def one_line(error: BaseException) -> str:
+  """'ExceptionType: the first line of its message' (200 characters at most), for a report that goes on."""
+  return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
 
 
 def counted(n: int, singular: str, plural: str | None = None) -> str:
-  """'1 process', '2 processes': `n` with the form of the noun that agrees with it (plural: singular + 's' unless
-  given)."""
+  """'1 process', '2 processes' (plural: singular + 's' unless given)."""
   return f"{n} {singular if n == 1 else plural or singular + 's'}"
 
 
 def article(word: str) -> str:
-  """'an int', 'a float': `word` after the indefinite article it takes (by its first letter)."""
+  """'an int', 'a float' (by the first letter)."""
   return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"

@@ -1,9 +1,7 @@
-"""The one path layer: every file the project reads or writes goes through `etils.epath`, so a work directory may
-be a local folder or object storage (`gs://bucket/run` on a TPU pod, whose hosts share no disk).
-
-Writes never leave half of a file under its final name: a temporary name beside it, then a rename. Storage
-faults (a full disk, a read-only or forbidden path, a directory that cannot be created) are recognised by
-`storage_fault`, which the entry points turn into one line (`gshard_mt.cli.run`).
+"""The one path layer: every file goes through `etils.epath`, so a work directory may be a local folder or object
+storage (`gs://bucket/run` on a TPU pod, whose hosts share no disk). Writes go to a temporary name, then a rename,
+so no half-written file has the final name. Storage faults (a full disk, a read-only or forbidden path) are
+recognised by `storage_fault`, which the entry points turn into one line (`cli.run`).
 """
 
 from __future__ import annotations
@@ -19,12 +17,11 @@ from etils import epath
 
 from gshard_mt.errors import UserError
 
-# What each object-storage scheme needs installed: epath's fsspec backend, and for gs:// the client Orbax asks
-# about the bucket's layout.
+# What each scheme needs installed: epath's fsspec backend, and for gs:// the client Orbax asks about the bucket.
 BACKENDS = {"gs": (("gcsfs", "google.cloud.storage"), "pip install -e '.[gcs]' (gcsfs, google-cloud-storage)"),
             "s3": (("s3fs",), "pip install s3fs"), "az": (("adlfs",), "pip install adlfs"),
             "hf": (("huggingface_hub",), "pip install huggingface_hub")}
-# The errors of storage rather than of the program: they end a command with one line and STORAGE_EXIT_CODE.
+# The errors of storage rather than of the program: one line and STORAGE_EXIT_CODE.
 STORAGE_ERRNOS = {errno.ENOSPC: "disk full", errno.EDQUOT: "quota exceeded", errno.EROFS: "read-only file system",
                   errno.EACCES: "permission denied", errno.EPERM: "operation not permitted"}
 TENSORSTORE_ERRNOS = {"RESOURCE_EXHAUSTED": errno.ENOSPC, "PERMISSION_DENIED": errno.EACCES}
@@ -41,8 +38,8 @@ def scheme(path: PathLike) -> str | None:
 
 
 def path(p: PathLike) -> epath.Path:
-  """The epath of `p`. A scheme that epath does not know, or whose backend is not installed, is a UserError
-  naming what to install, raised before anything is written."""
+  """The epath of `p`; an unknown scheme, or one whose backend is not installed, is a UserError naming what to
+  install."""
   name = scheme(p)
   if name is not None:
     if name not in BACKENDS:
@@ -66,7 +63,7 @@ def is_local(p: PathLike) -> bool:
 
 
 def absolute(p: PathLike) -> epath.Path:
-  """A local path made absolute (epath's resolve() would turn gs://b/x into <cwd>/gs:/b/x); others as they are."""
+  """A local path made absolute (epath's resolve() would turn gs://b/x into <cwd>/gs:/b/x)."""
   p = path(p)
   return p.resolve() if is_local(p) else p
 
@@ -87,16 +84,13 @@ def _naming(target: epath.Path):
 
 
 def write_atomically(target: PathLike, data: str | bytes) -> None:
-  """Writes `data` to a temporary name beside `target`, then renames it over `target` (atomic on one local
-  filesystem; a single object write on object storage). On any error the temporary is removed."""
+  """Writes `data` beside `target`, then renames it over `target` (atomic on one local filesystem; one object
+  write on object storage); on any error the temporary is removed."""
   target = path(target)
   tmp = _temporary(target, "tmp")
   try:
     with _naming(target):
-      if isinstance(data, bytes):
-        tmp.write_bytes(data)
-      else:
-        tmp.write_text(data)
+      tmp.write_bytes(data.encode() if isinstance(data, str) else data)
       tmp.replace(target)
   except BaseException:
     with contextlib.suppress(OSError):
@@ -104,15 +98,10 @@ def write_atomically(target: PathLike, data: str | bytes) -> None:
     raise
 
 
-def append(target: PathLike, data: str) -> None:
-  """Appends `data` to a UTF-8 text file and syncs it (`append_bytes`)."""
-  append_bytes(target, data.encode())
-
-
-def append_bytes(target: PathLike, data: bytes) -> None:
-  """Appends `data` to a file and syncs it. Object storage has no append: the object is written again whole (the
-  files appended to, metrics, event and sweep logs, stay small)."""
-  target = path(target)
+def append(target: PathLike, data: str | bytes) -> None:
+  """Appends `data` (text as UTF-8) to a file and syncs it. Object storage has no append: the object is written
+  again whole (the files appended to, metrics, event and sweep logs, stay small)."""
+  data, target = data.encode() if isinstance(data, str) else data, path(target)
   if is_local(target):
     with _naming(target), open(target, "ab") as f:
       f.write(data)
@@ -122,11 +111,11 @@ def append_bytes(target: PathLike, data: bytes) -> None:
     write_atomically(target, (target.read_bytes() if target.exists() else b"") + data)
 
 
-def remove_tree(target: PathLike, passes: int = 3) -> None:
-  """Removes a file or a directory tree if there is one. Another process removing the same tree at the same time
-  (Orbax's clean-up of earlier saves' temporaries, in a thread of its own) is not an error: what it leaves is
-  removed on the next pass, up to `passes`; a tree still there after them raises the last pass's error."""
+def remove_tree(target: PathLike) -> None:
+  """Removes a file or a directory tree if there is one. Another remover at the same time (Orbax's clean-up
+  thread) is no error: what it leaves goes on the next pass; a tree still there after three passes raises."""
   target = path(target)
+  passes = 3
   for attempt in range(passes):
     if not target.exists():
       return
@@ -142,8 +131,8 @@ def remove_tree(target: PathLike, passes: int = 3) -> None:
 
 @contextlib.contextmanager
 def directory_atomically(target: PathLike):
-  """Yields a temporary directory beside `target` to fill; on success it replaces `target` whole, on an error it
-  is removed and `target` is left as it was."""
+  """Yields a temporary directory beside `target` to fill; on success it replaces `target` whole, on an error
+  `target` is left as it was."""
   target = path(target)
   tmp, old = _temporary(target, "tmp"), _temporary(target, "old")
   remove_tree(tmp)
@@ -161,15 +150,13 @@ def directory_atomically(target: PathLike):
 
 
 class PathFault(OSError):
-  """A path that cannot be a directory for a reason other than STORAGE_ERRNOS: a file in its way, or a filesystem
-  that creates nothing there (/proc). A storage fault all the same (`storage_fault`): one line, STORAGE_EXIT_CODE;
-  its filename is the path and its strerror says why."""
+  """A path that cannot be a directory for a reason other than STORAGE_ERRNOS (a file in its way; /proc): a
+  storage fault all the same. Its filename is the path, its strerror says why."""
 
 
 def make_directory(directory: PathLike, what: str = "directory") -> epath.Path:
-  """Creates `directory` and its missing parents. A path that cannot be created fails as a storage fault naming it
-  and why: a denied or read-only one as its OSError, any other as a PathFault ('runs/x/y: cannot create the work
-  directory: runs/x is a file, not a directory')."""
+  """Creates `directory` and its parents; a path that cannot be created is a storage fault naming it and why
+  ('runs/x/y: cannot create the work directory: runs/x is a file, not a directory')."""
   directory = path(directory)
   try:
     directory.mkdir(parents=True, exist_ok=True)
@@ -179,17 +166,14 @@ def make_directory(directory: PathLike, what: str = "directory") -> epath.Path:
 
 
 def check_writable(directory: PathLike, what: str = "output directory", *, create: bool = True) -> epath.Path:
-  """Creates `directory` (`make_directory`) and writes and removes a probe file in it, so that a directory that
-  cannot be written is refused in one line, as a storage fault, before any expensive work. With create=False a
-  missing local directory is not created: a file in its way is refused, and the probe goes to the nearest part of
-  its path that exists (where it would be created)."""
+  """Creates `directory` and writes and removes a probe file in it: a directory that cannot be written is refused
+  in one line, as a storage fault, before any expensive work. With create=False a missing local directory is not
+  created: the probe goes to the nearest part of its path that exists."""
   directory = path(directory)
-  where = directory
   if create or not is_local(directory):
-    make_directory(directory, what)
+    where = make_directory(directory, what)
   else:
-    while not where.exists() and where.parent != where:
-      where = where.parent
+    where = path(_existing_part(os.fspath(directory)))
     if not where.is_dir():
       raise _unusable(directory, what, OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), os.fspath(where)))
   probe = _temporary(where / "probe", "write")
@@ -202,19 +186,14 @@ def check_writable(directory: PathLike, what: str = "output directory", *, creat
 
 
 def _unusable(directory: epath.Path, what: str, error: OSError) -> OSError:
-  """The storage fault of a directory that could not be created or written: `error` itself, named, where its
-  errno is one of STORAGE_ERRNOS; else a PathFault saying why."""
+  """The storage fault of a directory that could not be created or written: `error`, named, where its errno is
+  one of STORAGE_ERRNOS; else a PathFault saying why."""
   if error.errno in STORAGE_ERRNOS:
     return OSError(error.errno, error.strerror, error.filename or os.fspath(directory))
   if not is_local(directory):
     return PathFault(error.errno, f"cannot create the {what} ({error.strerror or error})", os.fspath(directory))
-  # The nearest part of the path that exists: a file there is the cause (README.md/x, or the path itself);
-  # a directory there refuses what is created in it (/proc).
-  part = os.path.normpath(os.fspath(directory))
-  while not os.path.lexists(part) and os.path.dirname(part) not in ("", part):
-    part = os.path.dirname(part)
-  if not os.path.lexists(part):
-    part = "."
+  # a file at the nearest existing part is the cause (README.md/x); a directory there refuses new entries (/proc)
+  part = _existing_part(os.fspath(directory))
   if not os.path.isdir(part):
     line = f"cannot create the {what}: {part} is a file, not a directory"
   elif part == os.path.normpath(os.fspath(directory)):
@@ -224,20 +203,17 @@ def _unusable(directory: epath.Path, what: str, error: OSError) -> OSError:
   return PathFault(error.errno, line, os.fspath(directory))
 
 
-def _tensorstore_fault(error: BaseException) -> OSError | None:
-  """TensorStore, which writes Orbax's arrays, reports a failed write as a ValueError carrying an absl status
-  code and the file: the OSError it stands for."""
-  match = TENSORSTORE_FAULT.match(str(error)) if isinstance(error, ValueError) else None
-  if match is None:
-    return None
-  code = TENSORSTORE_ERRNOS[match["status"]]
-  return OSError(code, os.strerror(code), match["file"])
+def _existing_part(local: str) -> str:
+  """The nearest part of the local path that exists ('.' for a relative path of which none does)."""
+  part = os.path.normpath(local)
+  while not os.path.lexists(part) and os.path.dirname(part) not in ("", part):
+    part = os.path.dirname(part)
+  return part if os.path.lexists(part) else "."
 
 
 def storage_fault(error: BaseException) -> OSError | None:
-  """The storage fault (ENOSPC, EDQUOT, EROFS, EACCES, EPERM, a PathFault) behind `error`, following causes,
-  contexts and exception groups (Orbax and thread pools wrap the OSError of a failed write); None when there is
-  none. A fault that names its file is preferred to one that does not."""
+  """The storage fault (STORAGE_ERRNOS, a PathFault) behind `error`, following causes, contexts and exception
+  groups (Orbax and thread pools wrap the OSError of a failed write), preferring one that names its file; or None."""
   seen, todo, found = set(), [error], []
   while todo:
     e = todo.pop()
@@ -246,8 +222,9 @@ def storage_fault(error: BaseException) -> OSError | None:
     seen.add(id(e))
     if isinstance(e, PathFault) or isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
       found.append(e)
-    elif (fault := _tensorstore_fault(e)) is not None:
-      found.append(fault)
+    elif isinstance(e, ValueError) and (match := TENSORSTORE_FAULT.match(str(e))):
+      code = TENSORSTORE_ERRNOS[match["status"]]  # TensorStore, which writes Orbax's arrays, fails with a ValueError
+      found.append(OSError(code, os.strerror(code), match["file"]))
     todo += [e.__cause__, e.__context__] + list(getattr(e, "exceptions", ()))
   return max(found, key=lambda e: e.filename is not None, default=None)
 
@@ -259,11 +236,8 @@ def describe_fault(fault: OSError) -> str:
     return f"{where}: {fault.strerror}"
   line = f"{where}: {STORAGE_ERRNOS[fault.errno]} ({fault.strerror or os.strerror(fault.errno)})"
   if where != "(a file)" and is_local(where):
-    probe = os.path.abspath(os.fspath(where))
-    while probe and not os.path.exists(probe):
-      probe = os.path.dirname(probe)
     with contextlib.suppress(OSError):
-      line += f"; {_size(shutil.disk_usage(probe).free)} free on its filesystem"
+      line += f"; {_size(shutil.disk_usage(_existing_part(os.path.abspath(where))).free)} free on its filesystem"
   return line
 
 

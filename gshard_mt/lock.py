@@ -1,10 +1,7 @@
-"""One writer per directory: train.py holds its work directory, eval.py the output it writes, for their whole life.
-
-A second writer is refused at once, in one line naming the holder (host, pid, start time). On a local disk the lock
-is `fcntl.flock` on `<directory>/.lock`, which the kernel releases when the holder dies, so a lock left by a killed
-process is simply taken over. Object storage has no file lock: the lock is an object that a holder rewrites every
-`heartbeat_s` seconds; one whose heartbeat is older than `stale_s` belongs to a dead process and is taken over. Two
-starts within the same moment are settled by reading the object back after a pause: the last writer keeps it.
+"""One writer per directory (train.py's work directory, eval.py's output); a second is refused at once, in one line
+naming the holder. Locally: `fcntl.flock`, which the kernel releases when the holder dies. Object storage has no
+file lock: the lock is an object its holder rewrites every `heartbeat_s`, taken over once its heartbeat is STALE_S
+old; two starts at the same moment are settled by reading it back after a pause (the last writer keeps it).
 """
 
 from __future__ import annotations
@@ -25,6 +22,7 @@ from gshard_mt.errors import WorkdirError
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".lock"
+STALE_S = 120.0  # an object lock's heartbeat older than this: its holder is dead
 
 
 def _holder() -> dict:
@@ -38,21 +36,16 @@ def _refusal(directory, holder: dict) -> WorkdirError:
                       f"another directory)")
 
 
-@contextlib.contextmanager
 def hold(directory: io.PathLike, *, name: str = LOCK_NAME, enabled: bool = True, heartbeat_s: float = 30.0,
-         stale_s: float = 120.0, settle_s: float = 2.0):
-  """Holds the lock `<directory>/<name>` (the directory created if missing) for the block; `enabled=False` (a
+         settle_s: float = 2.0) -> contextlib.AbstractContextManager:
+  """The lock `<directory>/<name>` (the directory created if missing), held for a `with` block; `enabled=False` (a
   process other than 0 of a multi-host run) holds nothing."""
   if not enabled:
-    yield
-    return
+    return contextlib.nullcontext()
   directory = io.make_directory(directory)
   if io.is_local(directory):
-    with _file_lock(directory, name):
-      yield
-  else:
-    with _object_lock(directory, name, heartbeat_s, stale_s, settle_s):
-      yield
+    return _file_lock(directory, name)
+  return _object_lock(directory, name, heartbeat_s, settle_s)
 
 
 @contextlib.contextmanager
@@ -63,9 +56,8 @@ def _file_lock(directory, name: str):
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
       raise _refusal(directory, _read_json(os.pread(fd, 4096, 0))) from None
-    data = json.dumps(_holder()).encode()
     os.ftruncate(fd, 0)
-    os.pwrite(fd, data, 0)
+    os.pwrite(fd, json.dumps(_holder()).encode(), 0)
     yield
   finally:
     os.close(fd)  # releases the flock
@@ -79,12 +71,12 @@ def _read_json(data: bytes | str) -> dict:
 
 
 @contextlib.contextmanager
-def _object_lock(directory, name: str, heartbeat_s: float, stale_s: float, settle_s: float):
+def _object_lock(directory, name: str, heartbeat_s: float, settle_s: float):
   path = directory / name
   if path.exists():
     holder = _read_json(path.read_text())
     age = time.time() - holder.get("heartbeat", 0)
-    if age < stale_s:
+    if age < STALE_S:
       raise _refusal(directory, holder)
     log.warning("taking over the lock of %s: its holder's last heartbeat was %.0f s ago", directory, age)
   me = _holder()

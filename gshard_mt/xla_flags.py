@@ -1,21 +1,16 @@
-"""The compiler flags that every entry point sets (`cli.run`, before JAX starts a backend, which reads them once):
-XLA's GPU flags in XLA_FLAGS where JAX will use an NVIDIA GPU, and libtpu's flags in LIBTPU_INIT_ARGS where a TPU
-will run the program: a host with TPU chips (a TPU VM), and the compile-only TPU devices of the dry run and the
-benchmarks (`tpu_compiler.topology_devices` adds them, so that their estimates see what training compiles). A CPU
-machine gets neither and logs nothing about them, libtpu installed or not. An unknown flag aborts the process:
-tests/unit/test_xla_flags.py checks the GPU flags against the installed jaxlib, and a libtpu flag is added only
-where the installed libtpu names it (libtpu is unpinned; a scan of libtpu.so, 0.2 s once cached). A flag already
-set keeps the user's value; GSHARD_MT_GPU_FLAGS=0 and GSHARD_MT_TPU_FLAGS=0 set none.
+"""The compiler flags every entry point sets before JAX starts a backend (`cli.run`): XLA_FLAGS where JAX will use
+an NVIDIA GPU, LIBTPU_INIT_ARGS where a TPU will run the program (or the compile-only TPU devices of the estimates);
+a CPU gets neither. An unknown flag aborts the process: the GPU flags are tested against jaxlib, and a libtpu flag
+is added only where the installed (unpinned) libtpu names it. A flag already set keeps the user's value;
+GSHARD_MT_GPU_FLAGS=0 and GSHARD_MT_TPU_FLAGS=0 set none.
 
-GPU: those that MaxText's GPU training scripts and NVIDIA's JAX-Toolbox recommend. Left out: command buffers (CUDA
-graphs) keep XLA's default, which already captures fusions and library calls; MaxText's `--xla_gpu_graph_level=0`
-no longer exists, nor does `--xla_gpu_experimental_triton_ragged_dot` (jaxlib 0.12); the collectives' combine
-thresholds and pipelining tune many-GPU FSDP runs and are left to the user's XLA_FLAGS.
+GPU: what MaxText's GPU scripts and NVIDIA's JAX-Toolbox recommend. Command buffers keep XLA's default, which
+already captures fusions and library calls (`--xla_gpu_graph_level` and `--xla_gpu_experimental_triton_ragged_dot`
+no longer exist in jaxlib 0.12); the collectives' combine thresholds tune many-GPU FSDP runs: the user's to set.
 
-TPU: every gather that the SparseCores can do goes to them (v5p, v6e; chips without them ignore the flag). XLA
-otherwise offloads only gathers from tables of 16 MiB or more and emits the others as fusions of the TensorCore: the
-MoE layer's dispatch, 20,480 rows of 1 KiB from 8 MiB of tokens per v5p chip in configs/base.py, is estimated at
-95 us as a fusion and 25 us offloaded (docs/decisions.md).
+TPU: every gather the SparseCores can do goes to them (v5p, v6e; other chips ignore the flag). XLA otherwise offloads
+only gathers from tables of 16 MiB or more: the MoE dispatch of configs/base.py (20,480 rows of 1 KiB from 8 MiB per
+v5p chip) is estimated at 95 us as a TensorCore fusion and 25 us offloaded (docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -48,28 +43,25 @@ GPU_PLATFORMS = {"cuda", "gpu"}
 TPU_LIBRARY = "libtpu"  # the TPU compiler and runtime, the only reader of LIBTPU_INIT_ARGS
 
 
-def will_use_gpu(platforms: str) -> bool:
-  """Whether JAX will start its CUDA backend, judged without starting it: a CUDA plugin is installed, and
-  JAX_PLATFORMS (`platforms`, comma-separated) is empty or names the GPU. A plugin without a GPU leaves JAX on the
-  CPU, where the flags change nothing."""
+def _allows(platforms: str, names) -> bool:
+  """Whether JAX_PLATFORMS (`platforms`, comma-separated) is empty or names one of `names`."""
   named = {p.strip() for p in platforms.split(",") if p.strip()}
-  if named and not named & GPU_PLATFORMS:
-    return False
-  return any(importlib.util.find_spec(module) is not None for module in CUDA_PLUGINS)
+  return not named or bool(named & set(names))
 
 
-def merged(value: str, flags) -> tuple[str, list[str]]:
-  """(the flags string `value` with each (name, value) of `flags` that it does not name already, the flags added)."""
-  named = {word.lstrip("-").split("=", 1)[0] for word in value.split()}
-  added = [f"--{name}={setting}" for name, setting in flags if name not in named]
-  return " ".join([value.strip(), *added]).strip(), added
+def will_use_gpu(platforms: str) -> bool:
+  """Whether JAX will start its CUDA backend, judged without starting it: JAX_PLATFORMS allows the GPU and a CUDA
+  plugin is installed (without a GPU, JAX stays on the CPU, where the flags change nothing)."""
+  return _allows(platforms, GPU_PLATFORMS) and any(importlib.util.find_spec(m) is not None for m in CUDA_PLUGINS)
 
 
 def add(flags, environ=os.environ, variable: str = "XLA_FLAGS") -> list[str]:
-  """Adds each (name, value) of `flags` to environ[variable] that it does not name already (the user's value wins);
+  """Adds each (name, value) of `flags` that environ[variable] does not name already (the user's value wins);
   returns the flags added."""
-  value, added = merged(environ.get(variable, ""), flags)
-  environ[variable] = value
+  value = environ.get(variable, "")
+  named = {word.lstrip("-").split("=", 1)[0] for word in value.split()}
+  added = [f"--{name}={setting}" for name, setting in flags if name not in named]
+  environ[variable] = " ".join([value.strip(), *added]).strip()
   return added
 
 
@@ -81,19 +73,14 @@ def apply_gpu(environ=os.environ) -> list[str]:
 
 
 def will_use_tpu(platforms: str) -> bool:
-  """Whether JAX will run the program on a TPU, judged without starting it: this host has TPU chips (JAX's own
-  count of them, from the PCI devices), and JAX_PLATFORMS (`platforms`, comma-separated) is empty or names the TPU.
-  libtpu installed on a CPU or GPU machine (the test extra installs it, for the TPU compiler) is not a TPU."""
-  named = {p.strip() for p in platforms.split(",") if p.strip()}
-  if named and "tpu" not in named:
-    return False
-  return hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0
+  """Whether JAX will run the program on a TPU: JAX_PLATFORMS allows it and this host has TPU chips (JAX's count,
+  from the PCI devices; libtpu installed for its compiler is no TPU)."""
+  return _allows(platforms, ("tpu",)) and hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0
 
 
 def apply_tpu(environ=os.environ, *, compile_only: bool = False) -> list[str]:
   """Adds the TPU_FLAGS that the installed libtpu knows to environ['LIBTPU_INIT_ARGS'] when a TPU will run the
-  program (`will_use_tpu`) or, with `compile_only`, when the program compiles for compile-only TPU devices (unless
-  GSHARD_MT_TPU_FLAGS=0); returns them. Nothing where libtpu is not installed."""
+  program or, with `compile_only`, for compile-only TPU devices (unless GSHARD_MT_TPU_FLAGS=0); returns them."""
   if environ.get(TPU_SWITCH, "1") == "0" or (spec := importlib.util.find_spec(TPU_LIBRARY)) is None:
     return []
   if not compile_only and not will_use_tpu(environ.get("JAX_PLATFORMS", "")):
@@ -107,7 +94,7 @@ def apply_tpu(environ=os.environ, *, compile_only: bool = False) -> list[str]:
 
 
 def known_flags(names: list[str], spec) -> set[str]:
-  """The flag `names` that the shared library of the module `spec` (libtpu: its libtpu.so) contains."""
+  """The flag `names` that libtpu.so, of the module `spec`, contains (a scan, 0.2 s once cached)."""
   folder = (spec.submodule_search_locations or [os.path.dirname(spec.origin or "")])[0]
   library = os.path.join(folder, TPU_LIBRARY + ".so")
   if not os.path.isfile(library):
@@ -128,10 +115,9 @@ def _logged(added: list[str], what: str, switch: str) -> list[str]:
 
 
 def quiet_tpu_host_lookup():
-  """Without TPU hardware the installed libtpu (there for the TPU compiler) still starts when JAX looks for
-  devices, cannot look up this host's TPU type and worker names, and prints six lines of warnings about
-  TPU_ACCELERATOR_TYPE and TPU_WORKER_HOSTNAMES. Naming a local host and any accelerator type skips the look-up
-  and changes nothing else: JAX finds no TPU chip and uses the CPU or GPU. On a TPU VM nothing is set."""
+  """Without TPU chips, libtpu (installed for the TPU compiler) still starts when JAX looks for devices and prints
+  six lines of warnings about this host's TPU type and worker names: naming a local host and any accelerator type
+  skips the look-up and changes nothing else. On a TPU VM nothing is set."""
   if hardware_utils.num_available_tpu_chips_and_device_id()[0] == 0:
     for name, value in TPU_HOST_VARIABLES.items():
       os.environ.setdefault(name, value)

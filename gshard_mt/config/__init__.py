@@ -1,5 +1,5 @@
-"""Config files (Python files with `get_config()`), dotted command-line overrides, parsing into the frozen `Config`
-(`sections`: every key's default and check), saving and loading config.json.
+"""Config files (Python files with `get_config()`), `--config.key=value` overrides, parsing into the frozen
+`Config` (`sections`: every key's default and check), saving and loading config.json.
 
   python train.py --config configs/tiny.py --workdir runs/tiny --config.moe.num_experts=16
 """
@@ -26,7 +26,7 @@ from gshard_mt.config.groups import microbatch_rows, moe_group_error, row_length
 from gshard_mt.config.sections import SECTIONS, Config
 from gshard_mt.errors import ConfigError, UserError, article
 
-RENAMED_VALUES = {"model.remat": {False: "none", True: "full"}}  # in older runs' config.json: old value -> today's
+BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}  # of --config.key=TEXT
 
 
 def _where(path: pathlib.Path, error: BaseException) -> str:
@@ -39,8 +39,8 @@ def _where(path: pathlib.Path, error: BaseException) -> str:
 
 
 def run_file_code(path: str | pathlib.Path, function, *args, **kwargs):
-  """Calls `function`, code of the user's Python file `path`: an exception it raises becomes one line naming the
-  file, the line and the exception (`configs/x.py:12: ZeroDivisionError: division by zero`)."""
+  """Calls `function`, code of the user's file `path`; what it raises becomes one line naming the file and line
+  (`configs/x.py:12: ZeroDivisionError: division by zero`)."""
   try:
     return function(*args, **kwargs)
   except UserError:
@@ -52,7 +52,7 @@ def run_file_code(path: str | pathlib.Path, function, *args, **kwargs):
 
 def load_module(path: str | pathlib.Path, needs: str):
   """A Python file (a config or a sweep) as a module, which must define `needs`."""
-  path = pathlib.Path(path)  # a Python file to import: local, as every import is
+  path = pathlib.Path(path)  # local, as every import is
   if not path.is_file():
     raise ConfigError(f"{path}: file not found")
   spec = importlib.util.spec_from_file_location(f"_gshard_{path.stem}", path)
@@ -68,23 +68,12 @@ def load_file(path: str | pathlib.Path, **kwargs) -> ml_collections.ConfigDict:
   return run_file_code(path, load_module(path, "get_config").get_config, **kwargs)
 
 
-def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Rewrites the old values of RENAMED_VALUES that `config` holds (in place)."""
-  for key, renamed in RENAMED_VALUES.items():
-    section, leaf = key.split(".")
-    if isinstance(value := config.get(section, {}).get(leaf), bool):
-      del config[section][leaf]  # a ConfigDict keeps each field's type: a bool cannot become a str
-      config[section][leaf] = renamed[value]
-  return config
-
-
 def _parse_value(key: str, text: str, current):
+  """`text` as a value of the type of `current`."""
   if isinstance(current, bool):
-    if text.lower() in ("true", "1", "yes"):
-      return True
-    if text.lower() in ("false", "0", "no"):
-      return False
-    raise ConfigError(f"--config.{key}={text}: expected true or false")
+    if text.lower() not in BOOLEANS:
+      raise ConfigError(f"--config.{key}={text}: expected true or false")
+    return BOOLEANS[text.lower()]
   if isinstance(current, str):
     return text
   try:
@@ -94,7 +83,7 @@ def _parse_value(key: str, text: str, current):
       value = float(text.lower())
     else:
       raise ConfigError(f"--config.{key}={text}: expected {article(type(current).__name__)}") from None
-  if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+  if isinstance(current, float) and checks.is_a(value, float):
     value = float(value)
   if type(value) is not type(current):
     raise ConfigError(f"--config.{key}={text}: expected {article(type(current).__name__)}, got "
@@ -107,14 +96,22 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]
   flat = flatten(config)
   for key, text in overrides.items():
     if key not in flat:
-      close = difflib.get_close_matches(key, list(flat), n=3)
-      raise ConfigError(f"unknown config key {key!r}" + (f"; did you mean {', '.join(close)}?" if close else ""))
-    node = config
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = _parse_value(key, text, flat[key])
+      raise _unknown_key(key, flat)
+    _set(config, key, _parse_value(key, text, flat[key]))
   return config
+
+
+def _unknown_key(key: str, known, prefix: str = "") -> ConfigError:
+  close = difflib.get_close_matches(key, list(known), n=3)
+  return ConfigError(f"unknown config key {prefix + key!r}" + (f"; did you mean {', '.join(close)}?" if close else ""))
+
+
+def _set(tree, key: str, value):
+  """Sets the dotted `key` of a ConfigDict or nested dicts."""
+  *parents, leaf = key.split(".")
+  for name in parents:
+    tree = tree[name]
+  tree[leaf] = value
 
 
 def flatten(config, prefix="") -> dict:
@@ -130,9 +127,7 @@ def flatten(config, prefix="") -> dict:
 
 def to_dict(config: Config | ml_collections.ConfigDict) -> dict:
   """Nested plain dicts of a `Config` or a config file's ConfigDict (the keys of config.json)."""
-  if isinstance(config, ml_collections.ConfigDict):
-    return config.to_dict()
-  return dataclasses.asdict(config)
+  return config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dataclasses.asdict(config)
 
 
 def parse(config: ml_collections.ConfigDict | dict) -> Config:
@@ -145,23 +140,18 @@ def parse(config: ml_collections.ConfigDict | dict) -> Config:
 
 
 def _typed(section: str, cls, values: dict):
-  """`values` for the dataclass `cls` (a section, or the run's own keys with section=''): an unknown key is an
-  error; ints become floats where the field is a float. Returns the section made from them, or, for the run,
-  the values themselves."""
-  fields = {f.name: f for f in dataclasses.fields(cls) if section or f.name not in SECTIONS}
+  """The section `cls` made from `values` (or, with section='', the run's own keys, checked): an unknown key is
+  an error; an int becomes a float where the field is a float."""
+  fields = {f.name for f in dataclasses.fields(cls) if section or f.name not in SECTIONS}
   prefix = f"{section}." if section else ""
   for key in values:
     if key not in fields:
-      close = difflib.get_close_matches(key, list(fields), n=3)
-      raise ConfigError(f"unknown config key {prefix + key!r}" + (f"; did you mean {', '.join(close)}?" * bool(close)))
+      raise _unknown_key(key, fields, prefix)
   hints = typing.get_type_hints(cls)
-  values = {k: float(v) if hints[k] is float and isinstance(v, int) and not isinstance(v, bool) else v
-            for k, v in values.items()}
+  values = {k: float(v) if hints[k] is float and checks.is_a(v, float) else v for k, v in values.items()}
   if not issubclass(cls, Section):  # a Section checks its own types when made; MoeConfig's are checked here
     for key, value in values.items():
-      if not checks.is_a(value, hints[key]):
-        raise ConfigError(f"{prefix}{key}={value!r}: expected {article(hints[key].__name__)}, got "
-                          f"{article(type(value).__name__)}")
+      checks.check_type(prefix + key, value, hints[key])
   return cls(**values) if section else values
 
 
@@ -169,11 +159,7 @@ def replace(config: Config, values: dict[str, Any]) -> Config:
   """`config` with the dotted keys of `values` set (typed values, not text), checked as `parse` checks."""
   tree = to_dict(config)
   for key, value in values.items():
-    *parents, leaf = key.split(".")
-    node = tree
-    for name in parents:
-      node = node[name]
-    node[leaf] = value
+    _set(tree, key, value)
   return parse(tree)
 
 
@@ -184,20 +170,15 @@ def load(path, overrides: dict[str, str] | None = None) -> Config:
 
 def split_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:
   """Separates `--config.key=value` (or `--config.key value`) arguments from the others."""
-  rest, overrides, i = [], {}, 0
-  while i < len(argv):
-    arg = argv[i]
-    if arg.startswith("--config."):
-      if "=" in arg:
-        key, value = arg[len("--config."):].split("=", 1)
-      elif i + 1 < len(argv):
-        key, value, i = arg[len("--config."):], argv[i + 1], i + 1
-      else:
-        raise ConfigError(f"{arg} needs a value")
-      overrides[key] = value
-    else:
+  rest, overrides, args = [], {}, iter(argv)
+  for arg in args:
+    if not arg.startswith("--config."):
       rest.append(arg)
-    i += 1
+      continue
+    key, equals, value = arg.removeprefix("--config.").partition("=")
+    if not equals and (value := next(args, None)) is None:
+      raise ConfigError(f"{arg} needs a value")
+    overrides[key] = value
   return rest, overrides
 
 
@@ -205,10 +186,9 @@ def save(config: Config, workdir: io.PathLike):
   """Writes workdir/config.json atomically; a resumed run must have the same model, moe and data keys."""
   path = io.path(workdir) / "config.json"
   if path.exists():
-    # a key the run's config lacks is one added since: the run had its default's behaviour (load_saved)
+    # a key added since the run started has its default (load_saved); prefetch and remat change no result, and
+    # the `auto` options no parameter, so a run may move between platforms
     old, new = flatten(to_dict(load_saved(workdir))), flatten(to_dict(config))
-    # prefetch and remat change no result; the options with a platform's value (`auto`) change no parameter, so
-    # a run may move between platforms and runs written before `auto` resume with it
     same_run = ("data.prefetch", "model.remat", *platforms.REFERENCE)
     changed = [k for k in new if k.split(".")[0] in ("model", "moe", "data") and old.get(k) != new[k]
                and k not in same_run]
@@ -224,4 +204,7 @@ def load_saved(workdir: io.PathLike) -> Config:
   path = io.path(workdir) / "config.json"
   if not path.is_file():
     raise ConfigError(f"{path} not found: is {workdir} a gshard_mt work directory?")
-  return parse(upgrade(ml_collections.ConfigDict(json.loads(path.read_text()))))
+  values = json.loads(path.read_text())
+  if isinstance(remat := values.get("model", {}).get("remat"), bool):  # older runs saved model.remat as a bool
+    values["model"]["remat"] = "full" if remat else "none"
+  return parse(values)

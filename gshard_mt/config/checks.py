@@ -1,5 +1,5 @@
-"""What every config section checks, from tables of its keys: choices, positive and non-negative integers,
-float ranges, and each field's type."""
+"""What every config section checks, from tables of its keys (choices, positive and non-negative integers, float
+ranges), and each field's type."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from gshard_mt.errors import ConfigError, article
 
 
 class Section:
-  """Checks shared by the sections, from tables of keys: CHOICES (key -> allowed values or a registry), POSITIVE
-  (integers > 0), NONNEGATIVE (integer keys where 0 is allowed -> what 0 means), RANGES (float keys -> (test, the
-  range in words)); each field's value must have its annotated type. KEY: the section's name in the config."""
+  """A section's checks: CHOICES (key -> allowed values or a registry), POSITIVE (integers > 0), NONNEGATIVE
+  (key -> what 0 means), RANGES (float key -> (test, the range in words)), and each field's annotated type.
+  KEY: the section's name in the config."""
 
   KEY: ClassVar[str] = ""
   CHOICES: ClassVar[dict[str, Any]] = {}
@@ -32,10 +32,7 @@ class Section:
   def check_types(self):
     hints = typing.get_type_hints(type(self))
     for f in dataclasses.fields(self):
-      value, kind = getattr(self, f.name), hints[f.name]
-      if not is_a(value, kind):
-        raise ConfigError(f"{self.key(f.name)}={value!r}: expected {article(kind.__name__)}, got "
-                          f"{article(type(value).__name__)}")
+      check_type(self.key(f.name), getattr(self, f.name), hints[f.name])
 
   def check_values(self):
     for name, allowed in self.CHOICES.items():
@@ -59,6 +56,11 @@ def is_a(value, kind) -> bool:
   if kind is float:
     return isinstance(value, int | float) and not isinstance(value, bool)
   return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+
+
+def check_type(key: str, value, kind):
+  if not is_a(value, kind):
+    raise ConfigError(f"{key}={value!r}: expected {article(kind.__name__)}, got {article(type(value).__name__)}")
 
 
 def fraction(low_open: bool = False):

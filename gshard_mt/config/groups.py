@@ -12,15 +12,15 @@ def microbatch_rows(config) -> int:
 
 
 def row_lengths(config) -> tuple[int, int]:
-  """(source, target) tokens per training row: data.max_length and data.max_target_length (0 = the same).
-  Sources take ~1.6x the tokens of their English targets, so equal lengths leave target slots empty."""
+  """(source, target) tokens per training row (max_target_length 0 = max_length). Sources take ~1.6x the tokens of
+  their English targets, so equal lengths leave target slots empty."""
   return config.data.max_length, config.data.max_target_length or config.data.max_length
 
 
 def moe_group_error(config, group_devices: int = 1, group_size: int | None = None) -> str | None:
-  """Why the MoE groups of a microbatch fail with `group_size` (default moe.group_size), in one line; None if
-  they work. Each side's tokens must be whole groups (or, without microbatches, fewer tokens make one group) and
-  the groups must split over `group_devices`, the devices of the mesh axes the rules give 'group'."""
+  """Why the MoE groups of S tokens (`group_size`, default moe.group_size) fail, in one line, or None. Each side's
+  tokens must be whole groups (without microbatches, fewer tokens make one group) that split over `group_devices`,
+  the devices of the mesh axes the rules give 'group'."""
   if not config.model.moe_interval:
     return None
   size, micro = group_size or config.moe.group_size, config.num_microbatches > 1

@@ -1,9 +1,6 @@
-"""`MoeConfig`: the MoE layer's options, their defaults, their choices and their checks, in one place.
-
-The config file's `moe` section is exactly these fields (`gshard_mt.config.defaults` takes its defaults from
-here), the model carries one MoeConfig to every MoE layer, and `MoeFeedForward` reads its options from it.
-The routers are the classes of `ROUTERS` (registered in `gshard_mt.moe.routers`, or anywhere else): the checks read
-each router's own properties (causal, uses capacity, experts per token) from its class. Plain Python, no JAX.
+"""`MoeConfig`: the MoE layer's options, their defaults, choices and checks, in one place: the config's `moe`
+section, carried by the model to every MoE layer. The checks read each router's properties (causal, uses capacity,
+experts per token) from its class in `ROUTERS`. Plain Python, no JAX.
 """
 
 from __future__ import annotations
@@ -38,11 +35,11 @@ class MoeConfig:
   # the kept assignments only; one device: on a mesh XLA all-gathers its rows), 'shard_map' (manual all-to-alls);
   # 'auto': the platform's (config.platforms: 'index_gather' on GPUs, 'index' elsewhere)
   dispatch: str = "auto"
-  # of 'grouped': 'ragged_dot' (XLA's jax.lax.ragged_dot; a Mosaic kernel on TPU) or 'mosaic_gpu' (JAX's Pallas
-  # Mosaic GPU kernels on a Hopper GPU, bf16; 'ragged_dot' elsewhere)
+  # of 'grouped': 'ragged_dot' (jax.lax.ragged_dot) or 'mosaic_gpu' (Pallas Mosaic GPU kernels on a Hopper GPU,
+  # bf16; 'ragged_dot' elsewhere)
   grouped_kernel: str = "ragged_dot"
-  # the expert FFN on the capacity buffers: 'xla' (einsums) or 'pallas' (moe.expert_kernel: two Pallas kernels for
-  # TPUs, ReLU only, H whole on each device; interpreted elsewhere)
+  # the expert FFN on the capacity buffers: 'xla' (einsums) or 'pallas' (two Pallas kernels for TPUs, ReLU only,
+  # H whole on each device; interpreted elsewhere)
   expert_kernel: str = "xla"
   activation: str = "relu"
   jitter_noise: float = 0.0  # multiplicative router-input noise while training
@@ -55,26 +52,23 @@ class MoeConfig:
   bias_update_rate: float = 0.001  # gamma of balance='bias': each step's move of the selection bias
 
   def router_of(self, decoder: bool) -> str:
-    """The router of the encoder's MoE layers, or of the decoder's."""
     return (self.decoder_router or self.router) if decoder else self.router
 
   def router_class(self, decoder: bool = False) -> type:
-    """The class of the encoder's (or the decoder's) router."""
     return ROUTERS.get(self.router_of(decoder))
 
   def experts_per_token(self, decoder: bool = False) -> int:
-    """k of the encoder's (or the decoder's) router, as its class says: 2 for 'gshard', 1 for 'switch',
-    num_selected for the others (the mean for 'expert_choice')."""
+    """k of the encoder's (or decoder's) router: 2 for 'gshard', 1 for 'switch', else num_selected (the mean for
+    'expert_choice')."""
     return self.router_class(decoder).experts_per_token(self.num_selected)
 
   def language_router(self) -> str | None:
-    """The name of the encoder's or the decoder's router if it routes by the source language (it needs the
-    language tags), else None."""
+    """The encoder's or decoder's router if it routes by the source-language tag, else None."""
     return next((self.router_of(d) for d in (False, True) if self.router_class(d).reads_language), None)
 
   @classmethod
   def from_config(cls, moe_section) -> MoeConfig:
-    """From a config's `moe` section (a MoeConfig already, or a mapping with these keys)."""
+    """From a MoeConfig or a mapping with these keys (a ConfigDict's `moe`)."""
     if isinstance(moe_section, MoeConfig):
       return moe_section
     return cls(**{f.name: moe_section[f.name] for f in dataclasses.fields(cls)})
@@ -104,7 +98,6 @@ class MoeConfig:
     return self
 
   def _check_combination(self):
-    """The combinations that cannot work, each refused in one line."""
     k = max(self.experts_per_token(decoder) for decoder in (False, True))
     if self.num_experts < k:
       raise ConfigError(f"moe.num_experts={self.num_experts}: top-{k} gating needs at least {k} experts")

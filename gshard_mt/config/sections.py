@@ -1,13 +1,13 @@
-"""The config: one frozen dataclass per section, each with its defaults and its own checks (raised as one line
-naming the key), and `Config`, the run's keys holding the sections. Config files edit `defaults.get_config()`
-(made from these dataclasses) and `gshard_mt.config.parse` turns the result into a `Config` once, where the
-command line meets the code. docs/config.md documents every key (tests/unit/test_docs.py checks it against these
-defaults). Plain Python, no JAX.
+"""The config: one frozen dataclass per section with its defaults and checks (each error one line naming the key),
+and `Config`, the run's keys holding the sections. Config files edit `defaults.get_config()`; `config.parse` turns
+the result into a `Config` once, where the command line meets the code. docs/config.md documents every key
+(tests/unit/test_docs.py checks its defaults). Plain Python, no JAX.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Any, ClassVar
 
 from gshard_mt.config import choices
@@ -31,9 +31,7 @@ class DataConfig(Section):
   RANGES: ClassVar[dict[str, tuple]] = {"dev_fraction": fraction(), "test_fraction": fraction(),
                                         "character_coverage": fraction(low_open=True)}
 
-  # 'tatoeba', 'multi30k' (both shipped), 'folder', 'tsv', 'tfds:NAME' (e.g. 'tfds:wmt19_translate/de-en'), 'tfds'
-  # (= tfds:<data.tfds_name>); join with '+' (the classes of config.choices.SOURCES)
-  source: str = "tatoeba"
+  source: str = "tatoeba"  # 'tatoeba', 'multi30k', 'folder', 'tsv', 'tfds:NAME', 'tfds'; several joined with '+'
   path: str = ""  # folder or TSV file for 'folder' / 'tsv'
   prepared_dir: str = ""  # where prepared corpora live, shared by runs (local or gs://...); '' = <workdir>/tokenizer
   tfds_name: str = ""  # e.g. 'wmt19_translate/de-en'
@@ -86,23 +84,18 @@ class ModelConfig(Section):
   moe_interval: int = 2  # every 2nd FFN is MoE; 0 = dense baseline
   share_embeddings: bool = True  # one input embedding for source and target
   tied_logits: bool = False  # output logits through the target embedding (its input token then starts high)
-  embedding: str = "vaswani"  # embedding scale scheme (model.EMBEDDING_SCHEMES): 'vaswani' or 't5'
+  embedding: str = "vaswani"  # embedding scale scheme: 'vaswani' or 't5'
   positions: str = "sinusoidal"  # or 'learned'
   max_position: int = 512  # for learned positions
   dropout_rate: float = 0.1
-  # the dropout masks' random bits (model.layers.DROPOUT_KEYS): 'threefry', or 'rbg' (XLA's RngBitGenerator);
-  # 'auto' = the platform's (config.platforms: threefry everywhere for now)
-  dropout_rng: str = "auto"
+  dropout_rng: str = "auto"  # the dropout masks' bits: 'threefry', 'rbg' (XLA's RngBitGenerator); 'auto' = threefry
   attention_dropout_rate: float = 0.0
-  # 'xla': einsums with an additive mask (the reference; attention dropout); 'fused': jax.nn.dot_product_attention
-  # with a boolean mask, cuDNN's flash attention on GPUs; 'pallas': the whole block in Pallas kernels for TPUs
-  # (gshard_mt.tpu.kernels.attention; interpret mode elsewhere, for tests; no attention dropout); 'auto' = the
-  # platform's (config.platforms: xla everywhere for now)
+  # 'xla' (the reference), 'fused' (jax.nn.dot_product_attention: cuDNN's flash attention on GPUs), 'pallas'
+  # (kernels for TPUs, interpreted elsewhere); only 'xla' has attention dropout; 'auto' = 'xla' for now
   attention: str = "auto"
   dtype: str = "bfloat16"  # computation; parameters are float32
-  # the residual stream: 'float32' or 'bfloat16' (layer norms stay float32); 'auto' = float32 everywhere for now
-  residual_dtype: str = "auto"
-  remat: str = "none"  # what a layer unit keeps for the backward pass (model.REMAT_POLICIES): 'none', 'full', ...
+  residual_dtype: str = "auto"  # 'float32' or 'bfloat16' (layer norms stay float32); 'auto' = float32 for now
+  remat: str = "none"  # what a layer unit keeps for the backward pass: 'none', 'full', ...
   scan_layers: bool = True  # compile one layer unit, not one per layer
   scan_unroll: int = 1  # with scan_layers: layer units per loop iteration (lax.scan's unroll)
 
@@ -137,13 +130,9 @@ class OptimizerConfig(Section):
   warmup_steps: int = 1000
   grad_clip_norm: float = 1.0  # the gradient's global norm is clipped to this; 0 = no clipping
   weight_decay: float = 0.0
-  # 'xla': the optax chain as XLA compiles it; 'pallas': Adafactor's update as Pallas kernels for TPUs, three
-  # passes over each weight (gshard_mt.tpu.kernels.adafactor; interpret mode elsewhere, for tests); same state
-  kernel: str = "xla"
+  kernel: str = "xla"  # 'xla' (optax), or 'pallas': Adafactor's update in three kernel passes for TPUs
   label_smoothing: float = 0.1
-  # the loss's reductions of the logits: 'xla' (plain jnp, every platform) or 'pallas' (one Pallas kernel pass for
-  # TPUs, gshard_mt.tpu.kernels.logit_stats: compiled by libtpu, tested in interpret mode, never run on a TPU)
-  loss_kernel: str = "xla"
+  loss_kernel: str = "xla"  # the loss's logit reductions: 'xla', or 'pallas' (for TPUs; never run on one yet)
 
   def check_values(self):
     super().check_values()
@@ -154,8 +143,7 @@ class OptimizerConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig(Section):
-  """Devices per mesh axis in one slice (`mesh`; data -1 = all the others leave), or slices per axis
-  (`dcn_mesh`: TPU slices joined by the data-centre network, or GPU hosts; each axis is then mesh x dcn_mesh)."""
+  """Devices per mesh axis in one slice."""
 
   KEY: ClassVar[str] = "mesh"
 
@@ -163,14 +151,24 @@ class MeshConfig(Section):
   expert: int = 1
   model: int = 1
 
+  def check_values(self):
+    if self.expert < 1 or self.model < 1 or (self.data < 1 and self.data != -1):
+      raise ConfigError(f"mesh sizes must be positive (mesh.data may be -1), got data={self.data} "
+                        f"expert={self.expert} model={self.model}")
+
 
 @dataclasses.dataclass(frozen=True)
 class DcnMeshConfig(MeshConfig):
-  """Slices per mesh axis (`dcn_mesh`)."""
+  """Slices per mesh axis: TPU slices joined by the data-centre network, or GPU hosts (each axis is then
+  mesh x dcn_mesh)."""
 
   KEY: ClassVar[str] = "dcn_mesh"
 
   data: int = 1
+
+  def check_values(self):
+    if min(self.data, self.expert, self.model) < 1:
+      raise ConfigError(f"dcn_mesh sizes must be positive integers, got {dataclasses.asdict(self)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,8 +184,8 @@ class DistributedConfig(Section):
   process_id: int = 0
 
 
-def _default(cls, **values):
-  return dataclasses.field(default_factory=lambda: cls(**values))
+def _default(cls):
+  return dataclasses.field(default_factory=cls)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,18 +201,15 @@ class Config(Section):
 
   seed: int = 0
   batch_size: int = 64  # global rows per step; each row packs several pairs
-  # Gradient accumulation: the step runs batch_size / num_microbatches rows at a time and makes one update (the
-  # whole batch's, MoE groups formed within each microbatch): the paper's batch on fewer chips.
-  num_microbatches: int = 1
+  num_microbatches: int = 1  # gradient accumulation (MoE groups per microbatch): the paper's batch on fewer chips
   num_train_steps: int = 1000
   log_every: int = 50
   eval_every: int = 500  # dev loss and perplexity
   eval_batches: int = 20  # dev batches per evaluation (0 = all)
-  # Greedy dev BLEU and chrF++ of a fixed sample, scored as eval.py scores a split: each language's corpus BLEU
-  # over its sampled pairs, then the mean over the languages (0 = never)
+  # greedy dev BLEU and chrF++ of a fixed sample, scored as eval.py scores a split (0 = never)
   eval_bleu_every: int = 0
-  # Dev pairs of each language in that sample (all of a language's when it has fewer). Corpus BLEU of a few short
-  # sentences is inflated by sacrebleu's smoothing of absent n-grams: 32 keeps that under 0.3 BLEU on configs/tiny.py
+  # dev pairs of each language in that sample; sacrebleu's smoothing inflates the BLEU of a few short sentences:
+  # 32 keeps that under 0.3 BLEU on configs/tiny.py
   eval_bleu_per_language: int = 32
   eval_bleu_sentences: int = 4096  # the most pairs in the sample (its time): languages beyond it are left out, whole
   checkpoint_every: int = 500
@@ -233,12 +228,6 @@ class Config(Section):
     super().check_values()
     if self.batch_size % self.num_microbatches:
       raise ConfigError(f"num_microbatches={self.num_microbatches} does not divide batch_size={self.batch_size}")
-    mesh, dcn = self.mesh, self.dcn_mesh
-    if mesh.expert < 1 or mesh.model < 1 or (mesh.data < 1 and mesh.data != -1):
-      raise ConfigError(f"mesh sizes must be positive (mesh.data may be -1), got data={mesh.data} "
-                        f"expert={mesh.expert} model={mesh.model}")
-    if min(dcn.data, dcn.expert, dcn.model) < 1:
-      raise ConfigError(f"dcn_mesh sizes must be positive integers, got {dataclasses.asdict(dcn)}")
     self._check_moe()
 
   def _check_moe(self):
@@ -260,5 +249,4 @@ class Config(Section):
       raise ConfigError(error)
 
 
-SECTIONS = {"data": DataConfig, "model": ModelConfig, "moe": MoeConfig, "optimizer": OptimizerConfig,
-            "mesh": MeshConfig, "dcn_mesh": DcnMeshConfig, "distributed": DistributedConfig}
+SECTIONS = {name: kind for name, kind in typing.get_type_hints(Config).items() if dataclasses.is_dataclass(kind)}

@@ -1,2 +1,2 @@
-"""The input pipeline: `corpus` (sources; `tfds_source`), `tokenizer`, `prepare` (read once, tokenized in parallel,
+"""The input pipeline: `corpus` (`sources`), `tokenizer`, `prepare` (read once, tokenized in parallel,
 written as `shards`), `sampling` (temperature), `packing`, `pipeline` (memory-mapped batches)."""

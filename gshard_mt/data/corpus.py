@@ -47,8 +47,8 @@ def language_of(stream: str) -> str:
   return stream.split(".", 1)[0]
 
 
-def read_lines(path: io.PathLike) -> tuple[list[str], int]:
-  """Lines of a UTF-8 text file (plain or .gz), without newlines; returns (lines, number of empty lines)."""
+def read_lines(path: io.PathLike) -> list[str]:
+  """Lines of a UTF-8 text file (plain or .gz), without newlines."""
   path = io.path(path)
   if not path.is_file():
     raise DataError(f"{path}: file not found")
@@ -62,16 +62,16 @@ def read_lines(path: io.PathLike) -> tuple[list[str], int]:
       out.append(line.decode("utf-8").rstrip("\r"))
     except UnicodeDecodeError as e:
       raise DataError(f"{path}:{number}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
-  return out, sum(1 for line in out if not line.strip())
+  return out
 
 
-def aligned(src_path, tgt_path, lang) -> tuple[Pairs, int]:
-  src, _ = read_lines(src_path)
-  tgt, _ = read_lines(tgt_path)
+def aligned(src_path, tgt_path) -> tuple[Pairs, int]:
+  """The cleaned pairs of two line-aligned files, and the empty pairs dropped."""
+  src, tgt = read_lines(src_path), read_lines(tgt_path)
   if len(src) != len(tgt):
     raise DataError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: "
                     "source and target files must be line-aligned")
-  return clean(src, tgt, f"{src_path}")
+  return clean(src, tgt, str(src_path))
 
 
 def clean(src, tgt, origin) -> tuple[Pairs, int]:
@@ -109,19 +109,15 @@ def folder_files(path: io.PathLike) -> dict[str, tuple[io.epath.Path, io.epath.P
 
 def load_folder(path: io.PathLike) -> tuple[Corpus, int]:
   """All `<prefix>.xx-eng.xx` + `<prefix>.xx-eng.eng` pairs in `path`; returns (corpus, empty lines skipped)."""
-  corpus, empty = {}, 0
-  for lang, (src_path, tgt_path) in folder_files(path).items():
-    corpus[lang], n = aligned(src_path, tgt_path, lang)
-    empty += n
-  return corpus, empty
+  loaded = {lang: aligned(src_path, tgt_path) for lang, (src_path, tgt_path) in folder_files(path).items()}
+  return {lang: pairs for lang, (pairs, _) in loaded.items()}, sum(empty for _, empty in loaded.values())
 
 
 def load_tsv(path: io.PathLike) -> tuple[Corpus, int]:
   """A `lang<TAB>source<TAB>english` file; returns (corpus, empty lines skipped)."""
-  lines, _ = read_lines(path)
   by_lang: dict[str, tuple[list, list]] = {}
   empty = 0
-  for number, line in enumerate(lines, start=1):
+  for number, line in enumerate(read_lines(path), start=1):
     if not line.strip():
       empty += 1
       continue
@@ -132,11 +128,8 @@ def load_tsv(path: io.PathLike) -> tuple[Corpus, int]:
     src, tgt = by_lang.setdefault(fields[0].strip(), ([], []))
     src.append(fields[1])
     tgt.append(fields[2])
-  corpus = {}
-  for lang, (src, tgt) in sorted(by_lang.items()):
-    corpus[lang], n = clean(src, tgt, f"{path} ({lang})")
-    empty += n
-  return corpus, empty
+  cleaned = {lang: clean(src, tgt, f"{path} ({lang})") for lang, (src, tgt) in sorted(by_lang.items())}
+  return {lang: pairs for lang, (pairs, _) in cleaned.items()}, empty + sum(n for _, n in cleaned.values())
 
 
 def split_corpus(corpus: Corpus, dev_fraction=0.1, test_fraction=0.1, min_eval=5) -> dict[str, Corpus]:
@@ -155,19 +148,11 @@ def split_corpus(corpus: Corpus, dev_fraction=0.1, test_fraction=0.1, min_eval=5
   return splits
 
 
-def load_multi30k(folder: pathlib.Path = SHIPPED / "multi30k") -> dict[str, Corpus]:
+def load_multi30k() -> dict[str, Corpus]:
   """Multi30k task 1 with its official splits (train, val -> dev, test_2016_flickr -> test), never re-split."""
-  splits = {}
-  for ours, theirs in MULTI30K_SPLITS.items():
-    english, _ = read_lines(folder / f"{theirs}.en.gz")
-    splits[ours] = {}
-    for code, lang in MULTI30K_LANGUAGES.items():
-      path = folder / f"{theirs}.{code}.gz"
-      src, _ = read_lines(path)
-      if len(src) != len(english):
-        raise DataError(f"{path} has {len(src)} lines but {theirs}.en.gz has {len(english)}")
-      splits[ours][lang], _ = clean(src, english, str(path))
-  return splits
+  folder = SHIPPED / "multi30k"
+  return {ours: {lang: aligned(folder / f"{theirs}.{code}.gz", folder / f"{theirs}.en.gz")[0]
+                 for code, lang in MULTI30K_LANGUAGES.items()} for ours, theirs in MULTI30K_SPLITS.items()}
 
 
 def wanted_streams(languages: str) -> list[str]:
@@ -184,6 +169,16 @@ def stream_names(found: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
     raise DataError(f"data.source={'+'.join(sorted({label for label, _ in found}))!r}: two sources give the same "
                     "stream names; join different datasets")
   return names
+
+
+def by_stream(found: list[tuple[str, dict[str, dict]]], languages: str) -> dict[str, dict]:
+  """{split: {stream: value}}, the streams `data.languages` selects in sorted order, of [(source label, {split:
+  {language: value}})], one per part."""
+  names = stream_names([(label, lang) for label, splits in found for c in splits.values() for lang in c])
+  chosen = select(list(names.values()), languages)
+  values = {split: {names[label, lang]: v for label, splits in found for lang, v in splits[split].items()}
+            for split in SPLITS}
+  return {split: {s: values[split][s] for s in chosen if s in values[split]} for split in SPLITS}
 
 
 def select(streams: list[str], languages: str) -> list[str]:

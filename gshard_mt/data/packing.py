@@ -83,14 +83,11 @@ def _first_fit(src_len: list[int], tgt_len: list[int], order: list[int], rows: i
 def fill_rows(src_len: np.ndarray, tgt_len: np.ndarray, rows: int, lengths: tuple[int, int]) -> np.ndarray:
   """Packs the longest prefix of a stream of pairs into `rows` rows of lengths (source, target) tokens.
 
-  src_len, tgt_len: int [n], the pairs' lengths in the order they were sampled, each within its side's length.
-  Returns row: int64 [k], the row of each of the first k pairs (pairs k.. are not used).
-
-  The pairs taken are a prefix of the sampled stream, whatever their lengths, so packing changes neither the
-  language rates nor the length distribution; only where the prefix ends depends on lengths. Within the prefix,
-  pairs are placed first-fit decreasing (largest share of a row on either side first), which leaves far less
-  room unused than placing them in sampled order. The prefix is the longest that fits the total room and that
-  first-fit decreasing can place, found by trying shorter ones from the total room down.
+  src_len, tgt_len: int [n], the pairs' lengths in sampled order, each within its side's length. Returns row: int64
+  [k], the row of each of the first k pairs. Taking a prefix whatever the lengths keeps the language rates and the
+  length distribution; within it, pairs are placed first-fit decreasing (largest share of a row on either side
+  first), which wastes far less room than sampled order. k is the longest prefix within the total room that
+  first-fit decreasing places, tried from there down.
   """
   src_len, tgt_len = np.asarray(src_len, np.int64), np.asarray(tgt_len, np.int64)
   k = int(min(np.searchsorted(np.cumsum(src_len), rows * lengths[0], side="right"),
@@ -104,12 +101,9 @@ def fill_rows(src_len: np.ndarray, tgt_len: np.ndarray, rows: int, lengths: tupl
 
 
 def pack(split: TokenizedSplit, ids: np.ndarray, row: np.ndarray, rows: int, lengths: tuple[int, int]):
-  """Lays out pairs `ids` int [n] in the rows `row` int [n] (0 <= row < rows; each row's pairs within
-  lengths = (source, target) tokens), in the order given within each row; returns (batch, real tokens).
-
-  The batch holds `inputs*` int32 [rows, lengths[0]] and `targets*` int32 [rows, lengths[1]]; pairs of a row get
-  segment ids 1, 2, ... in order.
-  """
+  """Lays out pairs `ids` int [n] in the rows `row` int [n] (0 <= row < rows; each row's pairs within lengths =
+  (source, target) tokens), segment ids 1, 2, ... in the order given; returns (batch, real tokens): `inputs*` int32
+  [rows, lengths[0]], `targets*` int32 [rows, lengths[1]]."""
   ids, row = np.asarray(ids, np.int64), np.asarray(row, np.int64)
   order = np.argsort(row, kind="stable")
   ids, row = ids[order], row[order]
@@ -130,20 +124,18 @@ def pack(split: TokenizedSplit, ids: np.ndarray, row: np.ndarray, rows: int, len
 
 
 def pad(split: TokenizedSplit, ids: np.ndarray, rows: int, length: int) -> dict[str, np.ndarray]:
-  """One pair per row, padded to `length` (sources truncated, keeping EOS); rows beyond len(ids) are empty.
-
-  Adds `index` int32 [rows]: the pair id of each row, -1 for padding rows.
-  """
+  """One pair per row, padded to `length` (truncated, keeping EOS); rows beyond len(ids) are empty. Adds `index`
+  int32 [rows]: each row's pair id, -1 for padding rows."""
   if len(ids) > rows:
     raise ValueError(f"{len(ids)} pairs do not fit in {rows} rows")
   batch = _empty_batch(rows, (length, length))
   ids = np.asarray(ids, np.int64)
   starts = np.arange(len(ids), dtype=np.int64) * length
   ones = np.ones(len(ids), np.int64)
-  _scatter(batch, "inputs", split.src_tokens, split.src_offsets, ids, starts, ones, length)
-  _scatter(batch, "targets", split.tgt_tokens, split.tgt_offsets, ids, starts, ones, length)
-  for field in FIELDS:  # a truncated sequence still ends with EOS
-    full = (batch[f"{field}_segmentation"][: len(ids), -1] > 0)
+  sides = zip(FIELDS, (split.src_tokens, split.tgt_tokens), (split.src_offsets, split.tgt_offsets))
+  for field, tokens, offsets in sides:
+    _scatter(batch, field, tokens, offsets, ids, starts, ones, length)
+    full = batch[f"{field}_segmentation"][: len(ids), -1] > 0  # a truncated sequence still ends with EOS
     batch[field][: len(ids)][full, -1] = EOS_ID
   batch["index"] = np.full((rows,), -1, np.int32)
   batch["index"][: len(ids)] = ids

@@ -1,25 +1,22 @@
-"""The input pipeline: prepared corpus (memory-mapped token arrays and tokenizer) -> temperature-sampled packed
-batches.
+"""The input pipeline: a prepared corpus (memory-mapped tokens and tokenizer) -> temperature-sampled packed batches.
 
-Training batch `i` is a pure function of (seed, i): resuming at step i sees exactly the batches an
-uninterrupted run would have seen, and the iterator state is just {'seed', 'next_index'}. Each process of a
-multi-host run builds only its own rows of that same global batch. A background thread prepares batches and puts
-them on the devices ahead of the step that needs them (the host stays ahead of the devices, as in Pathways'
-asynchronous dispatch). The corpus is prepared once (`gshard_mt.data.prepare`) and memory-mapped: what a batch
-reads is paged in, the rest stays on disk, and the sampler's index of the pairs that fit the rows (`Eligible`) is
-kept beside the shards too.
+Training batch `i` is a pure function of (seed, i): a run resumed at step i sees the batches an uninterrupted run
+would, and the iterator state is {'seed', 'next_index'}. Each process of a multi-host run builds only its rows of
+that global batch. A background thread puts batches on the devices ahead of the step (`prefetch`: the host stays
+ahead of the devices, as in Pathways' asynchronous dispatch). The corpus is prepared once (`gshard_mt.data.prepare`)
+and memory-mapped, so a batch pages in only what it reads; the sampler's index (`Eligible`) is kept beside it.
 """
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 import functools
 import json
 import logging
 import os
 import pathlib
-import queue
-import threading
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -134,9 +131,7 @@ class TrainBatches:
     self.per_window = window_rows * max(lengths) // max(index.shortest, 1) + 1
     # pairs a row holds on average, with a margin: how much of a stream `_head` reads first
     self.pairs_per_row = 1.5 * min(n / (self.rates @ mean) for n, mean in zip(lengths, self.mean_lengths))
-    self.next_index = 0
-    self.real_tokens = 0
-    self.slots = 0
+    self.next_index = self.real_tokens = self.slots = 0
 
   def _stream(self, index: int, window: int) -> np.ndarray:
     """Positions in `eligible` int64 [per_window] of the pairs sampled at the rates for a window of batch `index`:
@@ -220,46 +215,27 @@ def language_ids(split: packing.TokenizedSplit, lang: str) -> np.ndarray:
 
 
 def prefetch(iterator: Iterator, size: int = 2, put: Callable = lambda x: x) -> Iterator:
-  """Runs `put(next(iterator))` (e.g. a device_put) in a background thread, `size` items ahead.
-
-  Close the returned generator (`.close()`) when done with it: that stops and joins the thread.
-  """
-  q: queue.Queue = queue.Queue(maxsize=max(size, 1))
+  """`put(next(iterator))` (e.g. a device_put) run in order in a background thread, `size` items ahead; its errors
+  are raised here. Close the returned generator (`.close()`) when done with it: that joins the thread."""
   done = object()
-  stop = threading.Event()
 
   def produce():
-    try:
-      for item in iterator:
-        value = put(item)  # once: retries below only wait for room in the queue
-        while not stop.is_set():
-          try:
-            q.put(value, timeout=0.1)
-            break
-          except queue.Full:
-            continue
-        if stop.is_set():
-          return
-    except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
-      q.put(e)
-    q.put(done)
+    item = next(iterator, done)
+    return item if item is done else put(item)
 
-  thread = threading.Thread(target=produce, daemon=True)
-  thread.start()
+  pool = concurrent.futures.ThreadPoolExecutor(1)
   try:
-    while (item := q.get()) is not done:
-      if isinstance(item, BaseException):
-        raise item
+    ahead = collections.deque(pool.submit(produce) for _ in range(max(size, 1)))
+    while (item := ahead.popleft().result()) is not done:
+      ahead.append(pool.submit(produce))
       yield item
-  finally:  # on close(): stop the producer and wait for it, so no thread is left inside a device transfer
-    stop.set()
-    thread.join(timeout=60)
+  finally:  # what has not started is dropped; waiting for the rest leaves no thread inside a device transfer
+    pool.shutdown(cancel_futures=True)
 
 
 @dataclasses.dataclass
 class Data:
-  """Everything the training and evaluation programs need from the data: memory-mapped from `directory`, the
-  local copy of the prepared corpus."""
+  """What training and evaluation need from the data, memory-mapped from `directory` (the local copy)."""
 
   tokenizer: tokenizer_lib.Tokenizer
   text: dict[str, corpus_lib.Corpus]  # split -> stream -> pairs (`shards.Lines`, read when indexed)
@@ -292,7 +268,7 @@ def load(config, workdir: io.PathLike, prepared: str | None = None) -> Data:
   local = shards.local_copy(directory)
   text = {split: shards.open_text(local, manifest, split) for split in corpus_lib.SPLITS}
   tokens = {split: shards.open_tokens(local, manifest, split) for split in corpus_lib.SPLITS}
-  counts = {stream: n for stream, n in manifest["splits"]["train"]}
+  counts = dict(manifest["splits"]["train"])  # stream -> pairs
   rates = sampling.temperature_rates(counts, config.data.temperature)
   info = {"empty_lines_skipped": manifest["info"]["empty_lines_skipped"], "languages": len(counts),
           "train_pairs": sum(counts.values()), "dev_pairs": len(tokens["dev"]), "test_pairs": len(tokens["test"])}

@@ -3,19 +3,16 @@
   python -m gshard_mt.tools.prepare_data --config configs/tiny.py --workdir runs/tiny    (or make prepare)
 
 A prepared directory (`gshard_mt.data.shards`) is named `spm-<V>-<key>`, the key hashing the corpus's files (names,
-sizes, modification times) and every setting that changes what is prepared (sources, languages, split fractions,
-tokenizer settings), so runs with the same data and tokenizer settings share one preparation (`data.prepared_dir`)
-and a changed file is prepared anew. Computing the key reads no corpus, so a prepared corpus is found at once.
-The steps, each in a pool of processes (one per core) for a corpus of more than SERIAL_BELOW bytes:
-  1. read: each `sources.Part` (one language's files, a TSV, one TFDS dataset) is read, cleaned and split by one
-     process, which writes its text to the staging folder;
+sizes, modification times) and every setting that changes what is prepared: runs with the same data and settings
+share one preparation (`data.prepared_dir`), a changed file is prepared anew, and the key reads no corpus.
+The steps, in a pool of processes (one per core) for a corpus of more than SERIAL_BELOW bytes:
+  1. read: one process reads, cleans and splits each `sources.Part`, and stages its text;
   2. assemble: the streams are named and selected, and their text laid out split by split, streams sorted;
-  3. tokenizer: trained on the training pairs, all of them up to tokenizer.MAX_SENTENCES sentences, else a
-     sample of that many (its pairs drawn with seed 0);
+  3. tokenizer: trained on the training pairs, or on a sample of them (seed 0) beyond tokenizer.MAX_SENTENCES;
   4. tokenize: chunks of CHUNK pairs are tokenized by the pool and appended in order.
-A process holds one part or one chunk at a time: memory follows the largest language, not the corpus.
-Everything is written to a local staging folder, then published whole: renamed into place on a local disk, or
-uploaded to object storage with the manifest last (the staging folder then serves as this host's local copy).
+A process holds one part or one chunk at a time: memory follows the largest language, not the corpus. The local
+stage is published whole: renamed into place on a local disk, or uploaded to object storage with the manifest last
+(the stage then serves as this host's local copy).
 """
 
 from __future__ import annotations
@@ -55,7 +52,7 @@ def key(data_config) -> tuple[str, int]:
   """(the prepared directory's name `spm-<V>-<hash>`, bytes of the corpus's files), from the files' names, sizes
   and modification times and the settings; the corpus itself is not read."""
   parts = sources.parts(data_config)
-  files = [(os.fspath(f), s.length, s.mtime) for part in parts for f in sources.part_files(part) for s in [f.stat()]]
+  files = [(os.fspath(f), s.length, s.mtime) for part in parts for f in part.source.files(part) for s in [f.stat()]]
   settings = {"format": FORMAT, "parts": [p.key() for p in parts], "files": files,
               "languages": data_config.languages, "split": sources.split_settings(data_config),
               "vocab_size": data_config.vocab_size, "character_coverage": data_config.character_coverage,
@@ -70,20 +67,13 @@ def ensure(data_config, workdir: io.PathLike, processes: int | None = None) -> i
   name, size = key(data_config)
   target = root(data_config, workdir) / name
   if shards.read_manifest(target) is None:
-    processes = processes or (1 if size < SERIAL_BELOW else os.cpu_count() or 1)
-    prepare(data_config, target, processes)
-  return target
-
-
-def prepare(data_config, target: io.epath.Path, processes: int):
-  """Prepares the config's data into `target` (see the module docstring)."""
-  stage = _stage(target)
-  try:
-    build(data_config, stage, processes)
-    _publish(stage, target)
-  finally:
-    if stage.exists():
+    stage = _stage(target)
+    try:
+      build(data_config, stage, processes or (1 if size < SERIAL_BELOW else os.cpu_count() or 1))
+      _publish(stage, target)
+    finally:
       shutil.rmtree(stage, ignore_errors=True)
+  return target
 
 
 def _stage(target: io.epath.Path) -> pathlib.Path:
@@ -111,8 +101,8 @@ def _running(pid: int) -> bool:
   return True
 
 
-def build(data_config, stage: pathlib.Path, processes: int) -> dict:
-  """Steps 1-4 into the local folder `stage`; returns the manifest (written last)."""
+def build(data_config, stage: pathlib.Path, processes: int):
+  """Steps 1-4 into the local folder `stage`, the manifest written last."""
   seconds, last = {}, [time.perf_counter()]
 
   def lap(step: str, done: str):  # each step says when it starts (log.info) and here how long it took
@@ -152,7 +142,6 @@ def build(data_config, stage: pathlib.Path, processes: int) -> dict:
   (stage / shards.MANIFEST).write_text(json.dumps(manifest, indent=1))
   log.info("prepared %d train pairs in %d streams with %s: %s", sum(n for _, n in splits["train"]),
            len(splits["train"]), counted(processes, "process", "processes"), seconds)
-  return manifest
 
 
 def _read_and_assemble(data_config, stage: pathlib.Path, run) -> tuple[dict, dict, int]:
@@ -160,21 +149,15 @@ def _read_and_assemble(data_config, stage: pathlib.Path, run) -> tuple[dict, dic
   lines skipped)."""
   parts = sources.parts(data_config)
   read = functools.partial(_read_part, stage=stage, settings=sources.split_settings(data_config))
-  found = list(run(read, list(enumerate(parts))))  # [({split: {lang: pairs}}, empty, {lang: origin})] per part
-  names = corpus.stream_names([(p.label, lang) for p, (counts, _, _) in zip(parts, found)
-                               for c in counts.values() for lang in c])
-  chosen = corpus.select(list(names.values()), data_config.languages)
-  splits = {}
-  for split in corpus.SPLITS:
-    streams = {names[p.label, lang]: (i, lang, n) for i, (p, (counts, _, _)) in enumerate(zip(parts, found))
-               for lang, n in counts[split].items() if names[p.label, lang] in chosen}
-    splits[split] = [[s, streams[s][2]] for s in sorted(streams)]
-    _assemble(stage, split, [streams[s] for s in sorted(streams)])
+  found = list(run(read, list(enumerate(parts))))  # ({split: {lang: (part, lang, pairs, origin)}}, empty) per part
+  streams = corpus.by_stream([(p.label, s) for p, (s, _) in zip(parts, found)], data_config.languages)
+  splits = {split: [[s, n] for s, (_, _, n, _) in streams[split].items()] for split in corpus.SPLITS}
   if sum(n for _, n in splits["train"]) == 0:
     raise DataError(f"the {data_config.source} corpus has no training pairs")
-  origins = {names[p.label, lang]: origin for p, (_, _, part_origins) in zip(parts, found)
-             for lang, origin in part_origins.items() if names[p.label, lang] in chosen}
-  return splits, origins, sum(empty for _, empty, _ in found)
+  for split in corpus.SPLITS:
+    _assemble(stage, split, list(streams[split].values()))
+  origins = {s: origin for split in corpus.SPLITS for s, (*_, origin) in streams[split].items()}
+  return splits, origins, sum(empty for _, empty in found)
 
 
 @contextlib.contextmanager
@@ -188,11 +171,11 @@ def _pool(processes: int):
     yield functools.partial(pool.imap, chunksize=1)
 
 
-def _read_part(task: tuple[int, sources.Part], stage: pathlib.Path, settings) -> tuple[dict, int, dict]:
-  """Step 1 for one part: writes each (language, split)'s text to the stage; returns ({split: {lang: pairs}},
-  empty lines skipped, {lang: origin})."""
+def _read_part(task: tuple[int, sources.Part], stage: pathlib.Path, settings) -> tuple[dict, int]:
+  """Step 1 for part i (task: i, part): writes each (language, split)'s text to the stage; returns ({split: {lang:
+  (i, lang, pairs, origin)}}, empty lines skipped)."""
   i, part = task
-  splits, empty = sources.read_part(part, settings)
+  splits, empty = part.source.read(part, settings)
   for split, languages in splits.items():
     for lang, pairs in languages.items():
       for side, lines in (("src", pairs.src), ("tgt", pairs.tgt)):
@@ -200,23 +183,22 @@ def _read_part(task: tuple[int, sources.Part], stage: pathlib.Path, settings) ->
         writer = shards.RaggedWriter(*_staged(stage, i, lang, split, side))
         writer.add(np.frombuffer(b"".join(encoded), np.uint8), np.fromiter(map(len, encoded), np.int64))
         writer.close()
-  origins = {lang: pairs.origin for languages in splits.values() for lang, pairs in languages.items()}
-  return {split: {lang: len(p) for lang, p in c.items()} for split, c in splits.items()}, empty, origins
+  return {split: {lang: (i, lang, len(p), p.origin) for lang, p in c.items()} for split, c in splits.items()}, empty
 
 
 def _staged(stage: pathlib.Path, i: int, lang: str, split: str, side: str) -> tuple[pathlib.Path, pathlib.Path]:
   return stage / f"part{i}.{lang}.{split}.{side}_text", stage / f"part{i}.{lang}.{split}.{side}_text_offsets"
 
 
-def _assemble(stage: pathlib.Path, split: str, streams: list[tuple[int, str, int]]):
-  """Step 2 for one split: the staged text of `streams` [(part, lang, pairs)] back to back, and their `lang`."""
+def _assemble(stage: pathlib.Path, split: str, streams: list[tuple[int, str, int, str]]):
+  """Step 2 for one split: the staged text of `streams` [(part, lang, pairs, origin)] back to back, and `lang`."""
   with open(shards.array_path(stage, split, "lang"), "wb") as f:
-    for index, (_, _, n) in enumerate(streams):
+    for index, (_, _, n, _) in enumerate(streams):
       f.write(np.full(n, index, np.int32).tobytes())
   for side in ("src", "tgt"):
     writer = shards.RaggedWriter(shards.array_path(stage, split, f"{side}_text"),
                                  shards.array_path(stage, split, f"{side}_text_offsets"))
-    for i, lang, _ in streams:
+    for i, lang, *_ in streams:
       text, offsets = _staged(stage, i, lang, split, side)
       with open(text, "rb") as f:
         shutil.copyfileobj(f, writer.values, 1 << 24)
@@ -248,10 +230,9 @@ def _tokenize(task: tuple[str, int, int], stage: pathlib.Path, streams: dict[str
   lengths), (target tokens, lengths))."""
   split, lo, hi = task
   tok = tokenizer_lib.Tokenizer(stage / shards.MODEL)
-  read = lambda name: shards.read_array(shards.array_path(stage, split, name), np.int64 if "offsets" in name else
-                                        np.uint8)
+  read = lambda name: shards.read_array(shards.array_path(stage, split, name), shards.ARRAYS[name])
   src, tgt = (shards.Lines(read(f"{side}_text"), read(f"{side}_text_offsets"))[lo:hi] for side in ("src", "tgt"))
-  lang = shards.read_array(shards.array_path(stage, split, "lang"), np.int32)[lo:hi]
+  lang = read("lang")[lo:hi]
   cuts = np.flatnonzero(np.diff(lang)) + 1  # where the stream changes
   runs = zip(np.concatenate([[0], cuts]).tolist(), np.concatenate([cuts, [hi - lo]]).tolist())
   pieces = [tok.encode_flat(src[a:b], streams[split][lang[a]], dtype) for a, b in runs]

@@ -1,23 +1,22 @@
 """A prepared corpus on disk: flat arrays per split that training memory-maps, and the manifest that describes them.
 
-A prepared directory (`spm-<V>-<key>/`, under `data.prepared_dir` or `<workdir>/tokenizer`; written once by
+A prepared directory (`spm-<V>-<key>/` under `data.prepared_dir` or `<workdir>/tokenizer`, written once by
 `gshard_mt.data.prepare`) holds
-  manifest.json             the streams of each split in order with their pair counts, the token type, the info;
+  manifest.json             each split's streams in order with their pair counts, the token type, the info;
                             written last: a directory without it is incomplete
   spm.model                 the tokenizer
   <split>.<array>.bin       raw little-endian arrays (ARRAYS), pairs stream by stream, streams sorted by name:
     lang                       int32 [n]     stream index of each pair
-    src_offsets, src_tokens    pair i's source tokens are src_tokens[src_offsets[i]:src_offsets[i + 1]]
-                               (int64 [n + 1]; uint16 tokens when the vocabulary fits in 16 bits, else int32)
+    src_offsets, src_tokens    pair i's source is src_tokens[src_offsets[i]:src_offsets[i + 1]] (int64 [n + 1];
+                               uint16 tokens when the vocabulary fits in 16 bits, else int32)
     tgt_offsets, tgt_tokens    the same for the English side
     src_text_offsets, src_text, tgt_text_offsets, tgt_text   the UTF-8 text of both sides, the same way
-NumPy memory-maps local files only: a directory in object storage is copied once to a local folder first
-(`local_copy`). Pages are read when a batch touches them, so a process's memory does not grow with the corpus.
+NumPy memory-maps local files only: a directory in object storage is copied to a local folder first (`local_copy`).
+Pages are read when a batch touches them, so a process's memory does not grow with the corpus.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pathlib
@@ -132,17 +131,13 @@ def local_copy(directory: io.PathLike) -> pathlib.Path:
   local = local_path(directory)
   if io.is_local(directory) or (local / MANIFEST).exists():
     return local
-  remote = io.path(directory)
   local.mkdir(parents=True, exist_ok=True)
-  files = sorted((p for p in remote.iterdir() if p.name != MANIFEST), key=lambda p: p.name)
-  for source in files + [remote / MANIFEST]:
-    target = local / source.name
-    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+  for source in sorted(io.path(directory).iterdir(), key=lambda p: (p.name == MANIFEST, p.name)):
+    tmp = local / f".{source.name}.tmp{os.getpid()}"
     try:
       with source.open("rb") as src, open(tmp, "wb") as dst:
         shutil.copyfileobj(src, dst, 1 << 24)
-      tmp.replace(target)
+      tmp.replace(local / source.name)
     finally:
-      with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
+      tmp.unlink(missing_ok=True)
   return local

@@ -8,10 +8,10 @@
   'tfds:NAME'  a TFDS translation dataset in array_record format under `data.tfds_data_dir` ('tfds' alone names
                `data.tfds_name`).
 
-A source lists the `Part`s it reads (one language's files, a TSV, a dataset); each part is read whole by one process
-(`read_part`), so that the preparation (`gshard_mt.data.prepare`) reads them in parallel. Files and TSVs are split
-per language (`corpus.split_corpus`); Multi30k and TFDS datasets keep their own splits. A new source is a subclass
-of `Source` under `@SOURCES.register("name")`, in any module imported before the config is read.
+A source lists the `Part`s it reads (one language's files, a TSV, a dataset), each read whole by one process of the
+preparation (`gshard_mt.data.prepare`). Files and TSVs are split per language (`corpus.split_corpus`); Multi30k and
+TFDS datasets keep their own splits. A new source is a subclass of `Source` under `@SOURCES.register("name")`, in
+any module imported before the config is read.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import os
 
 from gshard_mt import io
 from gshard_mt.config.choices import SOURCES
-from gshard_mt.data import corpus, tfds_source
+from gshard_mt.data import corpus
 from gshard_mt.data.corpus import SHIPPED, Corpus
 from gshard_mt.errors import DataError
 
@@ -29,21 +29,19 @@ from gshard_mt.errors import DataError
 @dataclasses.dataclass(frozen=True)
 class Part:
   """A piece of the corpus that one process reads whole: `source` the class that reads it (pickled by name, for
-  spawned processes), `args` what it needs (plain strings), `label` its source's name, which names its streams
-  where two sources share a language."""
+  spawned processes), `args` what it needs (strings), `label` its source's name (in stream names: `corpus`)."""
 
   label: str
   source: type[Source]
   args: tuple[str, ...] = ()
 
-  def key(self) -> tuple:
-    """What names this part in the prepared data's key (`gshard_mt.data.prepare.key`)."""
+  def key(self) -> tuple:  # in the prepared data's key (`gshard_mt.data.prepare.key`)
     return self.label, self.source.kind or self.label, self.args
 
 class Source:
-  """One kind of parallel text. `parts` says what to read for a config's data section (`arg`: what followed the
-  colon in data.source); `files` which files a part reads (their sizes and times key the prepared data); `read`
-  a part's splits {split: {language: Pairs}} and the empty lines it skipped (`settings`: `split_settings`)."""
+  """One kind of parallel text. `parts`: what to read for a data section (`arg`: what followed the colon in
+  data.source); `files`: the files a part reads (their sizes and times key the prepared data); `read`: a part's
+  splits {split: {language: Pairs}} and the empty lines it skipped (`settings`: `split_settings`)."""
 
   kind = ""  # how it reads, in the prepared data's key (as earlier versions named it); '': its label
 
@@ -82,7 +80,7 @@ class Folder(Source):
   @staticmethod
   def read(part, settings):
     lang, src_path, tgt_path = part.args
-    pairs, empty = corpus.aligned(src_path, tgt_path, lang)
+    pairs, empty = corpus.aligned(src_path, tgt_path)
     return corpus.split_corpus({lang: pairs}, *settings), empty
 
 @SOURCES.register("tatoeba")
@@ -129,9 +127,12 @@ class Multi30k(Source):
 
 @SOURCES.register("tfds")
 class Tfds(Source):
-  """A TFDS translation dataset: 'tfds:NAME', or 'tfds' with data.tfds_name (and data.tfds_source_key)."""
+  """A TFDS translation dataset with a `Translation` feature: 'tfds:NAME', or 'tfds' with data.tfds_name (and
+  data.tfds_source_key), its train/validation/test as train/dev/test. Read CHUNK records at a time through
+  `tfds.data_source` (random access to array_record files: TensorFlow is not needed)."""
 
   kind = "tfds"
+  CHUNK = 10_000
 
   def parts(self, data_config, arg, languages):
     if arg:
@@ -140,52 +141,61 @@ class Tfds(Source):
                                          data_config.tfds_source_key))]
 
   @staticmethod
+  def builder(name: str, data_dir: str):
+    """The TFDS builder of `name` ('wmt19_translate/de-en') under `data_dir` ('' = TFDS's default)."""
+    import tensorflow_datasets as tfds  # optional: TensorFlow Datasets, slow to import, only for data.source=tfds
+
+    try:
+      return tfds.builder(name, data_dir=data_dir or None)
+    except Exception as e:  # noqa: BLE001 - TFDS raises several kinds for unknown names
+      first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+      raise DataError(f"unknown TFDS dataset {name!r} in data.tfds_data_dir={data_dir!r} (data.source, "
+                      f"data.tfds_name): {first}") from None
+
+  @staticmethod
   def files(part):
-    return sorted(p for p in io.path(tfds_source.builder(*part.args[:2]).data_path).iterdir() if p.is_file())
+    return sorted(p for p in io.path(Tfds.builder(*part.args[:2]).data_path).iterdir() if p.is_file())
 
   @staticmethod
   def read(part, settings):
-    return {name: {lang: corpus.clean(src, tgt, origin)[0]}
-            for name, (lang, src, tgt, origin) in tfds_source.load(*part.args).items()}, 0
+    import tensorflow_datasets as tfds  # optional: as in `builder`
 
-def named(source: str) -> tuple[Source, str]:
-  """'NAME' or 'NAME:ARG' in data.source -> (the registered source, ARG); a one-line error for an unknown name."""
-  name, _, arg = source.partition(":")
-  if name not in SOURCES:
-    raise DataError(f"unknown data.source {source!r}; expected one of {SOURCES.names()} (tfds:NAME for a TFDS "
-                    "dataset), or several joined with '+'")
-  return SOURCES.get(name)(name), arg
+    name, data_dir, source_key = part.args
+    info = Tfds.builder(name, data_dir).info
+    languages = list(getattr(info.features, "languages", None) or [])
+    if "en" not in languages or len(languages) != 2:
+      raise DataError(f"TFDS dataset {name!r} needs a Translation feature with 'en' and one source language, got "
+                      f"languages {languages}")
+    lang = source_key or next(lang for lang in languages if lang != "en")
+    splits = {}
+    for ours, theirs in (("train", "train"), ("dev", "validation"), ("test", "test")):
+      if theirs not in info.splits:
+        raise DataError(f"TFDS dataset {name!r} has no {theirs!r} split (has {list(info.splits)})")
+      source = tfds.data_source(name, split=theirs, data_dir=data_dir or None)
+      src, tgt = [], []
+      for start in range(0, len(source), Tfds.CHUNK):
+        for r in source.__getitems__(range(start, min(start + Tfds.CHUNK, len(source)))):
+          src.append(r[lang].decode("utf-8"))
+          tgt.append(r["en"].decode("utf-8"))
+      splits[ours] = {lang: corpus.clean(src, tgt, f"tfds:{name}/{theirs}")[0]}
+    return splits, 0
 
 def parts(data_config) -> list[Part]:
-  """What `data.source` reads, in order; language files outside `data.languages` are left out unread."""
-  names = data_config.source.split("+")
-  if len(set(names)) != len(names):
-    raise DataError(f"data.source={data_config.source!r} names a source twice")
+  """What `data.source` reads, in order ('NAME' or 'NAME:ARG' joined with '+': the data section checks the names);
+  language files outside `data.languages` are left out unread."""
   wanted = {corpus.language_of(w) for w in corpus.wanted_streams(data_config.languages)}
-  return [part for source, arg in map(named, names) for part in source.parts(data_config, arg, wanted)]
-
-def part_files(part: Part) -> list[io.epath.Path]:
-  """The files a part reads: their sizes and times key the prepared data (`gshard_mt.data.prepare`)."""
-  return part.source.files(part)
+  return [part for name, _, arg in (s.partition(":") for s in data_config.source.split("+"))
+          for part in SOURCES.get(name)(name).parts(data_config, arg, wanted)]
 
 def split_settings(data_config) -> tuple[float, float, int]:
   """(dev_fraction, test_fraction, min_eval_pairs): how `corpus.split_corpus` splits files and TSVs."""
   return data_config.dev_fraction, data_config.test_fraction, data_config.min_eval_pairs
 
-def read_part(part: Part, settings: tuple[float, float, int]) -> tuple[dict[str, Corpus], int]:
-  """One part's splits {split: {lang: pairs}} and the empty lines it skipped; `settings` from `split_settings`."""
-  return part.source.read(part, settings)
-
 def load_corpus(data_config) -> tuple[dict[str, Corpus], dict]:
   """The configured source(s), split and filtered to `data.languages`, in memory; returns (splits, info)."""
   settings = split_settings(data_config)
-  loaded = [(part, *read_part(part, settings)) for part in parts(data_config)]
-  names = corpus.stream_names([(part.label, lang) for part, splits, _ in loaded for c in splits.values()
-                               for lang in c])
-  chosen = corpus.select(list(names.values()), data_config.languages)
-  by_stream = {name: {names[part.label, lang]: pairs for part, splits, _ in loaded
-                      for lang, pairs in splits[name].items()} for name in corpus.SPLITS}
-  splits = {name: {s: by_stream[name][s] for s in chosen if s in by_stream[name]} for name in corpus.SPLITS}
+  loaded = [(part.label, *part.source.read(part, settings)) for part in parts(data_config)]
+  splits = corpus.by_stream([(label, found) for label, found, _ in loaded], data_config.languages)
   if sum(len(p) for p in splits["train"].values()) == 0:
     raise DataError(f"the {data_config.source} corpus has no training pairs")
   return splits, {"empty_lines_skipped": sum(empty for _, _, empty in loaded)}

@@ -81,16 +81,15 @@ def tag_pieces(streams: list[str], source_tags: bool) -> list[str]:
   return [f"<{lang}>" for lang in sorted({language_of(s) for s in streams})] if source_tags else []
 
 
-def train(sentences: Iterator[str], vocab_size: int, tags: list[str], character_coverage: float = 0.9995,
-          max_sentences: int = MAX_SENTENCES) -> bytes:
+def train(sentences: Iterator[str], vocab_size: int, tags: list[str], character_coverage: float = 0.9995) -> bytes:
   """A unigram SentencePiece model (its bytes) of `sentences` with the fixed ids and `tags`; SentencePiece samples
-  `max_sentences` of them when given more."""
+  MAX_SENTENCES of them when given more."""
   model = BytesIO()
   try:
     spm.SentencePieceTrainer.train(
         sentence_iterator=sentences, model_writer=model, model_type="unigram",
         vocab_size=vocab_size, character_coverage=character_coverage, pad_id=PAD_ID, eos_id=EOS_ID,
-        unk_id=UNK_ID, bos_id=-1, control_symbols=tags, input_sentence_size=max_sentences,
+        unk_id=UNK_ID, bos_id=-1, control_symbols=tags, input_sentence_size=MAX_SENTENCES,
         shuffle_input_sentence=True, num_threads=os.cpu_count() or 1, minloglevel=2, **TRAINER_OPTIONS)
   except RuntimeError as e:
     if "Vocabulary size too high" in str(e):

@@ -2,10 +2,8 @@
 
   python eval.py --workdir runs/tiny [--split test] [--beam_size 4] [--baseline runs/dense]
 
-Writes workdir/eval/<split>-<step>/: hyp.<lang>.txt per language, scores.json, report.md and
-bleu_by_language.png, into a temporary directory that is renamed into place only when complete (after a check,
-before decoding, that it can be written). On several hosts every process decodes its rows of each batch on the
-config's mesh, and process 0 alone scores and writes.
+Writes workdir/eval/<split>-<step>/ (hyp.<lang>.txt per language, scores.json, report.md, bleu_by_language.png)
+whole or not at all. On several hosts every process decodes its rows of each batch; process 0 scores and writes.
 """
 
 from __future__ import annotations
@@ -41,28 +39,22 @@ BUCKETS = ("high", "medium", "low")
 
 
 def resource_buckets(train_pairs: dict[str, int]) -> dict[str, str]:
-  """'high', 'medium' or 'low': the third of the languages a language falls in by training pairs, counting the
-  languages with strictly more pairs (so languages with equal counts share a bucket)."""
+  """'high', 'medium' or 'low': the third of the languages a language falls in by training pairs, counting those
+  with strictly more (so equal counts share a bucket)."""
   counts = sorted(train_pairs.values(), reverse=True)
   n = max(len(counts), 1)
   return {lang: BUCKETS[min(3 * counts.index(c) // n, 2)] for lang, c in train_pairs.items()}
 
 
-def paired_bootstrap(hyps: list[str], base_hyps: list[str], refs: list[str], samples: int) -> float:
-  """sacrebleu's paired bootstrap resampling: p-value of the system's BLEU difference from the baseline's."""
-  test = PairedTest([("baseline", base_hyps), ("system", hyps)], {"BLEU": BLEU()}, [refs], test_type="bs",
-                    n_samples=samples)
-  _, results = test()
-  return float(results["BLEU"][1].p_value)
-
-
 def versus_baseline(bleu: float, base_bleu: float, hyps: list[str], base_hyps: list[str] | None, refs: list[str],
                     bootstrap_samples: int) -> dict:
-  """One language against the baseline: ΔBLEU (the system's BLEU minus the baseline's) and, given the baseline's
-  hypotheses and a number of samples, the paired bootstrap p-value."""
+  """One language against the baseline: ΔBLEU (the system's minus the baseline's) and, given the baseline's
+  hypotheses and a number of samples, the p-value of sacrebleu's paired bootstrap resampling."""
   out = {"delta_bleu": bleu - base_bleu}
   if bootstrap_samples and base_hyps is not None:
-    out["bootstrap_p"] = paired_bootstrap(hyps, base_hyps, refs, bootstrap_samples)
+    test = PairedTest([("baseline", base_hyps), ("system", hyps)], {"BLEU": BLEU()}, [refs], test_type="bs",
+                      n_samples=bootstrap_samples)
+    out["bootstrap_p"] = float(test()[1]["BLEU"][1].p_value)
   return out
 
 
@@ -76,8 +68,7 @@ def _baseline_scores(baseline: epath.Path, split: str) -> dict:
 
 @dataclasses.dataclass
 class Restored:
-  """A trained work directory, ready to decode: its config, data, model setup and the parameters of one step,
-  placed on the config's mesh."""
+  """A trained work directory ready to decode: its config, data, model and parameters, on the config's mesh."""
 
   workdir: epath.Path
   config: Any
@@ -94,8 +85,8 @@ class Restored:
 
 
 def restore(workdir, *, step: int | None = None, split: str = "test", average_last: int | None = None) -> Restored:
-  """Checks the work directory and restores the parameters of `step` (default: the newest checkpoint); with
-  `average_last=N`, the mean parameters of the last N checkpoints up to and including `step`."""
+  """The parameters of `step` (default: the newest checkpoint), or with `average_last=N` the mean of the last N
+  checkpoints' up to and including `step`."""
   workdir = io.path(workdir)
   config = config_lib.load_saved(workdir)
   if split not in ("dev", "test"):
@@ -109,14 +100,15 @@ def restore(workdir, *, step: int | None = None, split: str = "test", average_la
     raise WorkdirError(f"no checkpoint for step {step} in {workdir}/checkpoints (have {steps})")
   averaged = steps_to_average(steps, step, average_last, workdir) if average_last is not None else ()
   data = pipeline.load(config, workdir)
-
   setup = build(config, data.tokenizer.vocab_size)
-  rows = batch_sharding(setup.mesh, setup.rules)
   if averaged:
     params = average_params(_restore_state(workdir, setup.abstract_target(), s)[1].params for s in averaged)
-    return Restored(workdir, config, data, setup.model_cfg, averaged[-1], params, averaged, rows)
-  step, state = _restore_state(workdir, setup.abstract_target(), step)
-  return Restored(workdir, config, data, setup.model_cfg, step, state.params, batch_sharding=rows)
+    step = averaged[-1]
+  else:
+    step, state = _restore_state(workdir, setup.abstract_target(), step)
+    params = state.params
+  return Restored(workdir, config, data, setup.model_cfg, step, params, averaged,
+                  batch_sharding(setup.mesh, setup.rules))
 
 
 def _restore_state(workdir: epath.Path, abstract, step: int | None):
@@ -137,12 +129,10 @@ def _restore_state(workdir: epath.Path, abstract, step: int | None):
 
 
 def steps_to_average(steps: list[int], step: int | None, count: int, workdir) -> tuple[int, ...]:
-  """The last `count` checkpoint steps up to and including `step` (default: the newest); WorkdirError when there
-  are fewer."""
+  """The last `count` of the checkpoint `steps` up to and including `step` (one of them, or None: the newest);
+  WorkdirError when there are fewer."""
   if count < 1:
     raise WorkdirError(f"--average_last must be at least 1, got {count}")
-  if step is not None and step not in steps:
-    raise WorkdirError(f"no checkpoint for step {step} in {workdir}/checkpoints (have {steps})")
   upto = [s for s in steps if step is None or s <= step]
   if len(upto) < count:
     raise WorkdirError(f"--average_last {count} needs {count} checkpoints, but {workdir}/checkpoints has "
@@ -151,8 +141,8 @@ def steps_to_average(steps: list[int], step: int | None, count: int, workdir) ->
 
 
 def average_params(trees: Iterable) -> Any:
-  """The leaf-by-leaf mean of parameter trees (as fairseq's average_checkpoints.py): summed and divided in float32,
-  then cast back to each leaf's dtype. Takes an iterable, so only the sum and one tree are held at a time."""
+  """The leaf-by-leaf mean of parameter trees (as fairseq's average_checkpoints.py), in float32 and cast back; from
+  an iterable, so only the sum and one tree are held at a time."""
   total, dtypes, count = None, None, 0
   for tree in trees:
     as_f32 = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
@@ -165,8 +155,8 @@ def average_params(trees: Iterable) -> Any:
 
 def decode_pairs(translator: decode.Translator, run: Restored, *, split: str, ids: np.ndarray, rows: int,
                  progress: bool = True) -> tuple[dict[int, str], dict]:
-  """Translates the pairs `ids` of a split, similar lengths batched together (compiled before the clock starts);
-  returns ({pair id: detokenized hypothesis}, {'seconds', 'sentences', 'tokens'})."""
+  """({pair id: detokenized hypothesis}, {'seconds', 'sentences', 'tokens'}) of the pairs `ids` of a split, similar
+  lengths batched together (compiled before the clock starts)."""
   tokens = run.data.tokens[split]
   ids = ids[np.argsort(tokens.src_len[ids], kind="stable")]
   batches = list(pipeline.eval_batches(tokens, rows, run.config.data.max_length, ids))
@@ -182,26 +172,25 @@ def decode_pairs(translator: decode.Translator, run: Restored, *, split: str, id
 
 def score_languages(run: Restored, *, split: str, hyps: dict[str, list[str]], base: dict | None,
                     bootstrap_samples: int) -> tuple[dict, dict]:
-  """Per language: BLEU, chrF++, resource bucket and, against a baseline, ΔBLEU (and a bootstrap p-value).
-  Returns (per-language scores, sacrebleu signatures)."""
+  """(per language: BLEU, chrF++, resource bucket and, against a baseline, ΔBLEU and a bootstrap p-value;
+  sacrebleu signatures)."""
   train_pairs = {lang: len(run.data.text["train"][lang]) for lang in hyps}
   buckets = resource_buckets(train_pairs)
-  per_lang, signatures = scoring.by_language(hyps, {lang: run.data.text[split][lang].tgt for lang in hyps})
+  refs = {lang: run.data.text[split][lang].tgt for lang in hyps}
+  per_lang, signatures = scoring.by_language(hyps, refs)
   for lang, lines in hyps.items():
-    refs = run.data.text[split][lang].tgt
     per_lang[lang] |= {"train_pairs": train_pairs[lang], "resource": buckets[lang]}
     if base and lang in base["languages"]:
       base_hyp_file = io.path(base["path"]) / f"hyp.{lang}.txt"
       read = bootstrap_samples and base_hyp_file.exists()
-      base_hyps = base_hyp_file.read_text().split("\n")[: len(refs)] if read else None
+      base_hyps = base_hyp_file.read_text().split("\n")[: len(refs[lang])] if read else None
       per_lang[lang] |= versus_baseline(per_lang[lang]["bleu"], base["languages"][lang]["bleu"], lines, base_hyps,
-                                        refs, bootstrap_samples)
+                                        refs[lang], bootstrap_samples)
   return per_lang, signatures
 
 
 def averages(per_lang: dict, base: dict | None) -> tuple[dict, dict]:
-  """Macro averages (`scoring.mean_over_languages`) over all languages and over each resource bucket (ΔBLEU too,
-  against a baseline)."""
+  """Macro averages over all languages and over each resource bucket (ΔBLEU too, against a baseline)."""
   keys = ("bleu", "chrf") + (("delta_bleu",) if base else ())
   overall = {k: scoring.mean_over_languages(per_lang, k) for k in keys}
   by_resource = {b: {k: scoring.mean_over_languages({lang: s for lang, s in per_lang.items() if s["resource"] == b}, k)
@@ -218,8 +207,7 @@ def evaluate(workdir, *, split="test", step=None, beam_size=4, alpha=0.6, max_de
               bootstrap=bootstrap_samples)
   base = distributed.checked_on_process_0(lambda: _baseline_scores(io.path(baseline), split) if baseline else None)
   config_lib.load_saved(workdir)  # a directory that is not a run: refused before anything is created in it
-  # Where directory_atomically writes: a directory that cannot be written is refused before the data is read (and
-  # is created only once the checkpoint restores).
+  # A directory that cannot be written is refused before the data is read (and created once the checkpoint restores).
   distributed.checked_on_process_0(
       lambda: io.check_writable(io.path(workdir) / "eval", "eval output directory", create=False))
   run = restore(workdir, step=step, split=split, average_last=average_last)
@@ -252,14 +240,10 @@ def evaluate(workdir, *, split="test", step=None, beam_size=4, alpha=0.6, max_de
                      "seconds": speed["seconds"], "sentences_per_s": speed["sentences"] / speed["seconds"],
                      "tokens_per_s": speed["tokens"] / speed["seconds"], "averaged_steps": list(run.averaged)},
     } | ({"baseline": base["path"]} if base else {})
-    _write_atomically(out_dir, scores, hyps)
+    with io.directory_atomically(out_dir) as tmp:
+      for lang, lines in hyps.items():
+        (tmp / f"hyp.{lang}.txt").write_text("\n".join(lines) + "\n")
+      (tmp / "scores.json").write_text(json.dumps(scores, indent=2))
+      (tmp / "report.md").write_text(report.markdown(scores))
+      report.plot(scores, tmp / "bleu_by_language.png")
     return scores | {"output_dir": str(out_dir)}
-
-
-def _write_atomically(out_dir: epath.Path, scores: dict, hyps: dict):
-  with io.directory_atomically(out_dir) as tmp:
-    for lang, lines in hyps.items():
-      (tmp / f"hyp.{lang}.txt").write_text("\n".join(lines) + "\n")
-    (tmp / "scores.json").write_text(json.dumps(scores, indent=2))
-    (tmp / "report.md").write_text(report.markdown(scores))
-    report.plot(scores, tmp / "bleu_by_language.png")

@@ -1,6 +1,5 @@
 """What eval.py and translate.py share on their command lines: the decoding flags and their one check, and the
-process layout of a run on several hosts (`--config.distributed.*`, as train.py takes it; the rest of the config
-is the work directory's).
+process layout on several hosts (`--config.distributed.*`; the rest of the config is the work directory's).
 
   python eval.py --workdir gs://bucket/run --config.distributed.auto=true   # the same command on every host
 """
@@ -38,8 +37,8 @@ def check(**values):
 
 
 def parse(p: argparse.ArgumentParser, argv: list[str]):
-  """(args, config): the checked arguments, and a default config with the `--config.distributed.*` overrides,
-  for `distributed.initialize_distributed`. The saved config's own process layout is the training run's."""
+  """(the checked arguments, a default config with the `--config.distributed.*` overrides): the saved config's
+  process layout is the training run's."""
   rest, overrides = config_lib.split_overrides(argv)
   args = p.parse_args(rest)
   check(**{name: getattr(args, name) for name in MINIMUM if hasattr(args, name)})

@@ -17,6 +17,7 @@ def _fmt(x, spec=".1f", signed=False):
 def markdown(scores: dict) -> str:
   d, avg = scores["decoding"], scores["average"]
   has_delta = "baseline" in scores
+  delta = lambda s: f" {_fmt(s.get('delta_bleu'), '.2f', True)} |" if has_delta else ""  # noqa: E731 - a column
   lines = [f"# {scores['split']} split, step {scores['step']} ({scores['workdir']})", "",
            f"Average over {counted(len(scores['languages']), 'language')}: BLEU {avg['bleu']:.2f}, "
            f"chrF++ {avg['chrf']:.2f}"
@@ -27,13 +28,12 @@ def markdown(scores: dict) -> str:
            "| resource | BLEU | chrF++ |" + (" ΔBLEU |" if has_delta else ""),
            "|---|---|---|" + ("---|" if has_delta else "")]
   for bucket, s in scores["by_resource"].items():
-    lines.append(f"| {bucket} | {s['bleu']:.2f} | {s['chrf']:.2f} |"
-                 + (f" {_fmt(s.get('delta_bleu'), '.2f', True)} |" if has_delta else ""))
+    lines.append(f"| {bucket} | {s['bleu']:.2f} | {s['chrf']:.2f} |" + delta(s))
   lines += ["", "| language | train pairs | resource | sentences | BLEU | chrF++ |" + (" ΔBLEU |" if has_delta else ""),
             "|---|---|---|---|---|---|" + ("---|" if has_delta else "")]
   for lang, s in sorted(scores["languages"].items(), key=lambda kv: -kv[1]["bleu"]):
     lines.append(f"| {lang} | {s['train_pairs']} | {s['resource']} | {s['sentences']} | {s['bleu']:.2f} | "
-                 f"{s['chrf']:.2f} |" + (f" {_fmt(s.get('delta_bleu'), '.2f', True)} |" if has_delta else ""))
+                 f"{s['chrf']:.2f} |" + delta(s))
   lines += ["", f"BLEU: `{scores['signatures']['bleu']}`", f"chrF++: `{scores['signatures']['chrf']}`", ""]
   return "\n".join(lines)
 

@@ -4,10 +4,8 @@
   printf 'fra\tJe suis content.\ndeu\tIch bin froh.\n' | python translate.py --workdir runs/tiny
 
 Input lines are UTF-8 `text`, or `lang<TAB>text` when languages are mixed (--src_lang is then the language of the
-lines without a tab). Decoding is eval.py's: the same restore (and checkpoint averaging), tokenizer, padded batches
-and `Translator`, so a sentence gets the same hypothesis from both. On several hosts (the same command on each,
-with `--config.distributed.*`) process 0 alone reads the input, which it sends to the others a window at a time,
-and writes the translations; every process decodes its rows of each batch.
+lines without a tab). Decoding is eval.py's, so a sentence gets the same hypothesis from both. On several hosts
+(`--config.distributed.*`) process 0 alone reads the input and writes the output; each decodes its rows.
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ WINDOW_BATCHES = 8  # batches of lines read ahead and sorted by length together 
 
 @dataclasses.dataclass(frozen=True)
 class Line:
-  """One input line: its number (from 1), its source language (None: no tag) and its text ('' when empty)."""
+  """One input line: its number (from 1), source language (None: no tag) and text ('' when empty)."""
 
   number: int
   lang: str | None
@@ -60,9 +58,9 @@ def check_language(lang: str, known: list[str], where: str) -> str:
 
 def parse_line(raw: bytes, number: int, *, default: str | None, known: list[str], name: str = "<stdin>",
                tagged: bool = True) -> Line:
-  """One input line (`text` or `lang<TAB>text`, newline included or not), decoded and checked: invalid UTF-8, an
-  unknown language, or (for a model with source tags) a non-empty line without one is a DataError or
-  WorkdirError naming `name:number`. Text is stripped, as the corpus readers strip it."""
+  """One input line (`text` or `lang<TAB>text`), decoded, stripped as the corpus readers strip it, and checked:
+  invalid UTF-8, an unknown language, or (with source tags) a non-empty line without one is an error naming
+  `name:number`."""
   try:
     text = raw.rstrip(b"\n").rstrip(b"\r").decode("utf-8")
   except UnicodeDecodeError as e:
@@ -82,9 +80,8 @@ def parse_line(raw: bytes, number: int, *, default: str | None, known: list[str]
 
 
 class LineTranslator:
-  """Translates parsed lines with eval.py's pieces: Tokenizer.encode, padded batches (`pipeline.eval_batches`),
-  `Translator.by_pair` and Tokenizer.decode. Over-long lines are truncated to the model's maximum length, with a
-  warning naming the line."""
+  """Translates parsed lines with eval.py's pieces (padded batches, `Translator.by_pair`); over-long lines are
+  truncated to the model's maximum length, with a warning naming the line."""
 
   def __init__(self, run: Restored, translator: decode.Translator, rows: int, *, name: str = "<stdin>",
                warn: Callable[[str], None] = print):
@@ -119,18 +116,15 @@ class LineTranslator:
     split = TokenizedSplit.from_lists(["input"], np.zeros(len(ids)), ids, [[] for _ in ids])
     order = np.argsort(split.src_len, kind="stable")
     for batch in pipeline.eval_batches(split, self.rows, self.max_length, order):
-      yield {todo[pair]: one_line(self.tokenizer.decode(seq)) for pair, seq in self.translator.by_pair(batch).items()}
-
-
-def one_line(text: str) -> str:
-  """A translation as one output line: carriage returns and newlines (byte pieces can make them) become spaces."""
-  return text.replace("\r", " ").replace("\n", " ")
+      # One output line per translation: byte pieces can make line breaks.
+      yield {todo[pair]: self.tokenizer.decode(seq).replace("\r", " ").replace("\n", " ")
+             for pair, seq in self.translator.by_pair(batch).items()}
 
 
 def translate_stream(raw_lines: Iterable[bytes], sink: TextIO, translator: LineTranslator, *, window: int,
                      parse: Callable[[bytes, int], Line]) -> int:
-  """Reads `window` lines at a time, translates them and writes one line per input line, in input order, flushing
-  after every batch (so it works in a pipe); returns the number of lines."""
+  """Translates `window` lines at a time into one line each, in input order, flushing after every batch (so it
+  works in a pipe); returns the number of lines."""
   count = 0
   for chunk in itertools.batched(raw_lines, window):
     lines = [parse(raw, count + k + 1) for k, raw in enumerate(chunk)]  # the whole window is checked first
@@ -147,8 +141,8 @@ def translate_stream(raw_lines: Iterable[bytes], sink: TextIO, translator: LineT
 
 
 def shared_lines(source: BinaryIO | None, window: int) -> Iterator[bytes]:
-  """The lines of process 0's `source` (None on the other processes), on every process: on several, process 0
-  reads `window` lines at a time and sends each such chunk to the others; an empty chunk ends the input."""
+  """The lines of process 0's `source` (None elsewhere) on every process, sent `window` lines at a time; an empty
+  chunk ends the input."""
   raw = iter(source.readline, b"") if source is not None else None
   if jax.process_count() == 1:
     yield from raw
@@ -156,10 +150,6 @@ def shared_lines(source: BinaryIO | None, window: int) -> Iterator[bytes]:
   chunks = itertools.batched(raw, window) if raw is not None else None
   while chunk := distributed.broadcast_object(next(chunks, ()) if chunks is not None else None):
     yield from chunk
-
-
-def _warn(message: str):
-  print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -201,7 +191,8 @@ def translate(workdir, *, input_path: str | None = None, output_path: str | None
     interactive = distributed.broadcast_object(source is not None and source.isatty())
     rows = 1 if interactive else batch_size or run.config.batch_size
     translator = run.translator(beam_size, alpha, max_decode_len or run.config.data.max_length)
-    lines = LineTranslator(run, translator, rows, name=name, warn=_warn if main else lambda message: None)
+    warn = functools.partial(print, "warning:", file=sys.stderr, flush=True) if main else lambda message: None
+    lines = LineTranslator(run, translator, rows, name=name, warn=warn)
     parse = functools.partial(parse_line, default=src_lang, known=known, name=name,
                               tagged=bool(run.config.data.source_tags))
     if main and stdout is None and output_path is None:

@@ -1,9 +1,8 @@
 """Autoregressive decoding with a key/value cache: greedy and beam search, jitted, with static shapes.
 
-Beams are flattened into the batch (N = B * K rows, a sentence's beams adjacent). The model's cache is never
-reordered: each row writes its keys and values into its own beam slot, and a small table of slots [N, max_len]
-(which slot holds each row's ancestor at each position) is reordered with the beams instead; `beam_bias` turns it
-into the self-attention bias. Sequences start from PAD (id 0) and end at EOS.
+Beams are flattened into the batch (N = B * K rows, a sentence's beams adjacent). The cache is never reordered:
+each row writes into its own beam slot, and a table of slots [N, max_len] (which slot holds each row's ancestor at
+each position) is reordered instead; `beam_bias` makes it the self-attention bias. Sequences start from PAD.
 """
 
 from __future__ import annotations
@@ -59,11 +58,10 @@ def beam_bias(slots: jax.Array, step, beams: int) -> jax.Array:
 
 def best_candidates(scores: jax.Array, count: int, block: int = 32) -> tuple[jax.Array, jax.Array, jax.Array]:
   """scores [B, K, V] -> the best `count` of each sentence's K x V: (scores, beam, token), each [B, count], exactly
-  as jax.lax.top_k over the flattened K x V gives them (equal scores: lower beam, then lower token, first).
+  as jax.lax.top_k over the flattened K x V (equal scores: lower beam, then lower token, first).
 
-  On a CPU that top_k costs about as much as the output layer's matmul. The `count` blocks of `block`
-  consecutive candidates with the largest maxima (equal maxima: the earlier block) hold the best `count`, so
-  top_k runs over the block maxima, then over the candidates of those blocks, taken in their original order.
+  That top_k costs a CPU about as much as the output matmul, so it runs over the maxima of blocks of `block`
+  candidates, then over the candidates of the `count` best blocks (which hold the best `count`), in order.
   """
   B, K, V = scores.shape
   width = V + -V % block  # each beam padded to whole blocks
@@ -84,12 +82,11 @@ def take_rows(state, rows):
 
 def beam_search(step_fn: StepFn, cache, batch_size: int, beam_size: int, max_len: int, alpha: float = 0.6,
                 reorder: Callable = take_rows, n_best: int | None = None):
-  """Beam search with GNMT length penalty; returns (tokens int32 [B, K, max_len], scores [B, K]), best first.
+  """Beam search with GNMT length penalty -> (tokens int32 [B, K, max_len], scores [B, K]), best first.
 
-  Finished hypotheses are scored logprob / length_penalty(length); the search stops early when no live beam
-  can beat the n_best-th best finished one (default: the K-th) of every sentence, so the first n_best returned
-  are those of the full search. `reorder(cache, rows [N])` gives row n the state of row rows[n] as beams are
-  chosen.
+  Finished hypotheses score logprob / length_penalty(length); the search stops when no live beam can beat the
+  n_best-th finished one (default: the K-th) of every sentence, so the first n_best are the full search's.
+  `reorder(cache, rows [N])` gives row n the state of row rows[n].
   """
   B, K, L = batch_size, beam_size, max_len
   n = K if n_best is None else n_best
@@ -136,8 +133,8 @@ def beam_search(step_fn: StepFn, cache, batch_size: int, beam_size: int, max_len
 
 
 def unscanned(params, model_cfg) -> dict:
-  """Parameters of a model with scanned layers (each stack's units stacked along axis 0 under 'units') as a model
-  with scan_layers=False names them (one subtree per unit, 'unit_0', 'unit_1', ...)."""
+  """Scanned parameters (each stack's units stacked on axis 0 under 'units') as scan_layers=False names them
+  ('unit_0', 'unit_1', ...)."""
   if not model_cfg.scan_layers:
     return params
   out = dict(params)
@@ -150,15 +147,11 @@ def unscanned(params, model_cfg) -> dict:
 
 
 class Translator:
-  """Encodes a padded batch once and decodes it with the model's cache; `__call__` is jitted per shape.
+  """Encodes a padded batch once and decodes it with the model's cache; jitted per shape.
 
-  `params` are the model's (the training loop swaps in new ones). Inside, the layers are unrolled
-  (scan_layers=False, the parameters split per unit): each layer's cache is then an array of the search's loop
-  state, written in place at every step, where a scan over the layers would copy it.
-
-  With `batch_sharding` (the rows' NamedSharding on the parameters' mesh), every process passes the same whole
-  batch and places the rows its own devices hold; the output is gathered whole on every process. Without it the
-  batch goes in as it is, on one process.
+  The layers are unrolled (scan_layers=False, `unscanned` parameters): each layer's cache is then an array of the
+  loop state, written in place, where a scan over the layers would copy it. With `batch_sharding` (the rows'
+  NamedSharding), every process passes the same whole batch, places its own rows and gets the whole output.
   """
 
   def __init__(self, model_cfg, params, beam_size: int = 4, alpha: float = 0.6, max_len: int = 64,
@@ -170,12 +163,8 @@ class Translator:
     self._translate = jax.jit(self._run)
 
   def _run(self, params, batch):
-    """batch: padded `inputs` [B, Ls] with segmentation/position -> best tokens [B, max_len].
-
-    The source is encoded once, and each decoder layer's cross-attention keys and values are computed once per
-    sentence (not per beam, not per step). The self-attention cache is never reordered: only the table of which
-    beam slot holds each row's ancestors (`beam_bias`) is.
-    """
+    """batch: padded `inputs` [B, Ls] with segmentation/position -> best tokens [B, max_len]. The source is
+    encoded once, and its cross-attention keys and values computed once per sentence."""
     B, K, L = batch["inputs"].shape[0], self.beam_size, self.max_len
     N = B * K
     params = unscanned(params, self.model_cfg)
@@ -225,15 +214,11 @@ class Translator:
     return distributed.gathered(out)[:rows]
 
   def by_pair(self, batch: dict) -> dict[int, list[int]]:
-    """The output ids (up to EOS) of each real row of a padded batch, keyed by its `index` (padding rows, -1,
-    are left out)."""
+    """The output ids (up to EOS) of each real row (`index` >= 0) of a padded batch, keyed by its `index`."""
     return {int(pair): seq for pair, seq in zip(batch["index"], cut_at_eos(self(batch))) if pair >= 0}
 
 
 def cut_at_eos(tokens: np.ndarray) -> list[list[int]]:
   """Rows of token ids up to (not including) the first EOS."""
-  out = []
-  for row in np.asarray(tokens).tolist():
-    out.append(row[: row.index(EOS_ID)] if EOS_ID in row else row)
-  return out
+  return [row[: row.index(EOS_ID)] if EOS_ID in row else row for row in np.asarray(tokens).tolist()]
 

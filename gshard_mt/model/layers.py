@@ -1,14 +1,8 @@
 """The Transformer's building blocks: pure attention math, and the attention and dense FFN modules.
 
-Letters: B batch (rows), Q query positions, K key positions, A attention heads, D head dim, M model dim, F dense
-FFN hidden. Every parameter carries logical axes ('embed', 'heads', 'kv', 'mlp') that the partitioning rules map
-onto the mesh (`gshard_mt.parallel.rules`): with the 'expert_model' rules, heads and F are split over 'model'.
-
-Training and evaluation attend in one of three ways (model.attention): 'xla', our einsums with an additive bias
-(the reference, with attention dropout), 'fused', `jax.nn.dot_product_attention` with a boolean mask (cuDNN's flash
-attention on a GPU), or 'pallas', the whole block (its layer norm and projections included) in our Pallas kernels
-for TPUs, reading the segment ids (`pallas_attention`); the last two have no attention dropout. Decoding always
-uses the cached einsum path.
+Letters: B batch (rows), Q query positions, K key positions, A heads, D head dim, M model dim, F dense FFN hidden.
+Parameters carry logical axes ('embed', 'heads', 'kv', 'mlp') for `gshard_mt.parallel.rules`. Training attends by
+model.attention (ATTENTIONS; only 'xla' has attention dropout); decoding always by the cached einsums.
 """
 
 from __future__ import annotations
@@ -26,11 +20,9 @@ from gshard_mt.parallel.einsum import weight_einsum
 NEG_INF = -1e10  # additive mask: exp(NEG_INF - max) is exactly 0 in float32 and bfloat16
 LAYER_NORM_EPSILON = 1e-6  # flax's default
 NORM_INITS = {"scale": nn.initializers.ones, "bias": nn.initializers.zeros}  # a layer norm's parameters
-# model.dropout_rng: the generator of the dropout masks' bits, as a function of the step's threefry dropout key.
-# 'rbg' draws them with XLA's RngBitGenerator, its bits depending on the backend and the XLA version: on GPUs (and
-# CPUs) fused Philox, cheaper per element than threefry's hash. Not the default: on a TPU it is a separate op whose
-# bits go through memory, drawn for the whole batch on every device unless libtpu has
-# --xla_tpu_spmd_rng_bit_generator_unsafe, and the compiler's estimate turns negative (docs/decisions.md).
+# model.dropout_rng: the dropout masks' key from the step's threefry key. 'rbg' (XLA's RngBitGenerator, bits
+# depending on backend and XLA version) is fused Philox on GPUs, cheaper than threefry; not the default: on a TPU
+# it is a separate op, drawn for the whole batch on every device (docs/decisions.md).
 DROPOUT_KEYS = choices.DROPOUT_KEYS.add({
     "threefry": lambda key: key,
     "rbg": lambda key: jax.random.wrap_key_data(jax.random.bits(key, (4,), jnp.uint32), impl="rbg"),
@@ -40,9 +32,8 @@ ATTENTIONS = choices.ATTENTIONS.add({  # model.attention: the paths of `Attentio
     "fused": "jax.nn.dot_product_attention with a boolean mask: cuDNN's flash attention on GPUs",
     "pallas": "the whole block in Pallas kernels for TPUs (gshard_mt.tpu.kernels.attention)",
 })
-# What cuDNN's flash attention takes (jax._src.cudnn.fused_attention_stablehlo, JAX 0.12): fp16/bf16 only, a head dim
-# that is a multiple of 8 and at most 128 (256 from Hopper on; 128 needs no device query) and, when training with a
-# bias (a boolean mask becomes one), even query and key lengths. Elsewhere 'fused' runs XLA's implementation.
+# What cuDNN's flash attention takes (jax._src.cudnn.fused_attention_stablehlo, JAX 0.12): fp16/bf16, a head dim a
+# multiple of 8 up to 128 (256 from Hopper on: 128 needs no device query), and with a mask even lengths.
 CUDNN_DTYPES = (jnp.float16, jnp.bfloat16)
 CUDNN_MAX_HEAD_DIM = 128
 
@@ -63,15 +54,14 @@ def attention_mask(q_segments: jax.Array, k_segments: jax.Array, causal: bool) -
   return allowed[:, None]
 
 
-def attention_bias(q_segments: jax.Array, k_segments: jax.Array, causal: bool, dtype=jnp.float32) -> jax.Array:
+def attention_bias(q_segments: jax.Array, k_segments: jax.Array, causal: bool) -> jax.Array:
   """[B, Q], [B, K] segment ids (0 = padding) -> [B, 1, Q, K] additive bias: 0 where allowed, NEG_INF elsewhere."""
-  return jnp.where(attention_mask(q_segments, k_segments, causal), 0.0, NEG_INF).astype(dtype)
+  return jnp.where(attention_mask(q_segments, k_segments, causal), 0.0, NEG_INF).astype(jnp.float32)
 
 
 def packing_mask(q_segments: jax.Array, k_segments: jax.Array, causal: bool, attention: str):
-  """[B, Q], [B, K] segment ids -> what `attention` (a value of ATTENTIONS) reads of the packing outside decoding:
-  the boolean [B, 1, Q, K] `attention_mask` for 'fused', the segment ids themselves for 'pallas' (its kernels build
-  the mask), else the additive [B, 1, Q, K] `attention_bias`."""
+  """[B, Q], [B, K] segment ids -> what model.attention reads of the packing outside decoding: the segment ids
+  ('pallas'), the boolean `attention_mask` ('fused') or the additive `attention_bias` ('xla'), [B, 1, Q, K]."""
   if attention == "pallas":
     return q_segments, k_segments
   if attention == "fused":
@@ -99,9 +89,8 @@ def attention_probs(q: jax.Array, k: jax.Array, bias: jax.Array) -> jax.Array:
 
 
 def attention_implementation(platform: str, dtype, head_dim: int, q_len: int, k_len: int) -> str:
-  """`jax.nn.dot_product_attention`'s implementation for model.attention='fused' on `platform` (the default
-  backend's name): 'cudnn' on a GPU when cuDNN takes the inputs (CUDNN_DTYPES, ...), else 'xla' (also on CPU and
-  TPU, where it is the reference's math)."""
+  """`jax.nn.dot_product_attention`'s implementation for model.attention='fused': 'cudnn' on a GPU when cuDNN takes
+  the inputs, else 'xla' (the reference's math)."""
   takes = (jnp.dtype(dtype) in CUDNN_DTYPES and head_dim % 8 == 0 and head_dim <= CUDNN_MAX_HEAD_DIM
            and q_len % 2 == 0 and k_len % 2 == 0)
   return "cudnn" if platform == "gpu" and takes else "xla"
@@ -109,8 +98,7 @@ def attention_implementation(platform: str, dtype, head_dim: int, q_len: int, k_
 
 def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, causal: bool) -> jax.Array:
   """q [B, Q, A, D] (already scaled), k, v [B, K, A, D], mask [B, 1, Q, K] bool (True = may attend) -> [B, Q, A, D]
-  by `jax.nn.dot_product_attention` (`attention_implementation` picks the kernel). The mask already holds the
-  causal part; is_causal repeats it so that cuDNN skips the blocks above the diagonal."""
+  by `jax.nn.dot_product_attention`. is_causal repeats the mask's causal part so that cuDNN skips blocks."""
   implementation = attention_implementation(jax.default_backend(), q.dtype, q.shape[-1], q.shape[1], k.shape[1])
   return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0, is_causal=causal,
                                       implementation=implementation)
@@ -125,8 +113,7 @@ def per_sentence(q: jax.Array, sentences: int) -> jax.Array:
 
 def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array) -> jax.Array:
   """Attention over a decoding cache: q [B, Q, A, D] (already scaled), k [A, B, D, K], v [A, B, K, D], bias
-  [B, 1, Q, K] -> [B, Q, A, D]. The cache is laid out as the two matmuls read it (batch, contracted, free), so
-  that XLA does not copy it at every step."""
+  [B, 1, Q, K] -> [B, Q, A, D]. The cache is laid out as the matmuls read it, so XLA copies it at no step."""
   logits = jnp.einsum("ABQD,ABDK->ABQK", q.transpose(2, 0, 1, 3), k).astype(jnp.float32) + bias.swapaxes(0, 1)
   probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
   return jnp.einsum("ABQK,ABKD->ABQD", probs, v).transpose(1, 2, 0, 3)
@@ -146,8 +133,7 @@ def layer_norm(name: str) -> nn.LayerNorm:
 
 
 def norm_terms(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """x [..., M] -> (x - mean, 1 / std [..., 1]) over M in float32, as flax's LayerNorm has them: variance
-  E[x^2] - E[x]^2 clipped at 0, epsilon LAYER_NORM_EPSILON."""
+  """x [..., M] -> (x - mean, 1 / std [..., 1]) over M in float32, exactly as flax's LayerNorm computes them."""
   x = x.astype(jnp.float32)
   mean = x.mean(-1, keepdims=True)
   var = jnp.maximum(0.0, (x * x).mean(-1, keepdims=True) - mean * mean)
@@ -161,8 +147,7 @@ def normalize(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
 
 
 class NormParams(nn.Module):
-  """A layer norm's (scale, bias) [M], named and initialised as `layer_norm`'s, for `Attention` to apply itself
-  (its Pallas kernels fold the norm in)."""
+  """A layer norm's (scale, bias) [M] as `layer_norm`'s, for `Attention` to apply (its Pallas kernels fold it in)."""
 
   features: int
 
@@ -174,11 +159,9 @@ class NormParams(nn.Module):
 class Attention(nn.Module):
   """Multi-head attention: x [B, Q, M] attends to kv [B, K, M] -> [B, Q, M].
 
-  While decoding (decode=True), cross-attention computes the source's keys and values once per sentence
-  (collection 'memory', never reordered). Self-attention writes each step's into the beam slot of its row
-  (collection 'cache'), and the caller's bias [B, 1, R, L*R] says which (position, slot) pairs each of a
-  sentence's R beams descends from, so beams are reordered without moving the cache. In both, the R beams of a
-  sentence attend as its R queries (`per_sentence`).
+  Decoding, cross-attention computes the source's keys and values once per sentence (collection 'memory');
+  self-attention writes each step's into its row's beam slot (collection 'cache'), and the bias [B, 1, R, L*R]
+  says which (position, slot) pairs each of R beams descends from. A sentence's beams attend as its queries.
   """
 
   num_heads: int
@@ -193,9 +176,8 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x, kv, bias, *, norm, deterministic: bool, decode_step=None):
-    """x [B, Q, M] (the residual stream), normalized first by norm = (scale, bias) [M] (`NormParams`), attends to
-    kv [B, K, M] (cross-attention; None for later decoding steps, which read the memory collection) or, in
-    self-attention, to itself (kv is not read) -> [B, Q, M] in the computation dtype."""
+    """x [B, Q, M], normalized by norm = (scale, bias) [M], attends to kv [B, K, M] (cross-attention; None for later
+    decoding steps) or to itself -> [B, Q, M] in the computation dtype."""
     A, D, M, dt = self.num_heads, self.head_dim, x.shape[-1], self.dtype
     init = nn.initializers.variance_scaling(1.0, "fan_in", "normal", in_axis=0, out_axis=(1, 2))
     wq, wk, wv = (param(self, n, (M, A, D), ("embed", "heads", "kv"), init) for n in ("query", "key", "value"))
@@ -225,11 +207,9 @@ class Attention(nn.Module):
     return weight_einsum("BQAD,ADM->BQM", out.astype(dt), wo)
 
   def _decode_step(self, q, k, v, bias, step):
-    """q, k, v [N, 1, A, D] of one step for N = B x R rows (a sentence's beams adjacent), bias [B, 1, R, L*R] ->
-    [N, 1, A, D]. Row b*R + r writes its key and value at `step` of slot r of its sentence's cache (keys
-    [A, B, D, L*R], values [A, B, L*R, D]; position t of slot r at t*R + r, so a step writes one contiguous
-    block); each beam then attends to the (position, slot) pairs its bias allows. The first call only creates
-    the cache (zeros) and returns zeros."""
+    """q, k, v [N, 1, A, D] of one step, N = B x R rows, bias [B, 1, R, L*R] -> [N, 1, A, D]. Row b*R + r writes
+    at position t*R + r of its sentence's cache (keys [A, B, D, L*R], values [A, B, L*R, D]: a step writes one
+    contiguous block). The first call only creates the cache and returns zeros."""
     B, _, R, LR = bias.shape
     A, D = k.shape[2:]
     is_new = not self.has_variable("cache", "key")

@@ -1,9 +1,8 @@
 """What the loss reads from the logits, per position: the log-sum-exp, the target's logit, the sum of the logits
 (for label smoothing) and the argmax (for the accuracy), so that no float32 [B, L, V] log-probabilities are kept.
 
-The backward, with the log-sum-exp saved, is one jnp pass: the derivatives of (lse, target logit, sum) in z are
-(softmax, one-hot, 1). `stats_with` puts any forward of the same four reductions (the TPU kernel of
-`gshard_mt.tpu.kernels.logit_stats`) in front of that backward. Letters: B rows, L positions, V the vocabulary.
+The backward is one jnp pass from the saved log-sum-exp: (lse, target logit, sum) differentiate to (softmax,
+one-hot, 1). `stats_with` puts any forward of the four (the TPU kernel's) before it. B rows, L positions, V vocab.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The GShard encoder-decoder Transformer: pre-LN layers, a MoE FFN in place of every `moe_interval`-th FFN.
 
-Letters: B batch (rows), L positions (Ls on the source side), M model dim, V vocabulary, U layer units; the
-attention and FFN letters are in `layers`. Layers come in units of `moe_interval` layers whose last one is MoE
-(one dense layer when the model is dense); the units are stacked with `nn.scan`, so compile time does not grow
-with depth. Packed rows are handled by segment ids (attention only within a pair) and per-pair positions.
+Letters: B batch (rows), L positions (Ls on the source side), M model dim, V vocabulary, U layer units (others in
+`layers`). Units of `moe_interval` layers, the last one MoE, are stacked with `nn.scan` (compile time does not grow
+with depth). Packed rows: segment ids (attention within a pair) and per-pair positions.
 """
 
 from __future__ import annotations
@@ -38,22 +37,20 @@ EMBEDDING_SCHEMES = choices.EMBEDDINGS.add({
     "sqrt_input": (0.0, 0.5, -0.5),
     "small_logits": (-0.5, 0.5, -0.5),
 })
-# model.remat: what a layer unit keeps for the backward pass, recomputing the rest ('full'/'none': True/False before).
+# model.remat: what a layer unit keeps for the backward pass, recomputing the rest.
 REMAT_POLICIES = choices.REMAT_POLICIES.add({
     "none": None,  # no rematerialisation: everything is kept
     "full": jax.checkpoint_policies.nothing_saveable,  # only the unit's input: the forward pass runs twice
     "dots": jax.checkpoint_policies.checkpoint_dots,  # every matmul's output; activations, softmax, ... recomputed
-    # the matmul outputs without batch dimensions (the dense projections): the attention scores and the expert
-    # matmuls ([E, ...] batched einsums) are recomputed, MaxText's 'minimal'
+    # the dense projections' outputs; attention scores and expert matmuls (batched) recomputed: MaxText's 'minimal'
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 })
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TransformerConfig(ModelConfig):
-  """The model section as the model reads it (hashable, so modules can hold it): `ModelConfig` with every `auto`
-  resolved and dtypes as dtypes (`from_config`), plus the vocabulary, the MoE section and the TPU's VMEM. The
-  defaults that differ from ModelConfig's are the reference paths in float32, for tests."""
+  """The model section as the model reads it (hashable): `ModelConfig` with every `auto` resolved and dtypes as
+  dtypes, plus the vocabulary, the MoE section and the TPU's VMEM; its defaults are the float32 reference paths."""
 
   # dtypes as dtypes, not the config's names of them
   CHOICES: ClassVar[dict[str, Any]] = {k: v for k, v in ModelConfig.CHOICES.items()
@@ -87,7 +84,7 @@ class TransformerConfig(ModelConfig):
 
 @struct.dataclass
 class LayerInputs:
-  """What every layer of a stack sees besides its input x (broadcast to all scanned units)."""
+  """What every layer of a stack sees besides x (broadcast to all scanned units)."""
 
   # [B, 1, L, L] (Transformer._mask; 'pallas': the segment ids), or [B, 1, R, L*R] over the beam slots decoding
   self_bias: jax.Array | tuple
@@ -266,10 +263,9 @@ class Transformer(nn.Module):
 
 
 def source_tags(src_tokens, src_segments, segments, beams: bool = False) -> jax.Array:
-  """int32 [B', L]: the first source token (with data.source_tags, the `<xx>` language tag) of the pair each token
-  of `segments` [B', L] belongs to (0 for padding). src_tokens, src_segments [B, Ls]: packed pairs, matched by
-  segment id. beams=True: decoding, where B' = B x beams rows hold one sentence per B row, and row n is sentence
-  n // beams."""
+  """int32 [B', L]: the first source token (the `<xx>` language tag) of the pair of each token of `segments` [B', L]
+  (0 for padding), pairs matched by segment id in src_tokens, src_segments [B, Ls]. beams=True: decoding, B' = B x
+  beams rows, row n holding sentence n // beams."""
   B, Ls = src_tokens.shape
   starts = (src_segments > 0) & (src_segments != jnp.pad(src_segments[:, :-1], ((0, 0), (1, 0))))
   # tag[b, k]: the tag of pair k of row b (each pair starts once: no two writes meet; the rest are dropped)

@@ -1,15 +1,12 @@
 """Auxiliary-loss-free load balancing (DeepSeek-V3, 2024, section 2.1.2; `moe.balance='bias'`).
 
-Each MoE layer keeps a per-expert bias b [E] beside its parameters (the parameter 'router_bias', so that
-checkpoints, resuming, evaluation, decoding and extraction all carry it with nothing added), used to choose the
-experts only: the top-k of p + b, the gates p alone. No gradient reaches it (the layer stops it) and the optimizer
-does not move it: once per training step it moves by b <- b + gamma * sign(mean load - load_e), where load_e is
-the number of assignments the router *asked* of expert e (`Routing.requested`: every choice of every real token,
-before capacity drops any), summed over all groups and microbatches of the step. The kept load (after capacity)
-would hide the imbalance exactly where capacity binds: an expert asked for too often is cut to C and looks
-balanced. While training, the layer writes its requested counts into the 'balance' collection (at the bias's
-path); the train step sums them over its microbatches and puts the moved biases in place of the parameters
-(`moved_biases`, `with_updated_biases`), over whatever the optimizer did with their zero gradient.
+Each MoE layer keeps a per-expert bias b [E] as the parameter 'router_bias' (so checkpoints, evaluation, decoding
+and extraction carry it), used to choose the experts only: the top-k of p + b, the gates p alone. No gradient
+reaches it; once per training step b <- b + gamma * sign(mean load - load_e), load_e the assignments *asked* of
+expert e (`Routing.requested`, before capacity: the kept load would hide the imbalance where capacity binds, an
+expert asked too often being cut to C), summed over the step's groups and microbatches. The layer writes its
+counts into the 'balance' collection at the bias's path; the train step sums them and puts the moved biases in
+place of the parameters (`moved_biases`, `with_updated_biases`).
 """
 
 from __future__ import annotations
@@ -23,9 +20,8 @@ NAME = "router_bias"  # the parameter, and its layer's requested counts in COLLE
 
 
 def updated_bias(bias: jax.Array, counts: jax.Array, rate: float) -> jax.Array:
-  """bias [..., E], counts int [..., E] (assignments asked of each expert) -> the bias after one step: raised by
-  `rate` for the experts under the mean count, lowered for those above it, unmoved at the mean. Exact: compares
-  count_e * E with the total in integers (as count_e with floor and ceil of total / E, which cannot overflow)."""
+  """bias [..., E], counts int [..., E] -> the bias after one step: +rate under the mean count, -rate above it.
+  Exact: compares count_e with floor and ceil of total / E in integers (count_e * E could overflow)."""
   counts = counts.astype(jnp.int32)
   E = counts.shape[-1]
   total = counts.sum(axis=-1, keepdims=True)

@@ -1,22 +1,15 @@
-"""Ways to move tokens to their experts and back, behind one interface: `dispatch(x: [G, S, M])` and `combine`.
-
-The capacity-buffer dispatchers fill each expert's slots, `dispatch -> [E, G, C, M]`, and `combine(y: [E, G, C,
-M]) -> [G, S, M]` returns the weighted expert outputs to their tokens. Both keep E the major dimension, the layout
-in which the G -> E and E -> G all-to-alls (when E is split over devices) send and deliver the buffers: the index
-dispatcher's gathers write and read that layout directly (G as the gather's batch dimension). So the forward pass
-moves no transpose of the buffers through HBM beside the all-to-alls, and the backward pass one, in the combine's
-scatter-add (`take_slots`; docs/decisions.md).
+"""Ways to move tokens to their experts and back, behind one interface: `dispatch(x [G, S, M])` and `combine`;
+each takes any router's Routing (K assignments per token).
 
 - EinsumDispatcher: the paper's one-hot einsums over the dense [G, S, E, C] tensors (the readable reference).
-- IndexDispatcher: gathers by slot index; never builds the [G, S, E, C] one-hot (same outputs and gradients);
-  'index_gather' is the same with gathers for its backward passes.
-
-GroupedDispatcher has no buffers: `dispatch -> [R, M]`, one row per kept assignment in blocks by expert
-(`group_sizes` [E]: the rows of each block), for grouped matmuls over the real assignments only; `combine(y: [R,
-M]) -> [G, S, M]`. The routing (and so which assignments capacity drops) is the same, so are outputs and
-gradients.
-
-Each takes any router's Routing (`moe.routers`): K assignments per token, K = 2 for GShard's top-2.
+- IndexDispatcher: gathers by slot index, no [G, S, E, C] one-hot (same outputs and gradients); 'index_gather' is
+  the same with gathers for its backward passes.
+Both fill capacity buffers [E, G, C, M] and combine them back to [G, S, M]. E stays the major dimension, the
+layout in which the G -> E and E -> G all-to-alls send the buffers, and the index gathers write and read it
+directly (G the gather's batch dimension): no transpose of the buffers through HBM in the forward pass, one in the
+backward (`take_slots`; docs/decisions.md).
+- GroupedDispatcher: no buffers; `dispatch -> [R, M]`, one row per kept assignment in blocks by expert
+  (`group_sizes` [E]), for grouped matmuls over the real assignments only; same routing, outputs and gradients.
 """
 
 from __future__ import annotations
@@ -70,10 +63,9 @@ def take_slots(y: jax.Array, slot: jax.Array, num_experts: int, capacity: int) -
   """y [E, G, C, M] read in place, slot int32 [K, G, S] = e * C + c of each kept assignment, a slot of its own past
   E * C of a dropped one (which reads the last slot, for the caller to weigh 0) -> [K, G, S, M].
 
-  The backward pass scatters into G-major buffers [G, E, C, M] and then transposes them: with G not the leading
-  dimension of the scatter's operand, XLA's TPU compiler turns the scatter-add into a loop at some shapes. Each
-  slot holds at most one kept assignment and each dropped one has an index of its own out of bounds, so the
-  scatter says its indices are unique: XLA's GPU scatter then stores instead of adding atomically.
+  The backward scatters into G-major buffers [G, E, C, M], then transposes them (with G not leading, XLA's TPU
+  compiler turns the scatter-add into a loop at some shapes). Its indices are unique (one kept assignment per
+  slot, each dropped one out of bounds on its own), so XLA's GPU scatter stores instead of adding atomically.
   """
   slot = jnp.minimum(slot, num_experts * capacity - 1)
   return _by_group(y, jnp.stack([slot // capacity, slot % capacity], -1), batch=1)
@@ -111,17 +103,12 @@ class EinsumDispatcher:
 
 @struct.dataclass
 class IndexDispatcher:
-  """Gather/scatter by slot index: O(G·E·C·M) data movement, no dense one-hot. With gather_backward=True
-  (moe.dispatch='index_gather') the gathers' backward passes are gathers too (`take_rows`: a slot holds at most
-  one token, a token sits in at most K slots) instead of XLA's scatter-adds, which were the MoE layer's longest
-  kernels in the H100 profile; on the TPU estimate they cost more (docs/decisions.md)."""
+  """Gather/scatter by slot index: O(G·E·C·M) data movement, no dense one-hot. gather_backward=True
+  ('index_gather'): the backward passes gather too (`take_rows`) instead of XLA's scatter-adds, the layer's
+  longest kernels in the H100 profile; they cost more on the TPU estimate (docs/decisions.md)."""
 
   routing: Routing
   gather_backward: bool = struct.field(pytree_node=False, default=False)
-
-  def _take(self, x: jax.Array, index: jax.Array, readers: jax.Array | None) -> jax.Array:
-    """x[index] for one group; `readers` (see `take_rows`) where the backward pass gathers, else None."""
-    return x[index] if readers is None else take_rows(x, index, readers)
 
   def _position_of_slot(self) -> jax.Array:
     """int32 [G, E·C]: the assignment s*K + k kept in each slot e*C + c, S*K for an empty slot."""
@@ -145,7 +132,7 @@ class IndexDispatcher:
     E, C, K = self.routing.num_experts, self.routing.capacity, self.routing.slot.shape[-1]
     token_of_slot = jnp.minimum(self._position_of_slot() // K, S - 1).reshape(G, E, C)  # s, or S - 1 if empty
     if self.gather_backward:  # a token's gradient gathers its K slots'; per group (G a batch dimension), at axis 1
-      return jax.vmap(self._take, out_axes=1)(x, token_of_slot, self._flat_slot(empty=E * C))
+      return jax.vmap(take_rows, out_axes=1)(x, token_of_slot, self._flat_slot(empty=E * C))
     # One gather over all groups with G as its batch dimension: the rows come out E-major, as the all-to-all sends
     # them (the per-group vmap writes G-major rows, which XLA then transposes in HBM).
     return _by_group(x, token_of_slot.transpose(1, 0, 2)[..., None], batch=0)
@@ -160,7 +147,7 @@ class IndexDispatcher:
       p = self._position_of_slot()
       readers = jnp.where(p < S * K, p % K * S + p // K, K * S)[..., None]
       rows = y.transpose(1, 0, 2, 3).reshape(G, E * C, M)  # per group: G-major
-      picked = jax.vmap(self._take, out_axes=1)(rows, flat.transpose(0, 2, 1), readers)
+      picked = jax.vmap(take_rows, out_axes=1)(rows, flat.transpose(0, 2, 1), readers)
     else:
       # A dropped assignment's slot lies outside the buffers, one of its own (the scatter's indices are all
       # unique); take_slots reads the last slot for it, weighted 0.

@@ -1,14 +1,9 @@
 """Expert-choice routing (Zhou et al. 2022, "Mixture-of-Experts with Expert Choice Routing"), a pure function.
 
 Letters: G groups, S tokens per group, E experts, C capacity. Each expert takes the C tokens of its group with the
-highest softmax score p[:, e] (section 3.1); a token may get several experts or none, and every expert's buffer is
-full (loads are equal by construction, so no balancing loss is needed: aux_loss is 0). The output weight of an
-assignment is p of that token and expert, not renormalised.
-
-An expert's choice of a token depends on every token of the group, later positions included: the routing is not
-causal, so the config allows it in the encoder only (a decoder decoding step by step cannot see the future).
-
-In the Routing, K = E: assignment (g, s, e) is "expert e took token s", kept where it did, at slot = its rank.
+highest softmax score p[:, e] (section 3.1), weighted by p, not renormalised; a token may get several experts or
+none, every buffer is full (equal loads: aux_loss is 0). An expert ranks later positions too: not causal, so the
+encoder's only. In the Routing, K = E: assignment (g, s, e) is "expert e took token s", at slot = its rank.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """The experts' half of the MoE layer (GShard Algorithm 2 after gating), one class per `moe.dispatch` behind one
-interface: `path(x [G, S, M], routing, wi [E, M, H], wo [E, H, M]) -> y [G, S, M]` sends each token to its experts,
-runs their FFN and brings the outputs back weighted by their gates. Each path owns its expert FFN and the dtype in
-which the weights enter it.
+interface: `path(x [G, S, M], routing, wi [E, M, H], wo [E, H, M]) -> y [G, S, M]`: dispatch, the experts' FFN
+(each path casts the weights as it needs), combine weighted by the gates.
 
-- `Buffers` ('einsum', the paper's one-hot einsums, the reference; 'index', the default, gathers by slot;
-  'index_gather', the same with gathers for its backward): capacity buffers [E, G, C, M] (`dispatch`), the experts'
-  FFN by XLA's einsums or, with moe.expert_kernel='pallas', the TPU kernels; the constraints on the buffers are
-  the G -> E and E -> G all-to-alls when E is split over devices;
-- `Grouped` ('grouped'): rows in blocks by expert and grouped matmuls over the kept assignments only (`grouped`;
-  the dropless and language routers need it);
+- `Buffers` ('einsum', 'index', 'index_gather'): capacity buffers [E, G, C, M], whose sharding constraints are
+  the G -> E and E -> G all-to-alls; the FFN by XLA's einsums or (moe.expert_kernel='pallas') the TPU kernels;
+- `Grouped` ('grouped'): rows in blocks by expert, grouped matmuls over the kept assignments only (`grouped`);
 - `ShardMap` ('shard_map'): the manual path, its all-to-alls written out (`manual`).
 """
 
@@ -36,9 +32,8 @@ def expert_ffn(expert_in: jax.Array, wi: jax.Array, wo: jax.Array, activation: s
                constrain: bool = True) -> jax.Array:
   """Each expert's FFN on its buffers: [E, G, C, M] x wi [E, M, H] x wo [E, H, M] -> [E, G, C, M].
 
-  The output stays E-sharded here; the caller's constraint to EGCM_BY_GROUP is the E -> G all-to-all (producing
-  G-sharded buffers in the einsum itself lets XLA all-gather wo instead). constrain=False leaves out the sharding
-  constraints (inside shard_map, where each device sees its own shards).
+  The output stays E-sharded: the caller's constraint to EGCM_BY_GROUP is the E -> G all-to-all (G-sharded output
+  here would let XLA all-gather wo instead). constrain=False: no constraints (inside shard_map).
   """
   h = ACTIVATIONS[activation](weight_einsum("EGCM,EMH->EGCH", expert_in, wi))
   h = nn.with_logical_constraint(h, EGCH if constrain else None)
@@ -63,9 +58,9 @@ class ExpertPath:
 
 @dataclasses.dataclass(frozen=True)
 class Buffers(ExpertPath):
-  """Capacity buffers, filled by `dispatch.DISPATCHERS[dispatch]`. The weights as they are (float32): weight_einsum
-  casts them, and keeps their gradients float32; the TPU kernels of moe.expert_kernel='pallas' (ReLU only) cast
-  them in VMEM and run the all-to-alls themselves, around the kernels."""
+  """Capacity buffers, filled by `dispatch.DISPATCHERS[dispatch]`. The weights stay float32: weight_einsum casts
+  them and keeps their gradients float32; the TPU kernels (moe.expert_kernel='pallas', ReLU only) cast them in
+  VMEM and run the all-to-alls themselves."""
 
   dispatch: str = "index"
   expert_kernel: str = "xla"
@@ -78,7 +73,7 @@ class Buffers(ExpertPath):
 
   def experts(self, buffers: jax.Array, wi: jax.Array, wo: jax.Array) -> jax.Array:
     """The experts' FFN on the dispatched buffers [E, G, C, M] -> [E, G, C, M]."""
-    if self.expert_kernel == "pallas":  # the all-to-alls inside, around the kernels
+    if self.expert_kernel == "pallas":
       # optional: the TPU kernels, only when moe.expert_kernel='pallas' asks for them
       from gshard_mt.tpu.kernels import expert_ffn as kernel
 

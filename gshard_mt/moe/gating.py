@@ -1,13 +1,10 @@
-"""GShard's gating (Algorithm 1) for any k, as pure functions: the one core of every top-k router (`gshard`,
-`switch`, `topk`, `dropless`, `language`), and the `Routing` every router returns.
+"""GShard's gating (Algorithm 1, section 2.2) for any k, as pure functions: the one core of every top-k router,
+and the `Routing` every router returns. Letters: G groups, S tokens per group, E experts, C capacity, K = k.
 
-Letters: G groups, S tokens per group, E experts, C expert capacity (slots per expert per group), K = k choices.
-The rules are those of Lingvo's `Top2GatingOnLogits`, as GShard's Algorithm 1 and section 2.2 describe them, for
-any k: float32 softmax; the k best experts, best first (ties to the lower index); gates normalised over the k
-chosen before any drop (or, as the Switch Transformer, the chosen gate itself); the 'random' second-expert policy
-decided before any position; every first choice of a group placed before any second choice, every second before
-any third, each in sequence order; positions >= C dropped; padding never dispatched nor counted. GShard's top-2 is
-k = 2 with the 'random' second-expert policy while training (`top2_gating`).
+Lingvo's `Top2GatingOnLogits` rules, for any k: float32 softmax; the k best experts, best first (ties to the lower
+index); gates normalised over the k chosen before any drop (Switch: the chosen gate itself); the 'random'
+second-expert policy decided before any position; all first choices of a group placed before any second, each in
+sequence order; positions >= C dropped; padding never dispatched nor counted.
 """
 
 from __future__ import annotations
@@ -25,8 +22,7 @@ from gshard_mt.config.moe import SECOND_EXPERT_POLICIES
 
 def expert_capacity(group_size: int, num_experts: int, capacity_factor: float, min_capacity: int = 4,
                     num_selected: int = 2) -> int:
-  """C = max(min_capacity, ceil(capacity_factor * k * S / E)), k = num_selected experts per token: the paper's
-  2N/E per group at factor 1.0 and k = 2."""
+  """C = max(min_capacity, ceil(capacity_factor * k * S / E)): the paper's 2N/E at factor 1.0 and k = 2."""
   for name, value in (("group_size", group_size), ("num_experts", num_experts), ("min_capacity", min_capacity),
                       ("num_selected", num_selected)):
     _check_positive_int(name, value)
@@ -43,7 +39,7 @@ def cap_logits(logits: jax.Array, cap: float) -> jax.Array:
 
 @struct.dataclass
 class Routing:
-  """Where each token goes, in compact form; the dense GShard tensors are derived on demand.
+  """Where each token goes, compactly; the dense GShard tensors are derived on demand.
 
   expert_index: int32 [G, S, K]  the expert of each assignment: e1, e2 for top-2 (moe.routers: other K).
   slot:         int32 [G, S, K]  buffer position c of each assignment (meaningful where `kept`).
@@ -52,8 +48,7 @@ class Routing:
   aux_loss:     f32 []           load-balancing loss, mean(density * proxy) * E^2 (1.0 when balanced).
   z_loss:       f32 []           mean over real tokens of logsumexp(logits)^2.
   metrics:      dict of f32 (`routing_metrics`): the same keys for every router.
-  requested:    int32 [E]     assignments the router asked of each expert before capacity: every choice of every
-                real token (not a second choice the 'random' policy declined); what moe.balance='bias' balances.
+  requested:    int32 [E]     assignments asked of each expert before capacity (moe.balance='bias' balances it).
   """
 
   expert_index: jax.Array
@@ -88,7 +83,7 @@ def topk_gating(logits: jax.Array, k: int, expert_capacity: int, *, normalize: b
                 bias: jax.Array | None = None, padding_mask: jax.Array | None = None,
                 second_expert_policy: str = "all", second_expert_threshold: float = 0.5,
                 rng: jax.Array | None = None) -> Routing:
-  """Routes each group's tokens to their top-k experts with capacity C.
+  """Routes each group's tokens to their top-k experts with capacity C -> Routing with K = k.
 
   Args:
     logits: [G, S, E] router logits, any float dtype (the softmax runs in float32).
@@ -96,13 +91,9 @@ def topk_gating(logits: jax.Array, k: int, expert_capacity: int, *, normalize: b
     expert_capacity: C, slots per expert per group (S: nothing is ever dropped).
     normalize: gates divided by their sum over the k chosen (GShard); False keeps the softmax value (Switch).
     bias: [E] added to the gates to choose the experts, not to weigh them (moe.balance='bias'), or None.
-    padding_mask: [G, S], nonzero for real tokens; padded tokens are never dispatched and not counted.
-    second_expert_policy: 'all' keeps every second choice; 'random' keeps it iff uniform < g2 / threshold, decided
-      before any position (a second choice declined takes no slot); k >= 2.
-    second_expert_threshold: the threshold of the 'random' policy (0.5 is the paper's `2 * g2 > uniform`).
-    rng: PRNG key, required by the 'random' policy.
-  Returns:
-    Routing with K = k; `.combine_weights` f32 [G, S, E, C] and `.dispatch_mask` give the paper's tensors.
+    padding_mask: [G, S], nonzero for real tokens.
+    second_expert_policy: 'all', or 'random': keep a second choice iff uniform < g2 / threshold, decided before
+      any position (0.5 is the paper's `2 * g2 > uniform`); needs k >= 2 and rng.
   """
   _check_gating_args(logits, k, expert_capacity, second_expert_policy, second_expert_threshold, rng, padding_mask)
   G, S, E = logits.shape
@@ -134,24 +125,15 @@ def topk_gating(logits: jax.Array, k: int, expert_capacity: int, *, normalize: b
 def top2_gating(logits: jax.Array, expert_capacity: int, *, second_expert_policy: str = "all",
                 second_expert_threshold: float = 0.5, rng: jax.Array | None = None,
                 padding_mask: jax.Array | None = None, selection_bias: jax.Array | None = None) -> Routing:
-  """GShard's top-2 (Algorithm 1): `topk_gating` with k = 2, normalised gates and the second-expert policy."""
+  """GShard's top-2 (Algorithm 1): `topk_gating` with k = 2."""
   return topk_gating(logits, 2, expert_capacity, bias=selection_bias, padding_mask=padding_mask,
                      second_expert_policy=second_expert_policy, second_expert_threshold=second_expert_threshold,
                      rng=rng)
 
 
-def topk_choices(gates: jax.Array, k: int, bias: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-  """gates [G, S, E] -> (experts int32 [G, S, K], their gates f32 [G, S, K]), best first (`choices_of`, stacked)."""
-  experts, chosen = choices_of(gates, k, bias)
-  return jnp.stack(experts, axis=-1), jnp.stack(chosen, axis=-1)
-
-
 def choices_of(gates: jax.Array, k: int, bias: jax.Array | None = None) -> tuple[list, list]:
-  """gates [G, S, E] -> (experts, their gates): per choice, best first, int32 [G, S] and f32 [G, S].
-
-  `bias` [E] (DeepSeek-V3's auxiliary-loss-free balancing) takes part in the choice only: the experts are the top
-  k of gates + bias, their gates are the plain ones.
-  """
+  """gates [G, S, E] -> (experts, their gates): per choice, best first, int32 [G, S] and f32 [G, S]. `bias` [E]
+  takes part in the choice only: the experts are the top k of gates + bias, their gates the plain ones."""
   # k argmaxes, not jax.lax.top_k: XLA lowers TopK on [G*S, E] rows, and with G split over devices the reshape
   # all-gathers every group's gates (tests/integration/test_partitioning.py counts the collectives)
   scores, experts = gates if bias is None else gates + bias, []
@@ -163,8 +145,7 @@ def choices_of(gates: jax.Array, k: int, bias: jax.Array | None = None) -> tuple
 
 
 def normalized(weights: list[jax.Array]) -> list[jax.Array]:
-  """Per choice, the gates [G, S] divided by their sum + 1e-9 (GShard's g1 / (g1 + g2 + 1e-9)): never summing
-  over 1."""
+  """Per choice, the gates [G, S] divided by their sum + 1e-9 (GShard's g1 / (g1 + g2 + 1e-9))."""
   denom = sum(weights) + 1e-9
   return [w / denom for w in weights]
 
@@ -185,9 +166,9 @@ def assign_slots(want: list[jax.Array], capacity: int) -> tuple[list[jax.Array],
 
 
 def balance_losses(logits, gates, first_choice, valid) -> tuple[jax.Array, jax.Array]:
-  """(aux, z): GShard's (= the Switch Transformer's) load-balancing loss on the first choices before any drop,
-  mean over groups of E * sum_e density_e * proxy_e (1.0 when balanced), and the z-loss over real tokens.
-  logits, gates f32 [G, S, E]; first_choice int one-hot [G, S, E]; valid bool [G, S]."""
+  """(aux, z): GShard's (= Switch's) load-balancing loss on the first choices before any drop, mean over groups of
+  E * sum_e density_e * proxy_e (1.0 when balanced), and the z-loss over real tokens. logits, gates f32 [G, S, E];
+  first_choice int one-hot [G, S, E]; valid bool [G, S]."""
   E = gates.shape[-1]
   num_valid = jnp.maximum(valid.sum(axis=1, keepdims=True), 1).astype(jnp.float32)  # [G, 1]
   density = jnp.sum(first_choice * valid[..., None], axis=1) / num_valid  # GE
@@ -198,12 +179,10 @@ def balance_losses(logits, gates, first_choice, valid) -> tuple[jax.Array, jax.A
 
 
 def routing_metrics(gates, valid, wanted, kept, experts) -> tuple[dict, jax.Array]:
-  """(metrics, requested) of any router's routing, from gates f32 [G, S, E], valid bool [G, S] (real tokens),
-  wanted bool [G, S, K] (the assignments asked for: real tokens' choices, less second choices the 'random' policy
-  declined), kept bool [G, S, K] and experts int [G, S, K]. requested int32 [E]: assignments asked of each expert
-  before capacity (what moe.balance='bias' balances). The metrics, all f32:
-    choices_wanted [K], choices_dropped [K]: per choice j (first, second, ...), the assignments asked for and those
-      of them capacity dropped (`dropped_fractions` makes fractions of them);
+  """(metrics, requested int32 [E]) of any router's routing, from gates f32 [G, S, E], valid bool [G, S] (real
+  tokens), wanted bool [G, S, K] (the assignments asked for, before capacity), kept bool [G, S, K] and experts int
+  [G, S, K]. The metrics, all f32:
+    choices_wanted [K], choices_dropped [K]: per choice j, the assignments asked for and those capacity dropped;
     unrouted: the fraction of real tokens with no kept assignment; router_entropy: the gates' mean entropy;
     expert_load [E]: each expert's share of the kept assignments; requested_load [E]: its share of `requested`.
   """
@@ -223,8 +202,8 @@ def routing_metrics(gates, valid, wanted, kept, experts) -> tuple[dict, jax.Arra
 
 
 def dropped_fractions(metrics: dict) -> tuple[jax.Array, jax.Array]:
-  """(first choices dropped, later choices dropped) of `routing_metrics`' metrics, as fractions of those asked for
-  (0 where none were; later = 0 for one choice per token); any leading dimensions (e.g. the MoE layers [U])."""
+  """(first, later) choices dropped, as fractions of those asked for (0 where none were), from `routing_metrics`'
+  metrics with any leading dimensions (e.g. the MoE layers [U])."""
   wanted, dropped = metrics["choices_wanted"], metrics["choices_dropped"]
   first = dropped[..., 0] / jnp.maximum(wanted[..., 0], 1.0)
   return first, dropped[..., 1:].sum(-1) / jnp.maximum(wanted[..., 1:].sum(-1), 1.0)

@@ -1,21 +1,16 @@
 """The experts' FFNs on rows in blocks by expert (moe.dispatch='grouped'), by grouped matmuls.
 
 rows [R, M] hold expert 0's rows, then expert 1's, ... (group_sizes [E], summing to R); wi [E, M, H], wo [E, H, M].
-Forward and backward take six grouped matmuls: x W (twice), x W^T and the weight gradients x^T y over each
-expert's rows (twice each). `moe.grouped_kernel` picks who computes them:
+`grouped_expert_ffn` has its own backward (a custom VJP), so no kernel needs a transpose rule: six grouped matmuls
+in all, x W, x W^T and x^T y (the weight gradients). `moe.grouped_kernel` picks who computes them:
 
-- 'ragged_dot': XLA's `jax.lax.ragged_dot`. On TPU a Mosaic kernel, handed the float32 master weights as they
-  are (it rounds them as it multiplies: no cast pass over the E expert matrices; 0.72 -> 0.82 of the dense FFN on
-  the TPU estimate, docs/decisions.md). Elsewhere the weights are cast to the rows' dtype first; on GPUs XLA
-  multiplies every row by every expert's weights (0.03 of the dense FFN on an H100).
-- 'mosaic_gpu': on a Hopper GPU, JAX's Pallas Mosaic GPU kernels (`jax.experimental.pallas.ops.gpu`:
-  `ragged_dot_mgpu` for x W and x W^T, `transposed_ragged_dot_mgpu` for the weight gradients), each block of
-  rows multiplied by its own expert's weights only. They take both operands in one dtype (the weights are cast to
-  the rows' dtype first) and write the weight gradients in it: each is rounded to that dtype (bf16) once before
-  it joins the float32 weights (with 'ragged_dot' it leaves the kernel in float32). Elsewhere: 'ragged_dot'.
-
-`grouped_expert_ffn` has its own backward (a custom VJP) that calls the kernels above for the four matmuls of the
-gradient, so that no kernel's own transpose rule is needed.
+- 'ragged_dot': `jax.lax.ragged_dot`. On TPU a Mosaic kernel, handed the float32 master weights as they are (no
+  cast pass over the E matrices: 0.72 -> 0.82 of the dense FFN on the TPU estimate, docs/decisions.md); elsewhere
+  the weights are cast to the rows' dtype first (on GPUs XLA multiplies every row by every expert: 0.03 of the
+  dense FFN on an H100).
+- 'mosaic_gpu': on a Hopper GPU, JAX's Pallas Mosaic GPU kernels, each block of rows by its own expert only. They
+  take one dtype (the weights cast to the rows') and write the weight gradients in it (rounded to bf16 once before
+  joining the float32 weights). Elsewhere: 'ragged_dot'.
 """
 
 from __future__ import annotations
@@ -109,9 +104,8 @@ GROUPED_KERNELS = choices.GROUPED_KERNELS.add({"ragged_dot": RaggedDot, "mosaic_
 
 
 def _whole_row_tiles(group_sizes: jax.Array, *xs: jax.Array) -> tuple[jax.Array, tuple[jax.Array, ...]]:
-  """The Mosaic GPU kernels' rows come in tiles of ROW_TILE (a row count that is not a multiple fails as the
-  kernel lowers): each of xs [R, .] with zero rows appended up to a multiple, counted in the last group, where
-  they add nothing to any product. R rows already a multiple pass as they are."""
+  """Each of xs [R, .] with zero rows appended up to a multiple of ROW_TILE (other row counts fail as the Mosaic
+  GPU kernels lower), counted in the last group, where they add nothing to any product."""
   pad = -xs[0].shape[0] % ROW_TILE
   if not pad:
     return group_sizes, xs
@@ -133,8 +127,7 @@ def kernels_for(name: str, model_dim: int, hidden_dim: int, dtype) -> RaggedDot 
 
 
 def _check_hopper() -> None:
-  """ConfigError unless the first device is a Hopper GPU: the kernels' warpgroup matmuls (wgmma) are Hopper's
-  only (Blackwell has other instructions, and JAX other kernels for it)."""
+  """ConfigError unless the first device is a Hopper GPU: the kernels' warpgroup matmuls (wgmma) are Hopper's."""
   device = jax.devices()[0]
   capability = str(getattr(device, "compute_capability", ""))
   if not capability.startswith("9."):

@@ -1,9 +1,5 @@
-"""The GShard MoE feed-forward layer (Algorithm 2): router, gating, the experts' path, shared experts.
-
-The module only wires parameters to the pure parts: `routers` (GShard's top-2 and the others, on `gating`), `experts`
-(dispatch, the experts' FFN and combine: one class per moe.dispatch) and `balance` (the selection bias). Every
-parameter and the key activations carry logical axis names (`axes`); `gshard_mt.parallel.rules` maps them onto mesh
-axes.
+"""The GShard MoE feed-forward layer (Algorithm 2): parameters wired to the pure parts, `routers`, `experts` (one
+class per moe.dispatch) and `balance`. Parameters and key activations carry logical axis names (`axes`).
 """
 
 from __future__ import annotations
@@ -24,11 +20,8 @@ EXPERT_INIT = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal"
 
 
 def groups_of(num_tokens: int, group_size: int, pad: bool = False) -> tuple[int, int]:
-  """(G, S) for `num_tokens` tokens in groups of `group_size`; fewer tokens than S make one group.
-
-  When S does not divide the tokens: an error, or with pad=True enough groups to hold them all (the caller pads
-  the last group with masked tokens).
-  """
+  """(G, S) for `num_tokens` tokens in groups of `group_size` (fewer tokens: one group). S not dividing the
+  tokens is an error, or with pad=True one more group (the caller pads it with masked tokens)."""
   if num_tokens <= group_size:
     return 1, num_tokens
   if num_tokens % group_size and not pad:
@@ -64,17 +57,10 @@ def shared_ffn(x: jax.Array, wi: jax.Array, wo: jax.Array, activation: str = "re
 
 
 class MoeFeedForward(nn.Module):
-  """MoE FFN with the router of `cfg` (GShard's top-2 by default). Call with x [B, L, M] (and padding_mask [B, L],
-  nonzero for real tokens; language [B, L, M] for moe.router='language').
-
-  Returns (y [B, L, M], stats) where stats = {'aux_loss', 'z_loss', 'metrics'}: the training loop adds
-  aux_loss_weight * sum(aux_loss) (+ z_loss_weight * sum(z_loss)) to its loss and logs the metrics.
-  With deterministic=True the evaluation capacity factor is used, no noise or random routing is applied (the
-  'random' second-expert policy becomes 'all'), and a token count that S does not divide (a last evaluation
-  batch, beams while decoding) is padded with masked tokens instead of being an error.
-  With moe.balance='bias' the layer has a selection bias (`balance`); while training, when the 'balance'
-  collection is mutable, it writes there the assignments its router asked of each expert (int [E], before
-  capacity), by which the train step moves the bias once per step.
+  """MoE FFN with the router of `cfg`; stats = {'aux_loss', 'z_loss', 'metrics'}, which the training loop weighs
+  into its loss and logs. deterministic=True: the evaluation capacity factor, no noise nor random routing, and a
+  token count that S does not divide (a last evaluation batch, beams) padded instead of an error. With
+  moe.balance='bias', while training, it writes the assignments asked of each expert to the 'balance' collection.
   """
 
   cfg: MoeConfig
@@ -86,8 +72,8 @@ class MoeFeedForward(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, padding_mask: jax.Array | None = None, *, deterministic: bool = True,
                language: jax.Array | None = None):
-    """x [B, L, M], padding_mask [B, L], language [B, L, M] (the embedding of each token's source-language tag)
-    -> (y [B, L, M], stats); tokens are routed in G groups of S."""
+    """x [B, L, M], padding_mask [B, L] (nonzero: real), language [B, L, M] (the embedding of each token's
+    source-language tag, for moe.router='language') -> (y [B, L, M], stats); routed in G groups of S."""
     cfg = self.cfg.validate()
     router = routers.make_router(cfg, decoder=self.decoder, deterministic=deterministic)
     if router.reads_language and language is None:
@@ -114,8 +100,7 @@ class MoeFeedForward(nn.Module):
 
   def _route(self, router, router_in: jax.Array, wg: jax.Array, mask: jax.Array | None,
              deterministic: bool) -> gating.Routing:
-    """The router's logits (with jitter noise while training, capped), its routing with capacity, and with
-    moe.balance='bias' the selection bias, whose requested counts it writes while training."""
+    """The router's logits (jittered while training, capped) -> its routing, with moe.balance='bias' biased."""
     cfg = self.cfg
     router_in = router_in.astype(jnp.float32)
     if not deterministic and cfg.jitter_noise > 0:

@@ -1,15 +1,12 @@
 """The manual path (`moe.dispatch="shard_map"`): dispatch, expert FFN and combine written per device.
 
-GShard's "mixing manual and automatic sharding": gating stays automatic (it is group-local), and the expert part
-runs inside `jax.shard_map` with the all-to-alls spelled out. Each device holds G/n_g groups, dispatches them to
-its own [E, G/n_g, C, M] buffers, and one all-to-all over the expert axis trades them for [E/n_e, G·n_e/n_g, C, M]:
-its experts' slots from every group of its expert-axis peers. A second all-to-all sends the outputs back. With H
-split over a model axis, each device computes a partial expert output and one psum over that axis completes it.
+GShard's "mixing manual and automatic sharding": gating stays automatic (group-local); the expert part runs in
+`jax.shard_map` with the all-to-alls spelled out. A device dispatches its G/n_g groups to [E, G/n_g, C, M] buffers;
+an all-to-all over the expert axis trades them for [E/n_e, G·n_e/n_g, C, M] (its experts' slots from its peers'
+groups), and a second sends the outputs back. With H split over a model axis, one psum completes the output.
 
-`check_vma=True` types every value as device-varying or device-invariant along each mesh axis, so the
-transposes are the efficient ones: the forward psum over 'model' transposes to a no-op, and the only all-reduces
-of the backward pass are the ones the math needs (the expert-weight gradients summed over the axes the weights are
-replicated on, and the cotangent of the model-replicated buffers summed over 'model').
+`check_vma=True` types every value as device-varying or invariant along each axis, so the transposes are the
+efficient ones: the forward psum transposes to a no-op, and the backward's only all-reduces are those the math needs.
 """
 
 from __future__ import annotations
@@ -33,17 +30,10 @@ def axes_of(entry) -> tuple[str, ...]:
 def moe_shard_map(x: jax.Array, routing: Routing, wi: jax.Array, wo: jax.Array,
                   ffn: Callable[[jax.Array, jax.Array, jax.Array], jax.Array], *,
                   group_spec: P, expert_spec: P, check_vma: bool = True) -> jax.Array:
-  """Dispatch -> expert FFN -> combine per device; the result equals the automatic path's.
-
-  Args:
-    x: [G, S, M] tokens; routing: its top-2 routing ([G, S, K] fields).
-    wi: [E, M, H], wo: [E, H, M] expert weights (global shapes).
-    ffn: (expert_in [E', G', C, M], wi [E', M, H'], wo [E', H', M]) -> [E', G', C, M], the experts' math on one
-      device's shards (a partial sum over H when H is split).
-    group_spec: the mesh placement of [G, S, M] (rule for 'group'); expert_spec: that of wi [E, M, H].
-    check_vma: track device variance (leave on; off only to show what it saves).
-  Returns:
-    y: [G, S, M], placed like x.
+  """x [G, S, M], its routing ([G, S, K] fields), wi [E, M, H], wo [E, H, M] (global shapes) -> y [G, S, M], placed
+  like x and equal to the automatic path's. ffn: (buffers [E', G', C, M], wi [E', M, H'], wo [E', H', M]) -> [E',
+  G', C, M] on one device's shards (a partial sum when H is split). group_spec: the mesh placement of [G, S, M];
+  expert_spec: that of wi. check_vma: track device variance (off only to show what it saves).
   """
   mesh = jax.sharding.get_abstract_mesh()
   group_axes, expert_axes, model_axes = axes_of(group_spec[0]), axes_of(expert_spec[0]), axes_of(expert_spec[2])

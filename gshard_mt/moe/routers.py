@@ -1,20 +1,12 @@
-"""The routers (`moe.router`): one class each, registered by name in `config.choices.ROUTERS`, as V-MoE's dispatchers
-and fairseq's `@register_*` classes are.
+"""The routers (`moe.router`): one class each, registered by name in `config.choices.ROUTERS` (as V-MoE's
+dispatchers and fairseq's `@register_*` classes). A router turns logits [G, S, E] into a `gating.Routing`.
 
-A router turns router logits [G, S, E] into a `gating.Routing` (letters of the paper: G groups, S tokens per group,
-E experts, C capacity, K assignments per token). Its class says what the config and the model need to know of it:
-- `causal`: a token's routing depends on no later token (False: the encoder only, never moe.decoder_router);
-- `uses_capacity`: it drops what overflows C slots (False: C = S, nothing dropped; moe.dispatch='grouped' only);
-- `reads_language`: its logits come from the sentence's source language instead of the token;
-- `experts_per_token(num_selected)`: k (the mean for expert choice), for the FLOPs count and the config's checks;
-- `from_config(cfg, deterministic=)`: the router of a `MoeConfig` (while training, or evaluating);
-and each router:
-- `needs_rng`: whether `route` draws random numbers (the 'gating' stream);
-- `capacity(S, E, factor, min_capacity)`: C, the slots per expert per group;
-- `route(logits, C, padding_mask=, rng=, bias=)`: the Routing; `bias` [E] is DeepSeek-V3's selection-only bias
-  (moe.balance='bias'), ignored where it could change nothing.
-Every dispatch path takes any Routing. A new router is one class here or in any module imported before the config
-is read: `@ROUTERS.register("name")` over a subclass of `Router`.
+Class attributes tell the config and the model: `causal` (a token's routing depends on no later token; False:
+encoder only), `uses_capacity` (False: C = S, nothing dropped; moe.dispatch='grouped' only), `reads_language`
+(logits from the source-language tag, not the token), `experts_per_token(num_selected)` (k, for the FLOPs count
+and checks). An instance has `needs_rng`, `capacity(S, E, factor, min_capacity)` and `route(logits, C,
+padding_mask=, rng=, bias=)`; `bias` [E] is DeepSeek-V3's selection-only bias (moe.balance='bias'). A new router
+is `@ROUTERS.register("name")` over a subclass of `Router`, in any module imported before the config is read.
 """
 
 from __future__ import annotations

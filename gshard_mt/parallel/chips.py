@@ -1,10 +1,8 @@
-"""The one table of accelerators: peak dense bf16 FLOP/s and HBM per chip, and the device kinds JAX gives them.
+"""The one table of accelerators (for MFU, the dry run's MFU bound and its HBM check): peak dense bf16 FLOP/s and
+HBM per chip, and the device kinds JAX gives them, matched exactly ("TPU v5", v5p, is a prefix of "TPU v5 lite").
 
-MFU (training.metrics), the dry run's MFU bound and its HBM check (tools.dryrun) all read it. A JAX device may be
-a whole chip or a part of it: a TPU device is `num_cores` of its chip's TensorCores (v2 and v3: one device per
-core, half a chip; v5p: its two cores as one device, "megacore"; v4: one per chip on a v4 host, one per core in
-libtpu's compile-only topologies), a GPU device a whole GPU. Kinds are matched exactly: "TPU v5" (v5p) is a prefix
-of "TPU v5 lite" (v5e).
+A TPU device is `num_cores` of its chip's TensorCores (v2, v3: one per core; v5p: both, "megacore"; v4: one per
+chip on a v4 host, one per core in libtpu's compile-only topologies); a GPU device is a whole GPU.
 """
 
 from __future__ import annotations
@@ -17,8 +15,7 @@ MIB = 2**20
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-  """One accelerator, per chip as its maker's pages give it ("GB" of HBM read as GiB, as the v3 and v4 pages
-  write it and as the GPUs hold it)."""
+  """One accelerator, per chip as its maker's pages give it ("GB" of HBM read as GiB, as the GPUs hold it)."""
 
   name: str  # a TPU's generation as libtpu's topology names write it ('v5p'), or the GPU's model
   device_kinds: tuple[str, ...]  # `jax.Device.device_kind` of its devices, matched exactly
@@ -27,7 +24,7 @@ class Chip:
   cores_per_chip: int  # TensorCores of a TPU; 1 for a GPU
   source: str
   # VMEM per TensorCore as the TPU compiler gives it (libtpu 0.0.52), for Pallas kernels; None for GPUs and for
-  # v2 and v3, where Mosaic takes no bf16 matmul operand (model.pallas_vmem.tpu_problem)
+  # v2 and v3, where Mosaic takes no bf16 matmul operand (`tpu.kernels.vmem`)
   vmem_bytes: int | None = None
 
   @property
@@ -61,8 +58,7 @@ def chip_of(device_kind: str) -> Chip | None:
 
 
 def chip_share(device) -> tuple[Chip | None, float]:
-  """(its chip's row, the fraction of that chip) of a `jax.Device`: a TPU device's `num_cores` of the chip's
-  TensorCores, or a whole chip."""
+  """(its chip's row, the fraction of that chip it is) of a `jax.Device`."""
   chip = chip_of(device.device_kind)
   if chip is None or device.platform != "tpu":
     return chip, 1.0

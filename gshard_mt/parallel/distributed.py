@@ -17,8 +17,8 @@ from gshard_mt.parallel.shardings import batch_sharding
 
 
 def initialize_distributed(config) -> bool:
-  """Starts JAX's multi-process runtime when the config asks for it; returns whether it did. Call it before
-  anything else touches the devices."""
+  """Starts JAX's multi-process runtime when the config asks for it (before anything touches the devices);
+  returns whether it did."""
   d = config.distributed
   if d.auto:
     jax.distributed.initialize()
@@ -56,8 +56,7 @@ def row_shards(sharding: jax.sharding.NamedSharding) -> int:
 
 
 def placed(batch: dict, sharding) -> dict:
-  """A batch that every process holds whole -> global jax.Arrays split by `sharding`: each process places the
-  rows its own devices hold, wherever the sharding puts them (multi-process safe)."""
+  """A batch that every process holds whole -> global jax.Arrays split by `sharding` (multi-process safe)."""
   return {k: jax.make_array_from_callback(np.shape(v), sharding, lambda index, v=v: np.asarray(v)[index])
           for k, v in batch.items()}
 
@@ -80,9 +79,8 @@ def broadcast_object(value):
 
 
 def checked_on_process_0(check: Callable[[], object]):
-  """Runs `check` (of something only process 0 reads or writes) on process 0 alone and returns its result there
-  (None elsewhere); a UserError or a storage fault (`io.storage_fault`) it raises is raised on every process, so
-  that no process goes on to wait for the others in a collective."""
+  """`check()` on process 0 alone (None elsewhere); a UserError or storage fault it raises is raised on every
+  process, so that none goes on to wait for the others in a collective."""
   result, error = None, None
   if jax.process_index() == 0:
     try:

@@ -10,12 +10,10 @@ import jax.numpy as jnp
 
 
 def weight_einsum(equation: str, x: jax.Array, w: jax.Array) -> jax.Array:
-  """einsum(equation, x, w) with the float32 weight w cast to x's dtype, as jnp.einsum computes it; but its
-  gradient in w comes out of the matmul in float32 (its accumulator), not rounded to x's dtype and then cast: one
-  pass less over every weight's gradient, and a more precise one. `equation` 'x,w->y' where every letter of x and
-  w is in the other or in y (a matmul: its transposes are einsums of the same letters). Inside shard_map, each
-  operand is first marked as varying over the mesh axes the other varies over, as jnp.einsum does implicitly, so
-  that the transpose of the mark sums its gradient over those axes."""
+  """einsum(equation, x, w) with the float32 weight w cast to x's dtype, whose gradient in w comes out of the matmul
+  in float32 (its accumulator), not rounded to x's dtype and cast back: one pass less over every weight's gradient,
+  and a more precise one. `equation`: 'x,w->y', a matmul. Inside shard_map each operand is first marked varying
+  over the mesh axes the other varies over, as jnp.einsum does, so that the mark's transpose sums the gradient."""
   x_axes, w_axes = (jax.typeof(a).manual_axis_type.varying for a in (x, w))
   spread = lambda a, axes: jax.lax.pcast(a, tuple(sorted(axes)), to="varying") if axes else a  # noqa: E731
   return _weight_einsum(equation, spread(x, w_axes - x_axes), spread(w, x_axes - w_axes))

@@ -16,7 +16,7 @@ MESH_AXES = ("data", "expert", "model")
 
 def dcn_shape(config) -> tuple[int, int, int]:
   """(data, expert, model): how many slices (the DCN granules: TPU slices, or processes) each mesh axis spans."""
-  dcn = tuple(getattr(config.dcn_mesh, a) for a in ("data", "expert", "model"))
+  dcn = tuple(getattr(config.dcn_mesh, a) for a in MESH_AXES)
   if any(not isinstance(v, int) or v < 1 for v in dcn):
     raise ConfigError(f"dcn_mesh sizes must be positive integers, got {dcn}")
   return dcn
@@ -49,15 +49,13 @@ def mesh_shape(config, num_devices: int) -> tuple[int, int, int]:
 
 
 def make_mesh(config, devices=None) -> jax.sharding.Mesh:
-  """The ('data', 'expert', 'model') mesh; with dcn_mesh > 1 a hybrid one whose slices are contiguous blocks,
-  so only the axes that span slices cross the slow network (Pathways' islands of accelerators, Barham et al. 2022)."""
+  """The ('data', 'expert', 'model') mesh; with dcn_mesh > 1 a hybrid one whose slices are contiguous blocks, so
+  only the axes that span slices cross the slow network."""
   devices = list(devices if devices is not None else jax.devices())
   axis_types = (jax.sharding.AxisType.Auto,) * 3
-  dcn = dcn_shape(config)
+  dcn, ici = dcn_shape(config), ici_shape(config, len(devices))
   if dcn == (1, 1, 1):
-    return jax.make_mesh(mesh_shape(config, len(devices)), MESH_AXES, axis_types=axis_types,
-                         devices=devices)
-  ici = ici_shape(config, len(devices))
+    return jax.make_mesh(ici, MESH_AXES, axis_types=axis_types, devices=devices)
   # TPU devices say which slice they are on; elsewhere (GPU hosts, CPU tests) a process is a slice.
   by_slice = len({getattr(d, "slice_index", None) for d in devices}) > 1
   granules = len({d.slice_index if by_slice else d.process_index for d in devices})

@@ -1,17 +1,11 @@
-"""Logical-axis rules, and GShard's annotation API.
-
-The model names every parameter and key activation with logical axes ('batch', 'embed', 'expert', ...); a
-strategy is a table mapping those names to mesh axes ('data', 'expert', 'model'). Changing the parallelism
-strategy means changing `config.partitioning` or `config.mesh`, never the model (GShard section 3.1:
-sharding annotations are kept apart from the model's code).
+"""Logical-axis rules: the model names every parameter and key activation with logical axes ('batch', 'embed',
+'expert', ...); a strategy is a table mapping them to mesh axes ('data', 'expert', 'model'), so changing the
+strategy never touches the model (GShard section 3.1: sharding annotations kept apart from the model's code).
 """
 
 from __future__ import annotations
 
 import math
-
-import jax
-from jax.sharding import PartitionSpec as P
 
 from gshard_mt.config import choices
 
@@ -35,28 +29,6 @@ RULES = choices.PARTITIONINGS.add({
 def rules(config) -> list:
   """The rule table `config.partitioning` names."""
   return RULES[config.partitioning]
-
-
-# GShard's annotation API (section 3.1): a few annotations on key tensors, the compiler partitions the rest. They
-# constrain inside jit under `jax.set_mesh(mesh)`.
-
-def replicate(x: jax.Array) -> jax.Array:
-  """The whole tensor on every device."""
-  return jax.lax.with_sharding_constraint(x, P())
-
-
-def split(x: jax.Array, dim: int, mesh_axis: str | tuple[str, ...]) -> jax.Array:
-  """Dimension `dim` split over `mesh_axis`, the others replicated."""
-  spec = [None] * x.ndim
-  spec[dim] = mesh_axis
-  return jax.lax.with_sharding_constraint(x, P(*spec))
-
-
-def shard(x: jax.Array, spec) -> jax.Array:
-  """A full specification: one mesh axis (or tuple of axes, or None) per dimension."""
-  if len(spec) != x.ndim:
-    raise ValueError(f"shard: spec {tuple(spec)} has {len(spec)} entries for a rank-{x.ndim} tensor")
-  return jax.lax.with_sharding_constraint(x, P(*spec))
 
 
 def devices_of(logical: str, axis_rules: list, mesh_sizes: dict[str, int]) -> int:

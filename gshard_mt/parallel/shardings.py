@@ -23,10 +23,9 @@ def param_shardings(boxed_params, mesh, axis_rules):
 
 
 def leaf_axes(param_axes: tuple, param_shape: tuple, leaf_shape: tuple) -> tuple:
-  """Logical axes of an optimizer-state leaf kept for a parameter: the parameter's when the shapes agree (Adam's
-  moments); the parameter's less the reduced dimension for a factored statistic (Adafactor's row and column
-  second moments: the shape minus one dimension); none (replicated) for placeholders or when the reduced
-  dimension is ambiguous (two dimensions of equal size)."""
+  """Logical axes of an optimizer-state leaf kept for a parameter: the parameter's for the same shape (Adam's
+  moments), less the reduced dimension for a factored statistic (Adafactor's), else replicated (placeholders, or
+  two dimensions of equal size that make the reduced one ambiguous)."""
   if tuple(leaf_shape) == tuple(param_shape):
     return tuple(param_axes)
   if len(leaf_shape) == len(param_shape) - 1:
@@ -37,8 +36,8 @@ def leaf_axes(param_axes: tuple, param_shape: tuple, leaf_shape: tuple) -> tuple
 
 
 def optimizer_shardings(tx: optax.GradientTransformation, opt_state, boxed_params, mesh, axis_rules):
-  """NamedShardings of an (abstract) optimizer state: each leaf the optimizer keeps per parameter gets axes
-  derived from that parameter's (`leaf_axes`); counts and other state are replicated."""
+  """NamedShardings of an (abstract) optimizer state: per-parameter leaves get axes from their parameter's
+  (`leaf_axes`), the rest is replicated."""
   specs = nn.get_partition_spec(boxed_params)
   params = nn.unbox(boxed_params)
   axes = optax.tree_map_params(tx, lambda leaf, spec, param: P(*leaf_axes(tuple(spec), param.shape, leaf.shape)),

@@ -46,10 +46,10 @@ def chosen_experts(moe: dict, vectors: np.ndarray, moe_cfg) -> np.ndarray:
   router bias [..., E]; `...` the scanned units), by the router's own rule: the top-k of softmax(logits) + bias."""
   logits = gating.cap_logits(jnp.einsum("LM,...ME->...LE", vectors, moe["wg"]), moe_cfg.router_logit_cap)
   bias = moe.get(balance.NAME)
-  experts, _ = gating.topk_choices(jax.nn.softmax(logits, axis=-1), moe_cfg.num_selected,
+  experts, _ = gating.choices_of(jax.nn.softmax(logits, axis=-1), moe_cfg.num_selected,
                                  None if bias is None else bias[..., None, :])
   E = moe["wg"].shape[-1]
-  return np.asarray(jax.nn.one_hot(experts, E, dtype=jnp.int32).sum(axis=(-3, -2)) > 0)
+  return np.asarray(jax.nn.one_hot(jnp.stack(experts, -1), E, dtype=jnp.int32).sum(axis=(-3, -2)) > 0)
 
 
 def kept_experts(chosen: list[np.ndarray]) -> tuple[int, list[np.ndarray]]:

@@ -1,11 +1,9 @@
 """Orbax checkpoints of the train state and the data-iterator state, saved together, asynchronously.
 
-Restoring takes an abstract target (shapes, dtypes and shardings), so a checkpoint restores onto any mesh.
-A step that fails to restore (a half-written or truncated checkpoint) is skipped with a warning and the previous
-one is used; the training run moves it aside to `<step>.unreadable` (never deleting it), so that it can save that
-step again. When none restores, one line lists each step and why. Orbax writes each step to a temporary directory
-and renames it when complete, so a killed save never appears as a step; the temporaries of a failed save are
-removed.
+Restoring takes an abstract target (shapes, dtypes and shardings), so a checkpoint restores onto any mesh. A step
+that fails to restore is skipped with a warning for the previous one; training moves it aside to
+`<step>.unreadable` (never deleting it) so that it can save that step again. Orbax writes each step to a temporary
+directory renamed when complete, so a killed save never appears as a step.
 """
 
 from __future__ import annotations
@@ -44,8 +42,7 @@ class Checkpoints:
     return sorted(self.manager.all_steps())
 
   def latest(self) -> int | None:
-    steps = self.steps()
-    return steps[-1] if steps else None
+    return max(self.manager.all_steps(), default=None)
 
   def should_save(self, step: int) -> bool:
     return step % self.every == 0
@@ -55,10 +52,9 @@ class Checkpoints:
         state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)), force=force)
 
   def restore(self, abstract_state, step: int | None = None, set_aside: bool = False):
-    """(step, state, data_state) of `step`, else of the newest step that restores; None when there is no
-    checkpoint at all, RestoreError when there are some but none restores. With `set_aside`, the steps newer
-    than the one restored, which failed, are renamed `<step>.unreadable` (on process 0; every process then
-    forgets them)."""
+    """(step, state, data_state) of `step`, else of the newest step that restores; None without checkpoints,
+    RestoreError (each step and why, in one line) when none restores. With `set_aside`, the newer steps that failed
+    are renamed `<step>.unreadable`."""
     if step is not None and step not in self.steps():
       raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory} (have {self.steps()})")
     failed = []
@@ -95,7 +91,7 @@ class Checkpoints:
     self.manager.reload()
 
   def remove_partial(self):
-    """Removes the temporary directories of saves that did not complete (process 0)."""
+    """Removes the temporary directories of saves that did not complete."""
     if jax.process_index() == 0 and self.directory.exists():
       for tmp in self.directory.glob("*.orbax-checkpoint-tmp*"):
         io.remove_tree(tmp)

@@ -1,6 +1,5 @@
 """The dev evaluations during training: the loss on (some) dev batches, and the greedy BLEU of a fixed sample of
-each language's dev pairs, scored as eval.py scores a split (`scoring`: each language's corpus BLEU and chrF++, then
-the mean over languages)."""
+each language's dev pairs, scored as eval.py scores a split (`scoring`)."""
 
 from __future__ import annotations
 
@@ -20,11 +19,11 @@ from gshard_mt.training.setup import Setup
 from gshard_mt.training.step import eval_step
 
 
-def evaluate_loss(setup: Setup, params, data: pipeline.Data, config, split="dev") -> dict:
-  """Token-level nll, perplexity and accuracy on (up to `config.eval_batches` batches of) a split."""
+def evaluate_loss(setup: Setup, params, data: pipeline.Data, config) -> dict:
+  """Token-level nll, perplexity and accuracy on (up to `config.eval_batches` batches of) the dev split."""
   step = jax.jit(functools.partial(eval_step, model=Transformer(setup.model_cfg, deterministic=True)))
   totals = np.zeros(3)
-  tokens = data.tokens[split]
+  tokens = data.tokens["dev"]
   ids = np.random.default_rng(0).permutation(len(tokens))  # a fixed mix of all languages, even when capped
   batches = pipeline.eval_batches(tokens, config.batch_size, config.data.max_length, ids)
   with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
@@ -35,16 +34,14 @@ def evaluate_loss(setup: Setup, params, data: pipeline.Data, config, split="dev"
       local = distributed.process_rows(batch)
       totals += np.array(jax.device_get(step(params, distributed.global_batch(local, setup.mesh, setup.rules))))
   nll = totals[0] / max(totals[2], 1)
-  return {f"{split}_loss": nll, f"{split}_perplexity": float(np.exp(min(nll, 50))),
-          f"{split}_accuracy": totals[1] / max(totals[2], 1)}
+  return {"dev_loss": nll, "dev_perplexity": float(np.exp(min(nll, 50))), "dev_accuracy": totals[1] / max(totals[2], 1)}
 
 
 def language_sample(split: packing.TokenizedSplit, languages: list[str], per_language: int, max_sentences: int,
                     seed: int) -> dict[str, np.ndarray]:
-  """`per_language` pairs of each language (all of a language's pairs when it has fewer), drawn from `seed`; when
-  the languages would give more than `max_sentences` pairs, only the first max_sentences // per_language of them
-  (at least one), in an order drawn from `seed`. Languages without pairs are left out. Returns {language: sorted
-  positions of its chosen pairs among that language's pairs}."""
+  """{language: sorted positions of `per_language` of its pairs (all when it has fewer)}, drawn from `seed`; when
+  that would give more than `max_sentences` pairs, only max_sentences // per_language languages (at least one), in
+  an order drawn from `seed`. Languages without pairs are left out."""
   rng = np.random.default_rng(seed)
   sizes = {lang: len(pipeline.language_ids(split, lang)) for lang in sorted(languages)}
   order = [str(lang) for lang in rng.permutation(sorted(sizes)) if sizes[lang]]
@@ -56,16 +53,14 @@ def language_sample(split: packing.TokenizedSplit, languages: list[str], per_lan
 
 def evaluate_bleu(translator: decode.Translator, data: pipeline.Data, sample: dict[str, np.ndarray], rows: int,
                   max_length: int) -> dict:
-  """Greedy translations of the sampled dev pairs, scored as eval.py scores a split (`scoring`: each language's
-  corpus BLEU and chrF++ over its sampled sentences, then the mean over the languages): an estimate of
+  """Greedy translations of the sampled dev pairs, scored as eval.py scores a split: an estimate of
   `eval.py --split dev --beam_size 1`. `translator` holds the parameters to evaluate."""
   tokens = data.tokens["dev"]
   ids = {lang: pipeline.language_ids(tokens, lang)[positions] for lang, positions in sample.items()}
   order = np.concatenate(list(ids.values()))
   order = order[np.argsort(tokens.src_len[order], kind="stable")]  # similar lengths decode together
   out = {}
-  # No partitioning rules while decoding, as in eval.py: a few rows of one token each need not split as training's
-  # batches do (XLA places the work from the parameters' shardings).
+  # No partitioning rules while decoding, as in eval.py: XLA places the work from the parameters' shardings.
   with nn.logical_axis_rules(()):
     for batch in pipeline.eval_batches(tokens, rows, max_length, order):
       out.update(translator.by_pair(batch))
@@ -77,12 +72,9 @@ def evaluate_bleu(translator: decode.Translator, data: pipeline.Data, sample: di
           "dev_bleu_languages": len(sample), "dev_bleu_per_language": max(map(len, sample.values()))}
 
 
-
-
 class DevEvaluator:
-  """What a run evaluates at a step: the dev loss every `eval_every` steps, the greedy dev BLEU of a fixed
-  sample every `eval_bleu_every` (one translator, compiled once, given the current parameters each time), and
-  both at the last step."""
+  """The dev loss every `eval_every` steps, the greedy dev BLEU of a fixed sample every `eval_bleu_every` (one
+  translator, compiled once), and both at the last step."""
 
   def __init__(self, config, setup: Setup, data: pipeline.Data, params):
     self.config, self.setup, self.data = config, setup, data

@@ -2,13 +2,10 @@
 
   python train.py --config configs/tiny.py --workdir runs/tiny [--config.key=value ...]
 
-Re-running the same command resumes from the newest checkpoint. SIGTERM saves a checkpoint and exits.
-Updates whose loss or gradient is not finite are skipped on the device; with `nonfinite='stop'` the run then stops
-at the next log or checkpoint step, naming the step, and no checkpoint after it is written.
-With `eval_bleu_every`, a fixed sample of the dev split (`eval_bleu_per_language` pairs of each language) is
-translated greedily at that interval and scored as eval.py scores a split (`dev_bleu_greedy`, `dev_chrf_greedy`:
-each language's corpus BLEU / chrF++, then the mean over languages); evaluations are timed on their own
-(`dev_seconds`) and left out of the training step times.
+Re-running the same command resumes from the newest checkpoint; SIGTERM saves a checkpoint and exits. Updates whose
+loss or gradient is not finite are skipped on the device; with `nonfinite='stop'` the run stops at the next log or
+checkpoint step, naming the step, and writes no checkpoint after it. Dev evaluations (`dev_eval`) are timed on their
+own (`dev_seconds`) and left out of the training step times.
 """
 
 from __future__ import annotations
@@ -57,11 +54,9 @@ class StepLogger:
     self.start_timer()
 
   def start_timer(self):
-    """Called after the first step has run, so that compilation is not counted in the step times."""
     self.timer, self.timed_steps = time.perf_counter(), 0
 
   def first_step_starts(self, step: int):
-    """Says that the run's first step compiles the training step (the longest wait once the data is ready)."""
     tqdm.write(f"step {step}: compiling the training step, then running it")
     self.first_step, self.first_started = step, time.perf_counter()
 
@@ -74,13 +69,14 @@ class StepLogger:
       cache = compilation_cache.summary()
       tqdm.write(f"step {self.first_step}: compiled and ran in {self.timer - self.first_started:.1f} s"
                  + (f" ({cache})" if cache else ""))
-      leave_out_first_step(self.bar)
+      self.bar.unpause()  # the bar's rate starts from now, without the compile
+      self.bar.initial = self.bar.n + 1  # nor the first step: the rate is (n - initial) / elapsed
 
   def log_dev(self, step: int, dev: dict, seconds: float):
-    """Writes one evaluation's metrics; its `seconds` are left out of the next training step times and of the
-    progress bar's rate."""
+    """Writes one evaluation's metrics, its `seconds` left out of the step times and the bar's rate."""
     self.timer += seconds
-    leave_out(self.bar, seconds)
+    if not self.bar.disable:  # tqdm's unpause would also take out the steps since the bar last printed
+      self.bar.start_t += seconds
     dev = dev | {"dev_seconds": seconds, "wall_s": time.perf_counter() - self.started}
     self.writer.write(step, dev)
     self.last.update(dev)
@@ -119,32 +115,16 @@ class StepLogger:
 
 
 def progress_bar(total: int, start: int, enabled: bool) -> tqdm:
-  """The training progress bar. Its rate, and so its ETA, count training steps only: the mean over the steps
-  since the run's first step (smoothing=0: one slow step does not move the ETA; `leave_out_first_step`, as that one
-  compiles), with the time of each evaluation left out (`leave_out`)."""
+  """The training progress bar, whose rate (and ETA) is the mean over training steps only (smoothing=0): StepLogger
+  leaves out the compiling first step and the evaluations."""
   return tqdm(total=total, initial=start, disable=not enabled, desc="train", unit="step", smoothing=0)
-
-
-def leave_out_first_step(bar: tqdm):
-  """Before the bar counts the run's first step: its rate starts from now, without the time (compiling) or the
-  step itself."""
-  bar.unpause()  # the time since the bar's last update leaves its clock
-  bar.initial = bar.n + 1  # the rate is (n - initial) / elapsed
-
-
-def leave_out(bar: tqdm, seconds: float):
-  """Takes `seconds` (an evaluation's) out of the time the bar's rate divides by (tqdm's own `unpause` would
-  take out the time since the bar last printed, which may include steps)."""
-  if not bar.disable:
-    bar.start_t += seconds
 
 
 @contextlib.contextmanager
 def stop_requests():
-  """Yields a list that names the signal once the run should save a checkpoint and stop: on SIGTERM (a
-  preemption) or the first Ctrl-C; a second Ctrl-C exits at once. One process: signal handlers. Several: JAX's
-  preemption service sees a SIGTERM on any process and names a step that every process stops at (`reached`), so
-  all of them save the same checkpoint together; a Ctrl-C becomes a SIGTERM to take the same path."""
+  """Yields a list that names the signal once the run should save a checkpoint and stop: SIGTERM (a preemption)
+  or the first Ctrl-C; a second Ctrl-C exits at once. With several processes JAX's preemption service names a step
+  that all stop at, so they save the same checkpoint; a Ctrl-C becomes a SIGTERM to take the same path."""
   flag, interrupts = [], []
   several = jax.process_count() > 1
 
@@ -181,13 +161,9 @@ def close_all(*closers):
     raise errors[0]
 
 
-def reached_preemption_point(step: int) -> bool:
-  return jax.process_count() > 1 and multihost_utils.reached_preemption_sync_point(step)
-
-
 def prepare(config, workdir) -> pipeline.Data:
-  """Checks and saves the config, then loads the data: process 0 prepares the corpus when it is missing (reads it,
-  trains the tokenizer, writes the shards) while the others wait, then every process memory-maps the same shards."""
+  """Checks and saves the config, then loads the data: process 0 prepares the corpus when it is missing while the
+  others wait, then every process memory-maps the same shards."""
   mesh_lib.check(config, jax.device_count())
   if jax.process_index() == 0:
     config_lib.save(config, workdir)
@@ -196,8 +172,8 @@ def prepare(config, workdir) -> pipeline.Data:
 
 
 def restore_or_init(setup: Setup, ckpts: checkpoint_lib.Checkpoints, batches, seed: int):
-  """The newest readable checkpoint (moving the batches to where it stopped, and the unreadable newer ones
-  aside), or a fresh state."""
+  """The newest readable checkpoint (the batches moved to where it stopped, unreadable newer ones set aside), or a
+  fresh state."""
   restored = ckpts.restore(setup.abstract_target(), set_aside=True)
   if not restored:
     return setup.init_state(seed)
@@ -208,8 +184,7 @@ def restore_or_init(setup: Setup, ckpts: checkpoint_lib.Checkpoints, batches, se
 
 
 def train_and_evaluate(config, workdir: io.PathLike) -> dict:
-  """Trains (resuming when the work directory has checkpoints), holding the work directory's lock; returns the
-  last logged metrics."""
+  """Trains (resuming from the work directory's checkpoints) under its lock; returns the last logged metrics."""
   workdir = io.path(workdir)
   with lock.hold(workdir, enabled=jax.process_index() == 0):
     return _train(config, workdir)
@@ -252,7 +227,7 @@ def _train(config, workdir) -> dict:
         logger.add(step_metrics, first=step == start)  # the first step's sync keeps compilation out of timings
         step += 1
         bar.update(1)
-        if reached_preemption_point(step):
+        if jax.process_count() > 1 and multihost_utils.reached_preemption_sync_point(step):
           preempted.append("SIGTERM")
         last = step == config.num_train_steps
         if step % config.log_every == 0 or last:

@@ -25,15 +25,11 @@ from gshard_mt.parallel import chips
 
 
 def moe_summary(stats: dict) -> dict:
-  """{'encoder'|'decoder': layer stats stacked over MoE layers [U]} -> flat scalars per MoE layer.
-
-  The same for every router (`gating.routing_metrics`). For each layer: the fractions of first choices and of
-  later choices (second, third, ...) that capacity dropped (`top1_dropped`, `top2_dropped`: `gating.dropped_fractions`
-  of the per-choice counts; for expert choice, first = tokens no expert took), the kept load's min / max / coefficient
-  of variation (load = fraction of kept assignments per expert; 1/E each when balanced), the kept load itself
-  (`.../load`, [E]) and the requested load (`.../requested_load`, [E]: the share of the assignments the router
-  asked of each expert before capacity, what moe.balance='bias' balances); the step logger writes the [E] vectors
-  to expert_load.jsonl, not with the scalars.
+  """{'encoder'|'decoder': layer stats stacked over MoE layers [U]} -> `moe/<side>_<u>/<name>` per MoE layer, the
+  same for every router: the fractions of first and of later choices that capacity dropped (`top1_dropped`,
+  `top2_dropped`; for expert choice, first = tokens no expert took), the kept load's min / max / coefficient of
+  variation (load: the fraction of kept assignments per expert, 1/E each when balanced), and the [E] vectors `load`
+  and `requested_load` (asked of each expert before capacity), which the step logger writes to expert_load.jsonl.
   """
   out = {}
   for side, s in stats.items():
@@ -43,21 +39,17 @@ def moe_summary(stats: dict) -> dict:
     cv = jnp.std(load, axis=-1) / jnp.maximum(jnp.mean(load, axis=-1), 1e-9)
     first, later = gating.dropped_fractions(s["metrics"])  # [U] each
     for u in range(load.shape[0]):
-      prefix = f"moe/{side}_{u}"
-      out[f"{prefix}/top1_dropped"], out[f"{prefix}/top2_dropped"] = first[u], later[u]
-      out[f"{prefix}/load_min"] = load[u].min()
-      out[f"{prefix}/load_max"] = load[u].max()
-      out[f"{prefix}/load_cv"] = cv[u]
-      out[f"{prefix}/load"] = load[u]
-      out[f"{prefix}/requested_load"] = s["metrics"]["requested_load"][u]
+      layer = {"top1_dropped": first[u], "top2_dropped": later[u], "load_min": load[u].min(),
+               "load_max": load[u].max(), "load_cv": cv[u], "load": load[u],
+               "requested_load": s["metrics"]["requested_load"][u]}
+      out |= {f"moe/{side}_{u}/{k}": v for k, v in layer.items()}
   return out
 
 
 def total_moe_losses(stats: dict) -> tuple[jax.Array, jax.Array]:
   """Sums of the aux losses and of the z-losses over all MoE layers (0 for a dense model)."""
-  aux = sum((jnp.sum(s["aux_loss"]) for s in stats.values() if s), jnp.zeros((), jnp.float32))
-  z = sum((jnp.sum(s["z_loss"]) for s in stats.values() if s), jnp.zeros((), jnp.float32))
-  return aux, z
+  return tuple(sum((jnp.sum(s[k]) for s in stats.values() if s), jnp.zeros((), jnp.float32))
+               for k in ("aux_loss", "z_loss"))
 
 
 def active_params(params, num_experts: int, experts_per_token: int = 2) -> float:
@@ -73,10 +65,9 @@ def active_params(params, num_experts: int, experts_per_token: int = 2) -> float
 
 def step_flops(params, num_experts: int, source_tokens: float, target_tokens: float,
                experts_per_token: tuple[int, int] = (2, 2)) -> float:
-  """Model FLOPs of a training step, 6 per active parameter and token it touches (forward and backward): the
-  encoder's for each source token, the decoder's and the output projection's (V x M) for each target token.
-  Embedding look-ups are no matmuls; attention's score FLOPs are left out, as in the usual 6N count.
-  `experts_per_token`: the encoder's and the decoder's k (`MoeConfig.experts_per_token`)."""
+  """Model FLOPs of a training step, the usual 6N count (attention scores and embedding look-ups left out): 6 per
+  active parameter of the encoder per source token, of the decoder and output projection per target token.
+  `experts_per_token`: the encoder's and the decoder's k."""
   logits = params["logits"] if "logits" in params else params["embed"]["embedding"]
   encoder = active_params(params["encoder"], num_experts, experts_per_token[0])
   decoder = active_params(params["decoder"], num_experts, experts_per_token[1]) + logits.size
@@ -84,15 +75,15 @@ def step_flops(params, num_experts: int, source_tokens: float, target_tokens: fl
 
 
 def mfu(flops_per_second: float, device, num_devices: int) -> float | None:
-  """Model FLOPs utilisation of `num_devices` devices like `device` (a jax.Device), against the peak of
-  `gshard_mt.parallel.chips`; None for a device the table does not know (a CPU): no MFU rather than a wrong one."""
+  """Model FLOPs utilisation of `num_devices` devices like `device` against `chips`' peak; None for a device the
+  table does not know (a CPU): no MFU rather than a wrong one."""
   peak = chips.peak_flops(device)
   return None if peak is None else flops_per_second / (peak * num_devices)
 
 
 class EventLog:
-  """A TensorBoard event file, written through the path layer at each log step, in the caller's thread: a
-  background writer (tensorboardX's) dies on a full disk and then blocks training on its full queue."""
+  """A TensorBoard event file, written in the caller's thread: tensorboardX's background writer dies on a full disk
+  and then blocks training on its full queue."""
 
   def __init__(self, directory: io.PathLike):
     directory = io.path(directory)
@@ -111,7 +102,7 @@ class EventLog:
       data = event.SerializeToString()
       header = struct.pack("Q", len(data))
       records += [header, struct.pack("I", masked_crc32c(header)), data, struct.pack("I", masked_crc32c(data))]
-    io.append_bytes(self.path, b"".join(records))
+    io.append(self.path, b"".join(records))
 
 
 def read_jsonl(path: io.PathLike) -> list[dict]:
@@ -131,8 +122,7 @@ class Writer:
     self.events = EventLog(io.path(workdir) / "tensorboard") if enabled else None
 
   def keep_until(self, step: int):
-    """Drops the rows past `step` (a run resumed from the checkpoint of `step`, or started afresh at 0, logs them
-    again), so that each step is logged once. Each file is replaced whole, atomically."""
+    """Drops the rows past `step`, which a run resumed at `step` logs again; each file is replaced atomically."""
     if not self.enabled:
       return
     for path in (self.path, self.vectors_path):
@@ -152,7 +142,7 @@ class Writer:
     self.events.add(step, {k: v for k, v in row.items() if k != "step" and v is not None})
 
   def write_vectors(self, step: int, vectors: dict):
-    """Appends {'step', name: [values]} to workdir/expert_load.jsonl; TensorBoard gets each as a histogram."""
+    """Appends {'step', name: [values]} to expert_load.jsonl; TensorBoard gets each as a histogram."""
     if not self.enabled or not vectors:
       return
     row = {"step": int(step)} | {k: [float(x) for x in v] for k, v in vectors.items()}

@@ -16,10 +16,8 @@ it per layer. With more experts than M (2048 > 1024), the two largest dims of th
 E and H, so one [U, M, H] column statistic is shared by all experts and held whole on every device (as the paper's
 code, which also factors the two largest dims).
 
-The chain is optax.adafactor's, with the same state, except that RMS(X) is one reduction over X where optax's
-takes two (`scale_by_param_rms`); tested equal to optax.clip_by_global_norm then optax.adafactor. With
-optimizer.kernel='pallas' the same update runs as Pallas kernels for TPUs (`gshard_mt.tpu.kernels.adafactor`;
-tested equal too).
+The chain is optax.adafactor's, with the same state, but one reduction for RMS(X) where optax takes two; tested
+equal to optax.clip_by_global_norm then optax.adafactor, as is optimizer.kernel='pallas' (`tpu.kernels.adafactor`).
 """
 
 from __future__ import annotations
@@ -47,22 +45,21 @@ PARAM_SCALE_FLOOR = 1e-3  # max(1e-3, RMS(X))
 
 
 class FusedAdafactor(NamedTuple):
-  """optimizer.kernel='pallas': the optax chain's init and update (the state and the reference), and `apply`,
-  (grads, state, params, loss_finite) -> (params, state, the gradient's global norm, finite): the same step in
-  `fused_adafactor`'s kernels, which write the parameters in place and keep everything as it was unless the loss
-  and the norm are finite."""
+  """optimizer.kernel='pallas': the optax chain's init and update, and `apply`, (grads, state, params, loss_finite)
+  -> (params, state, the gradient's global norm, finite): the same step in kernels that write the parameters in
+  place, and keep everything unless the loss and the norm are finite."""
 
   init: Callable
   update: Callable
   apply: Callable
 
 
-def scale_by_param_rms(min_scale: float = PARAM_SCALE_FLOOR) -> optax.GradientTransformation:
-  """optax.scale_by_param_block_rms: U x max(min_scale, RMS(X)), with one reduction over X where optax takes two
-  (its second keeps the RMS differentiable at 0, which an optimizer step never needs)."""
+def scale_by_param_rms() -> optax.GradientTransformation:
+  """optax.scale_by_param_block_rms: U x max(1e-3, RMS(X)), with one reduction over X where optax takes two (its
+  second keeps the RMS differentiable at 0, which an optimizer step never needs)."""
 
   def update(updates, state, params):
-    rms = lambda x: jnp.maximum(min_scale, jnp.sqrt(jnp.mean(jnp.square(x))))  # noqa: E731
+    rms = lambda x: jnp.maximum(PARAM_SCALE_FLOOR, jnp.sqrt(jnp.mean(jnp.square(x))))  # noqa: E731
     return jax.tree.map(lambda u, x: u * rms(x).astype(u.dtype), updates, params), state
 
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
@@ -70,10 +67,9 @@ def scale_by_param_rms(min_scale: float = PARAM_SCALE_FLOOR) -> optax.GradientTr
 
 def make_optimizer(opt_config, param_specs=None, *, total_steps: int | None = None
                    ) -> optax.GradientTransformation | FusedAdafactor:
-  """The configured optimizer behind global-norm clipping (opt_config.grad_clip_norm; 0 = none). The state has one
-  structure whatever the clipping and opt_config.kernel, so a checkpoint restores with any setting (tested).
-  param_specs: the parameters' PartitionSpecs on the mesh, for kernel='pallas' (None: nothing split);
-  total_steps: the run's num_train_steps, for the schedule (`schedules`)."""
+  """The configured optimizer behind global-norm clipping (grad_clip_norm; 0 = none), its state one structure
+  whatever the clipping and kernel, so a checkpoint restores with any setting. param_specs: the parameters'
+  PartitionSpecs, for kernel='pallas' (None: nothing split); total_steps: num_train_steps, for the schedule."""
   schedule = schedule_of(opt_config, total_steps)
   clip = optax.clip_by_global_norm(opt_config.grad_clip_norm) if opt_config.grad_clip_norm else optax.identity()
   if opt_config.name == "adafactor":  # optax.adafactor(schedule, **ADAFACTOR)'s chain (tested equal)
@@ -92,8 +88,7 @@ def make_optimizer(opt_config, param_specs=None, *, total_steps: int | None = No
 
 
 def _fused_apply(grads, state, params, loss_finite, opt_config, schedule, param_specs):
-  """FusedAdafactor.apply: the step of make_optimizer's chain, its state read and written in the chain's structure
-  (clipping, (factored moments, update clipping, learning rate, parameter scale, ...))."""
+  """FusedAdafactor.apply, the state in the chain's structure: (clipping, (moments, clipping, rate, scale, ...))."""
   from gshard_mt.tpu.kernels import adafactor as fused_adafactor  # optional: TPU kernels, only with kernel='pallas'
 
   clip_state, links = state

@@ -62,25 +62,21 @@ def _init_state(model_cfg, tx, seed, boxed=False):
                     rng=jax.random.key_data(jax.random.fold_in(key, 1)))
 
 
-def _warn_interpreted(key: str, platform: str):
-  log.warning("%s='pallas' runs its kernels in Pallas's interpret mode off a TPU (%s): for tests, far too slow to "
-              "train with", key, platform)
-
-
 def _pallas_config(config, model_cfg, device):
-  """model.attention or moe.expert_kernel 'pallas': on a TPU, the model told the TPU's VMEM, or a one-line error
-  where the kernels would not compile (before any compiling); elsewhere a warning that they run interpreted."""
+  """Options set to 'pallas': off a TPU, a warning that they run interpreted; on a TPU, the model told the TPU's
+  VMEM, or a one-line error where the model's kernels would not compile (before any compiling)."""
   keys = [key for key, value in (("model.attention", model_cfg.attention),
-                                 ("moe.expert_kernel", model_cfg.moe.expert_kernel if model_cfg.moe_interval else ""))
+                                 ("moe.expert_kernel", model_cfg.moe.expert_kernel if model_cfg.moe_interval else ""),
+                                 ("optimizer.kernel", config.optimizer.kernel))
           if value == "pallas"]
-  if not keys:
-    return model_cfg
   if device.platform != "tpu":
     for key in keys:
-      _warn_interpreted(key, device.platform)
+      log.warning("%s='pallas' runs its kernels in Pallas's interpret mode off a TPU (%s): for tests, far too slow "
+                  "to train with", key, device.platform)
     return model_cfg
+  keys = [key for key in keys if key != "optimizer.kernel"]  # the model's kernels
   chip = chips.chip_of(device.device_kind)
-  if chip is None:  # a TPU the table does not know: the compiler decides
+  if not keys or chip is None:  # None: a TPU the table does not know, where the compiler decides
     return model_cfg
   from gshard_mt.tpu.kernels import expert_ffn, vmem  # optional: TPU kernels, only when an option asks for them
 
@@ -97,20 +93,14 @@ def _pallas_config(config, model_cfg, device):
   return dataclasses.replace(model_cfg, kernel_vmem=chip.vmem_bytes)
 
 
-def model_config(config, vocab_size: int, platform: str) -> TransformerConfig:
-  """The model's config for devices of `platform`, its `auto` options resolved there (and logged)."""
-  if chosen := platforms.chosen(config_lib.flatten(config_lib.to_dict(config)), platform):
-    log.info("auto options on %s: %s", platform, ", ".join(f"{k}={v}" for k, v in chosen.items()))
-  return TransformerConfig.from_config(config, vocab_size, platform)
-
-
 def build(config, vocab_size: int, devices=None) -> Setup:
-  """Model, optimizer, mesh and the shardings of the train state, all without allocating anything."""
+  """Model, optimizer, mesh and the shardings of the train state, all without allocating anything; the model's
+  `auto` options are resolved for the mesh's platform (and logged)."""
   mesh = mesh_lib.make_mesh(config, devices)
-  model_cfg = model_config(config, vocab_size, mesh.devices.flat[0].platform)
-  model_cfg = _pallas_config(config, model_cfg, mesh.devices.flat[0])
-  if config.optimizer.kernel == "pallas" and mesh.devices.flat[0].platform != "tpu":
-    _warn_interpreted("optimizer.kernel", mesh.devices.flat[0].platform)
+  device = mesh.devices.flat[0]
+  if chosen := platforms.chosen(config_lib.flatten(config_lib.to_dict(config)), device.platform):
+    log.info("auto options on %s: %s", device.platform, ", ".join(f"{k}={v}" for k, v in chosen.items()))
+  model_cfg = _pallas_config(config, TransformerConfig.from_config(config, vocab_size, device.platform), device)
   rules = rules_lib.rules(config)
   boxed = jax.eval_shape(functools.partial(_init_state, model_cfg, None, 0, True)).params
   param_shardings = shardings.param_shardings(boxed, mesh, rules)

@@ -31,8 +31,7 @@ class TrainState:
 
 def cross_entropy(logits, targets, weights, label_smoothing: float, stats_fn=loss.logit_stats):
   """(smoothed loss sum, nll sum, correct count) over the weighted positions; logits [B, L, V] in any float dtype,
-  read in float32, through the per-position reductions of `stats_fn` (`loss.logit_stats`, or the TPU kernel of
-  optimizer.loss_kernel='pallas')."""
+  read in float32 by `stats_fn`'s per-position reductions (`loss_stats`)."""
   V = logits.shape[-1]
   lse, target_logit, logit_sum, argmax = stats_fn(logits, targets)  # [B, L] each
   nll = lse - target_logit
@@ -49,7 +48,7 @@ def cross_entropy(logits, targets, weights, label_smoothing: float, stats_fn=los
 
 
 def loss_stats(loss_kernel: str):
-  """The logits' reductions of optimizer.loss_kernel: 'xla' plain jnp (`logit_stats`), 'pallas' the TPU kernel."""
+  """The logits' reductions of optimizer.loss_kernel: 'xla' plain jnp, 'pallas' the TPU kernel."""
   if loss_kernel == "pallas":
     from gshard_mt.tpu.kernels import logit_stats as kernel  # optional: TPU kernels, only when this option asks
 
@@ -65,10 +64,9 @@ def microbatches(batch: dict, num_microbatches: int) -> dict:
 
 
 def _microbatch_loss(params, batch, rng, *, model: Transformer, config, num_tokens, num_microbatches: int):
-  """(this microbatch's share of the step's loss, its sums and means): the smoothed cross entropy summed over its
-  tokens / the whole batch's `num_tokens`, plus the MoE losses (means over groups and tokens) / K. The sums hold
-  the assignments each MoE layer's router asked of each expert too (moe.balance='bias', at the selection biases'
-  paths; empty otherwise)."""
+  """(this microbatch's share of the step's loss, its sums and means): its summed cross entropy / the whole batch's
+  `num_tokens`, plus the MoE losses / K. The sums include the assignments each router asked of each expert
+  (moe.balance='bias'; empty otherwise)."""
   dropout_rng, gating_rng = jax.random.split(rng)
   weights = (batch["targets_segmentation"] > 0).astype(jnp.float32)
   (logits, stats), requested = model.apply({"params": params}, batch, mutable=[balance.COLLECTION],
@@ -83,9 +81,9 @@ def _microbatch_loss(params, batch, rng, *, model: Transformer, config, num_toke
 
 
 def apply_update(state: TrainState, grads, tx, loss_finite: jax.Array, biases=None):
-  """(the state after one update of its parameters by `tx` with `grads` (and the MoE selection biases set to
-  `biases`), the gradient's global norm, finite), the update kept only where `finite`: the loss and the norm
-  finite. Skipping keeps the old parameters and optimizer state but still advances the step (and the data)."""
+  """(the state updated by `tx` with `grads`, the MoE selection biases set to `biases`; the gradient's global norm;
+  finite). Unless the loss and the norm are finite, the old parameters and optimizer state are kept, but the step
+  (and so the data) still advances."""
   kept = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
   if isinstance(tx, FusedAdafactor):  # its kernels take the norm and keep the weights and moments themselves
     params, opt_state, grad_norm, finite = tx.apply(grads, state.opt_state, state.params, loss_finite)
@@ -105,14 +103,11 @@ def apply_update(state: TrainState, grads, tx, loss_finite: jax.Array, biases=No
 def train_step(state: TrainState, batch: dict, *, model: Transformer, tx, config):
   """One update; returns (state, metrics). A non-finite loss or gradient leaves the state unchanged.
 
-  With config.num_microbatches = K > 1 the gradients of K microbatches (`microbatches`) are summed in a scan (in
-  the parameters' dtype, float32) before the one update; the MoE layers form their groups within each
-  microbatch (and the selection biases of moe.balance='bias' move once, by the assignments asked for in all
-  microbatches together: `balance.moved_biases`). The
-  loss and its gradient are then those of the whole batch with its rows in microbatch order: the
-  cross entropy, summed over tokens, is divided by the whole batch's token count, and the aux loss, a mean over
-  equally many groups in each microbatch, averages over the microbatches. The z-loss, a mean over each
-  microbatch's real tokens, averages too: the whole batch's when the microbatches hold equally many.
+  With config.num_microbatches = K > 1 the gradients of K microbatches are summed in a scan (in float32) before the
+  one update; the MoE layers group tokens within each microbatch, and the selection biases move once, by all
+  microbatches' assignments. The loss and gradient are then the whole batch's: the cross entropy is divided by the
+  whole batch's token count, and the aux loss (a mean over equally many groups per microbatch) and the z-loss (a
+  mean over each microbatch's tokens) average over the microbatches.
   """
   rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
   weights = (batch["targets_segmentation"] > 0).astype(jnp.float32)

@@ -193,7 +193,8 @@ def test_a_full_disk_ends_in_one_line_and_loses_nothing(workdir):
   once with one line naming the file; the checkpoint of step 3 is intact and no temporary is left."""
   inject = ("import errno, runpy, sys; from gshard_mt import io; append = io.append\n"
             "def full(path, data):\n"
-            "  if 'step\": 5' in data: raise OSError(errno.ENOSPC, 'No space left on device', str(path))\n"
+            "  if isinstance(data, str) and 'step\": 5' in data:\n"
+            "    raise OSError(errno.ENOSPC, 'No space left on device', str(path))\n"
             "  append(path, data)\n"
             "io.append = full; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
   proc = subprocess.run(train_command(workdir, "-c", inject), capture_output=True, text=True, timeout=240)

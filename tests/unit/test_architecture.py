@@ -131,3 +131,32 @@ def test_the_checks_see_a_wrong_import(tmp_path, monkeypatch):
     test_no_module_imports_itself_back()
   with pytest.raises(AssertionError, match="gshard_mt.moe.layer: from gshard_mt import config"):
     test_imports_inside_functions_are_optional_dependencies_and_say_so()
+
+
+def sizes(package: pathlib.Path) -> tuple[dict[str, int], dict[str, int]]:
+  """({module: lines}, {module.function: lines}) of every module and function (methods and nested ones too)."""
+  modules, functions = {}, {}
+  for path in sorted(package.rglob("*.py")):
+    source = path.read_text()
+    modules[module_name(path)] = len(source.splitlines())
+    for node in ast.walk(ast.parse(source)):
+      if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        functions[f"{module_name(path)}.{node.name}:{node.lineno}"] = node.end_lineno - node.lineno + 1
+  return modules, functions
+
+
+def test_modules_and_functions_read_in_one_sitting():
+  modules, functions = sizes(PACKAGE)
+  assert not {m: n for m, n in modules.items() if n > 300}, "modules over 300 lines"
+  assert not {f: n for f, n in functions.items() if n > 60}, "functions over 60 lines"
+
+
+def test_the_size_checks_see_a_long_module(tmp_path, monkeypatch):
+  (tmp_path / "gshard_mt").mkdir()
+  body = "".join(f"  x{i} = {i}\n" for i in range(61))
+  (tmp_path / "gshard_mt" / "long.py").write_text("def f():\n" + body + "\n" * 240)
+  monkeypatch.setattr(__import__(__name__, fromlist=["x"]), "PACKAGE", tmp_path / "gshard_mt")
+  modules, functions = sizes(tmp_path / "gshard_mt")
+  assert modules == {"gshard_mt.long": 302} and functions == {"gshard_mt.long.f:1": 62}
+  with pytest.raises(AssertionError, match="modules over 300 lines"):
+    test_modules_and_functions_read_in_one_sitting()

@@ -80,7 +80,7 @@ def write_folder(folder, languages=("fra", "deu"), n=300):
   folder.mkdir(parents=True, exist_ok=True)
   for lang in languages:
     for side in (lang, "eng"):
-      lines, _ = corpus.read_lines(corpus.SHIPPED / "tatoeba" / f"tatoeba.{lang}-eng.{side}.gz")
+      lines = corpus.read_lines(corpus.SHIPPED / "tatoeba" / f"tatoeba.{lang}-eng.{side}.gz")
       (folder / f"c.{lang}-eng.{side}").write_text("".join(line + "\n" for line in lines[:n]))
   return small_config(**{"data.source": "folder", "data.path": folder, "data.languages": "", "data.vocab_size": 400})
 
