@@ -21,7 +21,6 @@ import ml_collections
 
 from gshard_mt import io
 from gshard_mt.config import checks, platforms
-from gshard_mt.config.checks import Section
 from gshard_mt.config.groups import microbatch_rows, moe_group_error, row_lengths  # noqa: F401  the API
 from gshard_mt.config.sections import SECTIONS, Config
 from gshard_mt.errors import ConfigError, UserError, article
@@ -149,9 +148,6 @@ def _typed(section: str, cls, values: dict):
       raise _unknown_key(key, fields, prefix)
   hints = typing.get_type_hints(cls)
   values = {k: float(v) if hints[k] is float and checks.is_a(v, float) else v for k, v in values.items()}
-  if not issubclass(cls, Section):  # a Section checks its own types when made; MoeConfig's are checked here
-    for key, value in values.items():
-      checks.check_type(prefix + key, value, hints[key])
   return cls(**values) if section else values
 
 

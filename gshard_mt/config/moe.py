@@ -6,8 +6,11 @@ experts per token) from its class in `ROUTERS`. Plain Python, no JAX.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, ClassVar
 
+from gshard_mt.config.checks import Section
 from gshard_mt.config.choices import ACTIVATIONS, DISPATCHES, GROUPED_KERNELS, ROUTERS
+from gshard_mt.config.platforms import WithAuto
 from gshard_mt.errors import ConfigError
 
 BALANCES = ("aux_loss", "bias")
@@ -16,8 +19,18 @@ EXPERT_KERNELS = ("xla", "pallas")  # the capacity buffers' expert FFN (moe/expe
 
 
 @dataclasses.dataclass(frozen=True)
-class MoeConfig:
+class MoeConfig(Section):
   """MoE options (GShard section 2.2; letters as in the paper)."""
+
+  KEY: ClassVar[str] = "moe"
+  CHOICES: ClassVar[dict[str, Any]] = {
+      "router": ROUTERS, "balance": BALANCES, "second_expert_policy": SECOND_EXPERT_POLICIES,
+      "dispatch": WithAuto(DISPATCHES), "activation": ACTIVATIONS, "grouped_kernel": GROUPED_KERNELS,
+      "expert_kernel": EXPERT_KERNELS}
+  POSITIVE: ClassVar[tuple[str, ...]] = ("num_experts", "hidden_dim", "group_size", "min_capacity")
+  NONNEGATIVE: ClassVar[dict[str, str]] = {"shared_experts": "0 = none"}
+  RANGES: ClassVar[dict[str, tuple]] = {key: (lambda x: x > 0, "> 0") for key in (
+      "train_capacity_factor", "eval_capacity_factor", "second_expert_threshold", "bias_update_rate")}
 
   router: str = "gshard"  # a name in ROUTERS: GShard's top-2 (the default), 'switch', 'topk', 'expert_choice', ...
   decoder_router: str = ""  # the decoder's, '' = moe.router ('expert_choice' is not causal: never the decoder's)
@@ -73,31 +86,16 @@ class MoeConfig:
       return moe_section
     return cls(**{f.name: moe_section[f.name] for f in dataclasses.fields(cls)})
 
-  def validate(self, *, used: bool = True) -> MoeConfig:
-    """Raises ConfigError naming the `moe.*` key; `used=False` (a dense model) checks only the choices."""
-    routers = ROUTERS.names()
-    for key, allowed in (("router", routers), ("decoder_router", ("",) + routers), ("balance", BALANCES),
-                         ("second_expert_policy", SECOND_EXPERT_POLICIES), ("dispatch", ("auto", *DISPATCHES)),
-                         ("activation", ACTIVATIONS.names()), ("grouped_kernel", GROUPED_KERNELS.names()),
-                         ("expert_kernel", EXPERT_KERNELS)):
-      if getattr(self, key) not in allowed:
-        raise ConfigError(f"moe.{key}={getattr(self, key)!r}: expected one of {allowed}")
-    for key in ("num_experts", "hidden_dim", "group_size", "min_capacity"):
-      value = getattr(self, key)
-      if not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"moe.{key}={value!r}: expected a positive integer")
-    for key in ("train_capacity_factor", "eval_capacity_factor", "second_expert_threshold", "bias_update_rate"):
-      if not getattr(self, key) > 0:
-        raise ConfigError(f"moe.{key}={getattr(self, key)!r}: expected > 0")
-    if not isinstance(self.num_selected, int) or not 1 <= self.num_selected <= 4:
+  def check_values(self):
+    super().check_values()
+    if self.decoder_router and self.decoder_router not in ROUTERS:
+      raise ConfigError(f"moe.decoder_router={self.decoder_router!r}: expected one of {('',) + ROUTERS.names()}")
+    if not 1 <= self.num_selected <= 4:
       raise ConfigError(f"moe.num_selected={self.num_selected!r}: expected 1 to 4")
-    if not isinstance(self.shared_experts, int) or self.shared_experts < 0:
-      raise ConfigError(f"moe.shared_experts={self.shared_experts!r}: expected an integer >= 0")
-    if used:
-      self._check_combination()
-    return self
 
-  def _check_combination(self):
+  def check_combination(self) -> MoeConfig:
+    """Raises ConfigError naming the `moe.*` keys of options that do not work together (checked where MoE layers
+    are used: a dense model's section is checked only as a section)."""
     k = max(self.experts_per_token(decoder) for decoder in (False, True))
     if self.num_experts < k:
       raise ConfigError(f"moe.num_experts={self.num_experts}: top-{k} gating needs at least {k} experts")
@@ -120,3 +118,4 @@ class MoeConfig:
     if self.balance == "bias" and self.aux_loss_weight > 0:
       raise ConfigError(f"moe.balance='bias' balances without the auxiliary loss (DeepSeek-V3): set "
                         f"moe.aux_loss_weight=0, not {self.aux_loss_weight}")
+    return self

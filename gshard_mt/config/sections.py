@@ -231,10 +231,9 @@ class Config(Section):
     self._check_moe()
 
   def _check_moe(self):
-    interval = self.model.moe_interval
-    moe = self.moe.validate(used=interval > 0)
-    if not interval:
+    if not self.model.moe_interval:  # a dense model: its moe section is checked as a section only
       return
+    moe = self.moe.check_combination()
     if (name := moe.language_router()) and not self.data.source_tags:
       raise ConfigError(f"moe.router={name!r} routes by the source-language tag: it needs data.source_tags=True")
     expert_axis, model_axis = self.mesh.expert * self.dcn_mesh.expert, self.mesh.model * self.dcn_mesh.model

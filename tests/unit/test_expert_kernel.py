@@ -98,7 +98,7 @@ def test_tpu_problem_names_what_does_not_fit():
 ])
 def test_config_refuses_what_the_kernels_do_not_compute(change, message):
   with pytest.raises(ConfigError, match=message):
-    MoeConfig(**{"expert_kernel": "pallas", **change}).validate()
+    MoeConfig(**{"expert_kernel": "pallas", **change}).check_combination()
 
 
 def test_config_refuses_the_experts_hidden_dim_split_over_model():

@@ -151,7 +151,7 @@ def test_language_router_sends_a_sentence_to_one_set_of_experts():
 ])
 def test_config_refuses_impossible_combinations_in_one_line(change, message):
   with pytest.raises(ConfigError, match=message) as error:
-    dataclasses.replace(MoeConfig(), **change).validate()
+    dataclasses.replace(MoeConfig(), **change).check_combination()
   assert "\n" not in str(error.value)
 
 

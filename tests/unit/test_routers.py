@@ -142,11 +142,11 @@ def test_every_router_is_one_registered_class_that_carries_its_properties():
     assert cfg.experts_per_token() == {"gshard": 2, "switch": 1}.get(name, 3)
     if not cls.uses_capacity:  # C = S: only the grouped dispatch computes no empty slot
       with pytest.raises(ConfigError, match="has no capacity"):
-        dataclasses.replace(cfg, dispatch="index").validate()
+        dataclasses.replace(cfg, dispatch="index").check_combination()
   with pytest.raises(ConfigError, match="not causal"):
-    MoeConfig(router="expert_choice").validate()
+    MoeConfig(router="expert_choice").check_combination()
   with pytest.raises(ConfigError, match=r"moe.router='nope': expected one of \('gshard'"):
-    MoeConfig(router="nope").validate()
+    MoeConfig(router="nope").check_combination()
   assert routers.make_router(MoeConfig(second_expert_policy="random"), deterministic=False).second_expert_policy \
       == "random"
   assert routers.make_router(MoeConfig(second_expert_policy="random")).second_expert_policy == "all"
@@ -219,6 +219,6 @@ def test_the_moe_config_imports_no_jax_and_finds_the_routers_when_read():
   import sys
 
   code = ("import sys\nfrom gshard_mt.config import moe as config\nassert 'jax' not in sys.modules\n"
-          "assert 'gshard' in config.ROUTERS.names() and config.MoeConfig(router='switch').validate()\n"
+          "assert 'gshard' in config.ROUTERS.names() and config.MoeConfig(router='switch').check_combination()\n"
           "assert 'gshard_mt.moe.routers' in sys.modules\n")
   subprocess.run([sys.executable, "-c", code], check=True)
