@@ -237,10 +237,10 @@ def cache_table(files) -> list[str]:
   for name, data, source in files:
     lines += [provenance(name, source), ""]
     overrides = " ".join(o.removeprefix("--config.") for o in data["overrides"]) or "-"
-    body.append([data["device"], data["config"], overrides,
+    body.append([data["device"], data["config"], overrides, (data.get("commit") or "-").split()[0],
                  f"{data['cold_median_s']:.1f}", f"{data['warm_median_s']:.1f}",
                  f"{data['warm_median_s'] / data['cold_median_s']:.2f}"])  # of the medians, not a rounded ratio
-  return lines + table(["device", "config", "overrides", "cold s", "warm s", "warm / cold"], body) if files else []
+  return lines + table(["device", "config", "overrides", "code", "cold s", "warm s", "warm / cold"], body) if files else []
 
 
 def compile_tables(files) -> list[str]:

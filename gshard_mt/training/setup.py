@@ -102,11 +102,15 @@ def build(config, vocab_size: int, devices=None) -> Setup:
     log.info("auto options on %s: %s", device.platform, ", ".join(f"{k}={v}" for k, v in chosen.items()))
   model_cfg = _pallas_config(config, TransformerConfig.from_config(config, vocab_size, device.platform), device)
   rules = rules_lib.rules(config)
-  boxed = jax.eval_shape(functools.partial(_init_state, model_cfg, None, 0, True)).params
+  # The model is traced once here (its trace is a good part of a warm start): the optimizer's state from the
+  # parameters' shapes alone.
+  abstract = jax.eval_shape(functools.partial(_init_state, model_cfg, None, 0, True))
+  boxed = abstract.params
   param_shardings = shardings.param_shardings(boxed, mesh, rules)
   tx = make_optimizer(config.optimizer, jax.tree.map(lambda s: s.spec, param_shardings),
                       total_steps=config.num_train_steps)
-  abstract = jax.eval_shape(functools.partial(_init_state, model_cfg, tx, 0))
+  params = nn.unbox(boxed)
+  abstract = abstract.replace(params=params, opt_state=jax.eval_shape(tx.init, params))
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   state_shardings = TrainState(
       step=replicated, params=param_shardings, rng=replicated,
