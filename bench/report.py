@@ -47,7 +47,7 @@ def load(results: pathlib.Path = RESULTS) -> list[tuple[str, dict, dict]]:
       source = dict(date=env["date"], device=env["device"], jax=env["jax"], command=data["command"],
                     note=data.get("note"))  # a note added to the file afterwards, saying how to read it
     elif all(key in data for key in ("date", "device", "jax", "command")):  # written with its provenance on top
-      source = {key: data[key] for key in ("date", "device", "jax", "command")}
+      source = {key: data.get(key) for key in ("date", "device", "jax", "command", "note")}
     elif name in sources:
       source = sources[name]
     else:
@@ -240,7 +240,8 @@ def cache_table(files) -> list[str]:
     body.append([data["device"], data["config"], overrides, (data.get("commit") or "-").split()[0],
                  f"{data['cold_median_s']:.1f}", f"{data['warm_median_s']:.1f}",
                  f"{data['warm_median_s'] / data['cold_median_s']:.2f}"])  # of the medians, not a rounded ratio
-  return lines + table(["device", "config", "overrides", "code", "cold s", "warm s", "warm / cold"], body) if files else []
+  columns = ["device", "config", "overrides", "code", "cold s", "warm s", "warm / cold"]
+  return lines + table(columns, body) if files else []
 
 
 def compile_tables(files) -> list[str]:
