@@ -97,19 +97,22 @@ class StepLogger:
       raise NonFiniteError(f"non-finite loss or gradient at step {bad[0]} (update skipped); last good "
                            f"checkpoint: {self.checkpoint_dir}/{last_good}")
     now = time.perf_counter()
-    seconds = (now - self.timer) / max(self.timed_steps, 1)
     sides = np.mean([(v["source_tokens"], v["target_tokens"]) for v in values], axis=0)  # [2]
-    tokens = float(sides.sum())
     vectors = {k for k in values[-1] if np.ndim(values[-1][k]) == 1}  # per-expert loads
     last = {k: float(np.mean([v[k] for v in values])) for k in values[-1] if k != "finite" and k not in vectors}
-    last.update(learning_rate=float(values[-1]["learning_rate"]), skipped_updates=len(bad), step_time=seconds,
-                wall_s=now - self.started,
-                tokens_per_s=tokens / seconds, packing_efficiency=packing_efficiency,
-                mfu=metrics_lib.mfu(float(np.dot(self.flops_per_token, sides)) / seconds, jax.devices()[0],
-                                    jax.device_count()))
+    last.update(learning_rate=float(values[-1]["learning_rate"]), skipped_updates=len(bad),
+                wall_s=now - self.started, packing_efficiency=packing_efficiency)
+    if self.timed_steps:  # none when only the compiling first step is pending: its time is its compile's
+      seconds = (now - self.timer) / self.timed_steps
+      last.update(step_time=seconds, tokens_per_s=float(sides.sum()) / seconds,
+                  mfu=metrics_lib.mfu(float(np.dot(self.flops_per_token, sides)) / seconds, jax.devices()[0],
+                                      jax.device_count()))
     self.writer.write(step, last)
     self.writer.write_vectors(step, {k: np.mean([v[k] for v in values], axis=0) for k in sorted(vectors)})
-    self.bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{last['tokens_per_s']:.0f}")
+    postfix = {"loss": f"{last['loss']:.3f}"}
+    if "tokens_per_s" in last:
+      postfix["tok_s"] = f"{last['tokens_per_s']:.0f}"
+    self.bar.set_postfix(postfix)
     self.last = last
     self.pending, self.timer, self.timed_steps = [], now, 0
 

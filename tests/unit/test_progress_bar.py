@@ -17,7 +17,13 @@ class Clock:
 
 
 class Writer:
+  def __init__(self):
+    self.rows = []
+
   def write(self, step, values):
+    self.rows.append((step, values))
+
+  def write_vectors(self, step, values):
     pass
 
 
@@ -62,3 +68,25 @@ def test_without_the_first_step_left_out_the_rate_would_count_the_compile(clock)
   state = bar.format_dict
   assert (state["n"] - state["initial"]) / state["elapsed"] == pytest.approx(11 / 40)
   bar.close()
+
+
+def test_the_first_steps_time_is_its_compile_and_no_rate_is_logged_for_it(monkeypatch):
+  """A log step right after the compiling first step (log_every=1) logged its ~0 s as the step time (tokens/s in
+  the millions); the steps timed after it give the rate."""
+  now = [0.0]
+  monkeypatch.setattr(loop.time, "perf_counter", lambda: now[0])
+  writer, bar = Writer(), loop.progress_bar(total=10, start=0, enabled=False)
+  logger = loop.StepLogger(None, writer, bar, (0.0, 0.0), None)
+  step = {"loss": np.float32(2.0), "finite": True, "source_tokens": np.float32(60), "target_tokens": np.float32(40),
+          "learning_rate": np.float32(1e-3)}
+  logger.first_step_starts(1)
+  now[0] += 30  # compiling
+  logger.add(step, first=True)
+  logger.flush(1, packing_efficiency=0.9)
+  for _ in range(2):
+    now[0] += 0.5
+    logger.add(step)
+  logger.flush(3, packing_efficiency=0.9)
+  (_, first), (_, later) = writer.rows
+  assert "tokens_per_s" not in first and "step_time" not in first and first["loss"] == 2.0
+  assert later["step_time"] == pytest.approx(0.5) and later["tokens_per_s"] == pytest.approx(200.0)
