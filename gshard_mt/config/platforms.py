@@ -4,7 +4,8 @@ devices are known; config.json keeps `auto`, so a work directory moves between p
 The choices, measured (docs/decisions.md):
 - GPUs: the reference paths with the index dispatch's gather backward (the MoE layer 0.60 of a dense FFN against
   0.56). rbg dropout bits, cuDNN attention and the bf16 residual together made base's step 42.7 ms against 45.2 on
-  an H200, but then neither base nor dense_base learned (they do on a CPU); which of the three fails is not known.
+  an H200, but then neither base nor dense_base learned (they do on a CPU); which of the three fails is not known
+  (the suspect, cuDNN's backward on padding queries that saw no key, is fixed in `layers.fused_mask`, unmeasured).
 - TPUs: XLA's own paths, no kernel that has never run on a TPU.
 - CPUs: the reference paths, so that results stay bit-exact against earlier runs.
 """

@@ -59,13 +59,22 @@ def attention_bias(q_segments: jax.Array, k_segments: jax.Array, causal: bool) -
   return jnp.where(attention_mask(q_segments, k_segments, causal), 0.0, NEG_INF).astype(jnp.float32)
 
 
+def fused_mask(q_segments: jax.Array, k_segments: jax.Array, causal: bool) -> jax.Array:
+  """`attention_mask` with key 0 allowed to every padding query, so that no query row is empty: a flash-attention
+  backward (cuDNN's) recomputes an empty row's probabilities from its logsumexp, -inf, and its NaN reaches every
+  gradient though the row is out of the loss. Real queries are unchanged; padding outputs feed nothing real
+  (padding is never routed, attended to or scored)."""
+  lone = (q_segments == 0)[:, None, :, None] & (jnp.arange(k_segments.shape[1]) == 0)  # [B, 1, Q, K]
+  return attention_mask(q_segments, k_segments, causal) | lone
+
+
 def packing_mask(q_segments: jax.Array, k_segments: jax.Array, causal: bool, attention: str):
   """[B, Q], [B, K] segment ids -> what model.attention reads of the packing outside decoding: the segment ids
-  ('pallas'), the boolean `attention_mask` ('fused') or the additive `attention_bias` ('xla'), [B, 1, Q, K]."""
+  ('pallas'), the boolean `fused_mask` ('fused') or the additive `attention_bias` ('xla'), [B, 1, Q, K]."""
   if attention == "pallas":
     return q_segments, k_segments
   if attention == "fused":
-    return attention_mask(q_segments, k_segments, causal)
+    return fused_mask(q_segments, k_segments, causal)
   return attention_bias(q_segments, k_segments, causal)
 
 
