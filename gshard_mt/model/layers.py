@@ -60,10 +60,10 @@ def attention_bias(q_segments: jax.Array, k_segments: jax.Array, causal: bool) -
 
 
 def fused_mask(q_segments: jax.Array, k_segments: jax.Array, causal: bool) -> jax.Array:
-  """`attention_mask` with key 0 allowed to every padding query, so that no query row is empty: a flash-attention
-  backward (cuDNN's) recomputes an empty row's probabilities from its logsumexp, -inf, and its NaN reaches every
-  gradient though the row is out of the loss. Real queries are unchanged; padding outputs feed nothing real
-  (padding is never routed, attended to or scored)."""
+  """`attention_mask` with key 0 allowed to every padding query, so that no query row is empty: JAX hands cuDNN a
+  boolean mask as a bias of -2^41, so an empty row's logsumexp is about -2e12, which cuDNN's flash backward may turn
+  into NaN that reaches every gradient though the row is out of the loss. Real queries are unchanged; padding
+  outputs feed nothing real (padding is never routed, attended to or scored)."""
   lone = (q_segments == 0)[:, None, :, None] & (jnp.arange(k_segments.shape[1]) == 0)  # [B, 1, Q, K]
   return attention_mask(q_segments, k_segments, causal) | lone
 
