@@ -27,7 +27,7 @@ from gshard_mt.tools import plot  # noqa: E402
 
 
 def dev_rows(workdir) -> list[dict]:
-  return [r for r in plot.read_jsonl(workdir / "metrics.jsonl") if r.get("dev_loss") is not None]
+  return [r for r in io.read_jsonl(workdir / "metrics.jsonl") if r.get("dev_loss") is not None]
 
 
 def dev_bleu(workdir) -> tuple[list[tuple[int, float]], str]:
@@ -36,7 +36,7 @@ def dev_bleu(workdir) -> tuple[list[tuple[int, float]], str]:
   scored = list(zip(*plot.dev_bleu(workdir)))
   if scored:
     return scored, "eval.py --split dev"
-  rows = plot.read_jsonl(workdir / "metrics.jsonl")
+  rows = io.read_jsonl(workdir / "metrics.jsonl")
   return list(zip(*plot.series(rows, plot.greedy_sample(rows)[0]))), "greedy dev sample"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -109,6 +110,12 @@ def append(target: PathLike, data: str | bytes) -> None:
       os.fsync(f.fileno())
   else:
     write_atomically(target, (target.read_bytes() if target.exists() else b"") + data)
+
+
+def read_jsonl(target: PathLike) -> list[dict]:
+  """The rows of a JSON-lines file ([] when it does not exist)."""
+  target = path(target)
+  return [json.loads(line) for line in target.read_text().splitlines() if line.strip()] if target.exists() else []
 
 
 def remove_tree(target: PathLike) -> None:

@@ -251,11 +251,6 @@ class Data:
                                                                             lengths))
 
 
-def prepare(config, workdir: io.PathLike) -> str:
-  """The name of the config's prepared corpus, preparing it first when it is missing (`gshard_mt.data.prepare`)."""
-  return prepare_lib.ensure(config.data, workdir).name
-
-
 def load(config, workdir: io.PathLike, prepared: str | None = None) -> Data:
   """The config's data: its prepared corpus, memory-mapped, and the sampling rates. `prepared` names a corpus that
   another process has prepared (`prepare`); without it, the corpus is prepared here when missing."""

@@ -31,11 +31,6 @@ from gshard_mt.config import defaults
 from gshard_mt.errors import WorkdirError
 
 
-def read_jsonl(path: io.PathLike) -> list[dict]:
-  path = io.path(path)
-  return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
   """(steps, values) of the rows that have `key`."""
   pairs = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
@@ -220,14 +215,14 @@ def plot_run(workdir: io.PathLike) -> list[epath.Path]:
   """Writes training.png (and routing.png for a MoE model) into a work directory, or results.png into a sweep's
   root directory; returns their paths."""
   workdir = io.path(workdir)
-  rows = read_jsonl(workdir / "metrics.jsonl")
+  rows = io.read_jsonl(workdir / "metrics.jsonl")
   if not rows and (workdir / "results.csv").exists():
     return [plot_sweep(workdir)]
   if not rows:
     raise WorkdirError(f"{workdir}/metrics.jsonl not found or empty: is {workdir} a trained work directory (or a "
                        "sweep's, with results.csv)?")
   written = [plot_training(workdir, rows)]
-  routing = plot_routing(workdir, rows, read_jsonl(workdir / "expert_load.jsonl"))
+  routing = plot_routing(workdir, rows, io.read_jsonl(workdir / "expert_load.jsonl"))
   return written + ([routing] if routing else [])
 
 

@@ -21,7 +21,6 @@ from gshard_mt import cli, figures, io
 from gshard_mt.data.corpus import language_of
 from gshard_mt.tools import study
 from gshard_mt.tools import sweep as sweep_lib
-from gshard_mt.tools.plot import read_jsonl
 
 DENSE = "dense"  # the dense twin's point
 DEFAULT = "gshard"  # today's router, the one to beat
@@ -35,7 +34,7 @@ def point_of(run_name: str) -> str:
 def summarize_run(workdir: epath.Path, run: dict) -> dict:
   """study.summarize's run summary, with its dev-loss curve and test BLEU keyed by language."""
   out = study.summarize(workdir, run)
-  rows = read_jsonl(workdir / "metrics.jsonl")
+  rows = io.read_jsonl(workdir / "metrics.jsonl")
   out["curve"] = [(r["step"], r["dev_loss"]) for r in rows if "dev_loss" in r]
   out["bleu"] = {language_of(stream): s["bleu"] for stream, s in out["test"].items()}
   return out

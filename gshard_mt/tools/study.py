@@ -20,13 +20,12 @@ import json
 import numpy as np
 from etils import epath
 
-from gshard_mt import cli, figures
+from gshard_mt import cli, figures, io
 from gshard_mt import config as config_lib
 from gshard_mt.data.corpus import language_of
 from gshard_mt.errors import WorkdirError
 from gshard_mt.io import write_atomically
 from gshard_mt.tools import sweep as sweep_lib
-from gshard_mt.tools.plot import read_jsonl
 
 ROUTING_KEYS = ("load_cv", "load_min", "load_max", "top1_dropped", "top2_dropped")
 
@@ -34,7 +33,7 @@ ROUTING_KEYS = ("load_cv", "load_min", "load_max", "top1_dropped", "top2_dropped
 def best_step(workdir: epath.Path) -> int:
   """The checkpointed step with the lowest dev loss (early stopping, the same rule for every point)."""
   saved = {int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()}
-  dev = [(r["dev_loss"], r["step"]) for r in read_jsonl(workdir / "metrics.jsonl") if "dev_loss" in r]
+  dev = [(r["dev_loss"], r["step"]) for r in io.read_jsonl(workdir / "metrics.jsonl") if "dev_loss" in r]
   scored = [d for d in dev if d[1] in saved]
   if not scored:
     raise WorkdirError(f"{workdir}: no checkpoint with a dev loss (set eval_every to a multiple of checkpoint_every)")
@@ -58,7 +57,7 @@ def routing(rows: list[dict], tail: float = 0.25) -> dict[str, dict[str, float]]
 def summarize(workdir: epath.Path, point: dict) -> dict:
   """One point: its kind, experts, best step, dev loss, tokens/s, routing and per-stream test scores."""
   config = config_lib.load_saved(workdir)
-  rows = read_jsonl(workdir / "metrics.jsonl")
+  rows = io.read_jsonl(workdir / "metrics.jsonl")
   step = best_step(workdir)
   scores = test_scores(workdir, step)
   speeds = [r["tokens_per_s"] for r in rows if r.get("tokens_per_s")][1:]  # the first log includes compilation

@@ -72,7 +72,7 @@ def summarize(workdir: epath.Path, point: dict) -> dict:
   row = {"name": point["name"], **{k: v for k, v in point.items() if k != "name"}}
   config = config_lib.load_saved(workdir)
   row["parameters"] = count_params(config)
-  metrics = plot.read_jsonl(workdir / "metrics.jsonl")
+  metrics = io.read_jsonl(workdir / "metrics.jsonl")
   dev = [m for m in metrics if "dev_loss" in m]
   train_rows = [m for m in metrics if "tokens_per_s" in m]
   row["step"] = max((m["step"] for m in metrics), default=0)

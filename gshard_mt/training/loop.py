@@ -26,6 +26,7 @@ from tqdm import tqdm
 from gshard_mt import compilation_cache, io, lock
 from gshard_mt import config as config_lib
 from gshard_mt.data import pipeline
+from gshard_mt.data import prepare as prepare_lib
 from gshard_mt.model.transformer import Transformer
 from gshard_mt.parallel import distributed
 from gshard_mt.parallel import mesh as mesh_lib
@@ -170,7 +171,7 @@ def prepare(config, workdir) -> pipeline.Data:
   mesh_lib.check(config, jax.device_count())
   if jax.process_index() == 0:
     config_lib.save(config, workdir)
-  prepared = distributed.checked_on_process_0(lambda: pipeline.prepare(config, workdir))
+  prepared = distributed.checked_on_process_0(lambda: prepare_lib.ensure(config.data, workdir).name)
   return pipeline.load(config, workdir, distributed.broadcast_object(prepared))
 
 

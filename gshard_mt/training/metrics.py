@@ -105,12 +105,6 @@ class EventLog:
     io.append(self.path, b"".join(records))
 
 
-def read_jsonl(path: io.PathLike) -> list[dict]:
-  """The rows of a JSON-lines file ([] when it does not exist)."""
-  path = io.path(path)
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
 class Writer:
   """Appends one JSON object per logged step to workdir/metrics.jsonl (per-expert vectors to expert_load.jsonl)
   and mirrors them to TensorBoard. Disabled on processes other than 0."""
@@ -126,7 +120,7 @@ class Writer:
     if not self.enabled:
       return
     for path in (self.path, self.vectors_path):
-      rows = read_jsonl(path)
+      rows = io.read_jsonl(path)
       kept = [r for r in rows if r["step"] <= step]
       if len(kept) < len(rows):
         io.write_atomically(path, "".join(json.dumps(r) + "\n" for r in kept))

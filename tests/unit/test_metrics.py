@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gshard_mt import io
 from gshard_mt.training import metrics
 
 
@@ -91,8 +92,8 @@ def test_keep_until_drops_the_rows_past_a_step(tmp_path):
     writer.write_vectors(step, {"load": [0.5, 0.5]})
   writer.write(2, {"dev_loss": 1.0})
   writer.keep_until(2)
-  assert [r["step"] for r in metrics.read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 2]
-  assert [r["step"] for r in metrics.read_jsonl(tmp_path / "expert_load.jsonl")] == [1, 2]
+  assert [r["step"] for r in io.read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 2]
+  assert [r["step"] for r in io.read_jsonl(tmp_path / "expert_load.jsonl")] == [1, 2]
   writer.keep_until(0)  # a run that starts afresh
-  assert metrics.read_jsonl(tmp_path / "metrics.jsonl") == [] and sorted(p.name for p in tmp_path.iterdir()) == [
+  assert io.read_jsonl(tmp_path / "metrics.jsonl") == [] and sorted(p.name for p in tmp_path.iterdir()) == [
       "expert_load.jsonl", "metrics.jsonl", "tensorboard"]
