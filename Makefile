@@ -46,12 +46,14 @@ venv: $(VENV)/.installed
 
 # Where JAX runs on the CPU, the tests run in up to 4 processes (pytest-xdist), each taking whole files so that a
 # file's module fixtures are built once; a TPU or GPU is opened by one process only, so there they run in one.
-test: venv
-	@workers=$$(if [ "$$(cat $(VENV)/.installed)" = cpu ]; then $(PY) -c 'import os; print(min(os.cpu_count(), 4))'; \
-	  else echo 0; fi); set -x; $(PY) -m pytest -q -n $$workers --dist loadfile tests
+PYTEST = workers=$$(if [ "$$(cat $(VENV)/.installed)" = cpu ]; then $(PY) -c 'import os; print(min(os.cpu_count(), 4))'; \
+  else echo 0; fi); set -x; $(PY) -m pytest -q -n $$workers --dist loadfile
 
-test-fast: venv
-	$(PY) -m pytest -q tests/unit -m "not slow"
+test: venv
+	@$(PYTEST) tests
+
+test-fast: venv  # the unit tests, not the slow ones
+	@$(PYTEST) tests/unit -m "not slow"
 
 lint: venv
 	$(PY) -m ruff check gshard_mt tests bench configs tools train.py eval.py translate.py

@@ -192,8 +192,9 @@ class TrainBatches:
     self.next_index += 1
     return index, self.batch(index)
 
-  def get_state(self) -> dict:
-    return {"seed": self.seed, "next_index": self.next_index}
+  def state(self, next_index: int) -> dict:
+    """What a checkpoint keeps to resume at batch `next_index` (not `self.next_index`: prefetching reads ahead)."""
+    return {"seed": self.seed, "next_index": next_index}
 
   def set_state(self, state: dict):
     if state["seed"] != self.seed:

@@ -217,7 +217,7 @@ def _train(config, workdir) -> dict:
 
   def save(step, next_index):
     logger.flush(step, batches.packing_efficiency)  # checks for non-finite steps before anything is written
-    ckpts.save(step, state, {"seed": batches.seed, "next_index": next_index}, force=True)
+    ckpts.save(step, state, batches.state(next_index), force=True)
     logger.last_saved = step
 
   closers = (feed.close, bar.close, ckpts.wait, ckpts.close)
