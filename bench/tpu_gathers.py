@@ -4,9 +4,9 @@ estimate, not a measurement).
   python bench/tpu_gathers.py [--topology v5p:1x1x1]
 
 Gathers 20,480 rows of 512 bf16 values (the MoE dispatch of configs/base.py's encoder on one v5p chip: E·G·C slots
-from G·S tokens) from tables of 4,096 to 32,768 rows, once with libtpu's defaults and once with the flags of
-`gshard_mt.xla_flags.TPU_FLAGS`. libtpu reads its flags once per process, so each setting runs in a process of its
-own. Prints, per table size and setting, how the gather was compiled and its `optimal_seconds`.
+from G·S tokens) from tables of 4,096 to 32,768 rows, once with libtpu's defaults and once with the option
+`gshard_mt.xla_flags.SPARSECORE_GATHERS`. libtpu reads its flags once per process, so each setting runs in a
+process of its own. Prints, per table size and setting, how the gather was compiled and its `optimal_seconds`.
 """
 
 from __future__ import annotations
@@ -48,10 +48,9 @@ def main(argv):
   if args.child:
     print(json.dumps(estimates(args.topology)))
     return
-  flags = " ".join(f"--{name}={value}" for name, value in xla_flags.TPU_FLAGS)
   runs = {}
-  for label, init_args in (("libtpu's defaults", ""), (flags, flags)):
-    env = {**os.environ, "LIBTPU_INIT_ARGS": init_args, xla_flags.TPU_SWITCH: "0", "JAX_PLATFORMS": "cpu"}
+  for label, init_args in (("libtpu's defaults", ""), (xla_flags.SPARSECORE_GATHERS, xla_flags.SPARSECORE_GATHERS)):
+    env = {**os.environ, "LIBTPU_INIT_ARGS": init_args, "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run([sys.executable, __file__, "--topology", args.topology, "--child"], env=env,
                           capture_output=True, text=True, check=True)
     runs[label] = json.loads(proc.stdout.splitlines()[-1])

@@ -14,10 +14,6 @@ COMPILATION_CACHE = tempfile.mkdtemp(prefix="gshard_mt_jax_cache_")
 os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["GSHARD_MT_COMPILATION_CACHE"] = COMPILATION_CACHE
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-# Tests compile for TPUs with libtpu's defaults whatever order they run in: the first test to call cli.run would
-# otherwise set LIBTPU_INIT_ARGS (gshard_mt.xla_flags) for the rest of the session (tests/unit/test_xla_flags.py
-# checks the flags themselves).
-os.environ.setdefault("GSHARD_MT_TPU_FLAGS", "0")
 
 from tests.helpers import small_config  # noqa: E402
 

@@ -182,10 +182,10 @@ def save(config: Config, workdir: io.PathLike):
   """Writes workdir/config.json atomically; a resumed run must have the same model, moe and data keys."""
   path = io.path(workdir) / "config.json"
   if path.exists():
-    # a key added since the run started has its default (load_saved); prefetch and remat change no result, and
-    # the `auto` options no parameter, so a run may move between platforms
+    # a key added since the run started has its default (load_saved); prefetch, remat and the scan's unrolling
+    # change no parameter, nor do the `auto` options, so a run may move between platforms
     old, new = flatten(to_dict(load_saved(workdir))), flatten(to_dict(config))
-    same_run = ("data.prefetch", "model.remat", *platforms.REFERENCE)
+    same_run = ("data.prefetch", "model.remat", "model.scan_unroll", *platforms.REFERENCE)
     changed = [k for k in new if k.split(".")[0] in ("model", "moe", "data") and old.get(k) != new[k]
                and k not in same_run]
     if changed:

@@ -84,7 +84,7 @@ class ModelConfig(Section):
   moe_interval: int = 2  # every 2nd FFN is MoE; 0 = dense baseline
   share_embeddings: bool = True  # one input embedding for source and target
   tied_logits: bool = False  # output logits through the target embedding (its input token then starts high)
-  embedding: str = "vaswani"  # embedding scale scheme: 'vaswani' or 't5'
+  embedding: str = "vaswani"  # embedding scale scheme: 'vaswani' or 't5' (model.transformer.EMBEDDING_SCHEMES)
   positions: str = "sinusoidal"  # or 'learned'
   max_position: int = 512  # for learned positions
   dropout_rate: float = 0.1

@@ -98,6 +98,7 @@ def test_remat_true_and_false_of_older_runs_are_full_and_none(tmp_path):
 def test_saved_config_protects_a_run(tmp_path):
   config_lib.save(small_config(), tmp_path)
   config_lib.save(small_config(**{"num_train_steps": 100}), tmp_path)  # training length may change
+  config_lib.save(small_config(**{"model.scan_unroll": 2}), tmp_path)  # the parameters stay as they are
   with pytest.raises(ConfigError, match="moe.num_experts: 4 -> 8; use a new --workdir"):
     config_lib.save(small_config(**{"moe.num_experts": 8}), tmp_path)
   assert config_lib.load_saved(tmp_path).moe.num_experts == 4

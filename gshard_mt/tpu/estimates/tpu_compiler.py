@@ -8,11 +8,9 @@ v6e chips have one core.
 
 from __future__ import annotations
 
-import logging
 import os
 
 import jax
-from jax._src import xla_bridge
 from jax.experimental import topologies
 
 from gshard_mt import xla_flags
@@ -21,7 +19,6 @@ from gshard_mt.parallel import chips
 from gshard_mt.tpu.estimates import hlo
 
 GENERATIONS = {chip.name: chip for chip in chips.TPUS}
-log = logging.getLogger(__name__)
 
 
 def chip_of(name: str) -> chips.Chip:
@@ -49,14 +46,6 @@ def topology_devices(name: str) -> list:
   # "PjRtCompiler must be constructed with a Client" for each), and what it compiles is never run.
   jax.config.update("jax_enable_compilation_cache", False)
   xla_flags.quiet_tpu_host_lookup()
-  # libtpu's flags, so that the estimates see what training compiles on a TPU. libtpu reads them when it starts:
-  # below, unless JAX has started its backends already with libtpu among them (JAX_PLATFORMS empty or naming tpu).
-  platforms = {p.strip() for p in os.environ.get("JAX_PLATFORMS", "").split(",") if p.strip()}
-  started = xla_bridge.backends_are_initialized() and (not platforms or "tpu" in platforms)
-  if xla_flags.apply_tpu(compile_only=True) and started:
-    log.warning("libtpu started before its flags were set (JAX had started its backends): the estimates are "
-                "without them; ask for the topology before anything uses JAX's devices")
-
   try:
     return list(topologies.get_topology_desc(platform="tpu", topology_name=name).devices)
   except jax.errors.JaxRuntimeError as e:
