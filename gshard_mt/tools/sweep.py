@@ -85,6 +85,18 @@ def summarize(workdir: epath.Path, point: dict) -> dict:
   return row
 
 
+def cell(value) -> str:
+  """A value as results.md shows it: counts with thousands separators, losses and scores to 3 decimals (so that
+  3.000 does not read as 3), small settings such as learning rates in 3 significant digits; '-' for none."""
+  if value is None:
+    return "-"
+  if isinstance(value, bool) or not isinstance(value, int | float):
+    return str(value)
+  if abs(value) >= 1000 or isinstance(value, int):
+    return f"{value:,.0f}"
+  return f"{value:.3f}" if value == 0 or abs(value) >= 0.01 else f"{value:.3g}"
+
+
 def write_tables(rows: list[dict], root: epath.Path):
   keys = list(dict.fromkeys(k for r in rows for k in r))
   table = StringIO(newline="")
@@ -92,9 +104,8 @@ def write_tables(rows: list[dict], root: epath.Path):
   writer.writeheader()
   writer.writerows(rows)
   io.write_atomically(root / "results.csv", table.getvalue())
-  fmt = lambda v: "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
   lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-  lines += ["| " + " | ".join(fmt(r.get(k)) for k in keys) + " |" for r in rows]
+  lines += ["| " + " | ".join(cell(r.get(k)) for k in keys) + " |" for r in rows]
   io.write_atomically(root / "results.md", "\n".join(lines) + "\n")
   return "\n".join(lines)
 

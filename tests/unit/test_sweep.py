@@ -5,6 +5,7 @@ import threading
 import time
 
 import pytest
+from etils import epath
 
 from gshard_mt.errors import ConfigError
 from gshard_mt.tools import sweep
@@ -46,6 +47,15 @@ def test_a_finished_sweep_writes_its_tables_and_picture(tmp_path, monkeypatch, c
   sweep.main(["--sweep", str(ROOT / "configs" / "sweeps" / "experts.py"), "--root", str(tmp_path)])
   assert len(ran) == 5 and "wrote" in capsys.readouterr().out
   assert {p.name for p in tmp_path.iterdir()} == {"results.csv", "results.md", "results.png"}
+
+
+def test_results_md_cells_read_as_numbers_of_their_kind(tmp_path):
+  rows = [{"name": "e16", "parameters": 3652608, "dev_loss": 3.0, "tokens_per_s": 16730.4, "bleu": None,
+           "optimizer.learning_rate": 3e-4, "model.dropout_rate": 0.1, "model.scan_layers": True}]
+  sweep.write_tables(rows, epath.Path(tmp_path))
+  assert (tmp_path / "results.md").read_text().splitlines()[-1] == (
+      "| e16 | 3,652,608 | 3.000 | 16,730 | - | 0.0003 | 0.100 | True |")
+  assert (tmp_path / "results.csv").read_text().splitlines()[-1] == "e16,3652608,3.0,16730.4,,0.0003,0.1,True"
 
 
 def test_jobs_run_points_at_once_with_their_own_logs(tmp_path, monkeypatch):
