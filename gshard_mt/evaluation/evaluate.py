@@ -3,13 +3,15 @@
   python eval.py --workdir runs/tiny [--split test] [--beam_size 4] [--baseline runs/dense]
 
 Writes workdir/eval/<split>-<step>/ (hyp.<lang>.txt per language, scores.json, report.md, bleu_by_language.png)
-whole or not at all. On several hosts every process decodes its rows of each batch; process 0 scores and writes.
+whole or not at all; settings other than the standard evaluation's add to its name (`output_name`).
+On several hosts every process decodes its rows of each batch; process 0 scores and writes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import time
 from collections.abc import Iterable
@@ -26,7 +28,7 @@ from tqdm import tqdm
 from gshard_mt import config as config_lib
 from gshard_mt import io, lock
 from gshard_mt.data import pipeline
-from gshard_mt.errors import WorkdirError
+from gshard_mt.errors import UserError, WorkdirError
 from gshard_mt.evaluation import flags, report
 from gshard_mt.model import decode
 from gshard_mt.parallel import distributed
@@ -59,7 +61,11 @@ def versus_baseline(bleu: float, base_bleu: float, hyps: list[str], base_hyps: l
 
 
 def _baseline_scores(baseline: epath.Path, split: str) -> dict:
-  runs = sorted((baseline / "eval").glob(f"{split}-*/scores.json"), key=lambda p: int(p.parent.name.split("-")[1]))
+  """The baseline's newest standard evaluation of `split`, else its newest of any settings."""
+  if not baseline.is_dir():
+    raise WorkdirError(f"--baseline {baseline}: no such directory")
+  runs = list(standard_evaluations(baseline, split).values()) or sorted(
+      (baseline / "eval").glob(f"{split}-*/scores.json"), key=lambda p: int(p.parent.name.split("-")[1]))
   if not runs:
     raise WorkdirError(f"baseline {baseline} has no scores for the {split} split (run eval.py --workdir {baseline} "
                     f"--split {split} first)")
@@ -199,12 +205,38 @@ def averages(per_lang: dict, base: dict | None) -> tuple[dict, dict]:
   return overall, by_resource
 
 
-def evaluate(workdir, *, split="test", step=None, beam_size=4, alpha=0.6, max_decode_len=None, languages=None,
+def output_name(split: str, step: int, *, averaged: int = 0, beam_size: int = flags.BEAM_SIZE,
+                alpha: float = flags.ALPHA, max_decode_len: int | None = None,
+                languages: list[str] | None = None) -> str:
+  """The evaluation's folder in eval/: `<split>-<step>` for the standard one (one checkpoint, beam 4, alpha 0.6, the
+  config's length, every language), and a part for each setting that differs (`test-600-beam1-fra`), so that no
+  evaluation replaces one of other settings. `languages`: a subset, else None."""
+  parts = [split, str(step)]
+  for differs, part in ((averaged, f"avg{averaged}"), (beam_size != flags.BEAM_SIZE, f"beam{beam_size}"),
+                        (alpha != flags.ALPHA, f"alpha{alpha:g}"), (max_decode_len, f"len{max_decode_len}")):
+    parts += [part] if differs else []
+  if languages:
+    joined = "+".join(sorted(languages))
+    digest = hashlib.sha1(joined.encode()).hexdigest()[:6]
+    parts.append(joined if len(joined) <= 24 else f"{len(languages)}langs-{digest}")
+  return "-".join(parts)
+
+
+def standard_evaluations(workdir: epath.Path, split: str) -> dict[int, epath.Path]:
+  """{step: its scores.json} of the standard evaluations of `split` in `workdir` (eval/<split>-<step>/)."""
+  found = {p.parent.name.removeprefix(f"{split}-"): p for p in (workdir / "eval").glob(f"{split}-*/scores.json")}
+  return dict(sorted((int(step), p) for step, p in found.items() if step.isdigit()))
+
+
+def evaluate(workdir, *, split="test", step=None, beam_size=flags.BEAM_SIZE, alpha=flags.ALPHA, max_decode_len=None,
+             languages=None,
              baseline=None, batch_size=None, bootstrap_samples=0, average_last=None) -> dict | None:
   """Decodes `split` with the checkpoint of `step` (default: the newest), or with the mean parameters of the last
   `average_last` checkpoints up to it, and writes the scores; returns them on process 0 (None on the others)."""
   flags.check(beam_size=beam_size, max_decode_len=max_decode_len, batch_size=batch_size, average_last=average_last,
               bootstrap=bootstrap_samples)
+  if bootstrap_samples and not baseline:
+    raise UserError(f"--bootstrap {bootstrap_samples} tests the difference to a baseline: it needs --baseline")
   base = distributed.checked_on_process_0(lambda: _baseline_scores(io.path(baseline), split) if baseline else None)
   config_lib.load_saved(workdir)  # a directory that is not a run: refused before anything is created in it
   # A directory that cannot be written is refused before the data is read (and created once the checkpoint restores).
@@ -218,7 +250,10 @@ def evaluate(workdir, *, split="test", step=None, beam_size=4, alpha=0.6, max_de
     raise WorkdirError(f"unknown language code(s) {unknown} for --languages; {workdir} has {tokens.languages}")
   max_len = max_decode_len or run.config.data.max_length
   rows = batch_size or run.config.batch_size
-  out_dir = run.workdir / "eval" / (f"{split}-{run.step}" + (f"-avg{len(run.averaged)}" if run.averaged else ""))
+  subset = sorted(set(wanted)) if set(wanted) != set(run.data.text[split]) else None
+  out_dir = run.workdir / "eval" / output_name(
+      split, run.step, averaged=len(run.averaged), beam_size=beam_size, alpha=alpha, languages=subset,
+      max_decode_len=max_len if max_len != run.config.data.max_length else None)
   distributed.checked_on_process_0(lambda: io.check_writable(out_dir.parent, "eval output directory"))
   with contextlib.ExitStack() as held:
     # One writer per output: a second eval.py of the same split and step is refused before it decodes.

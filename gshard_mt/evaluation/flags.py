@@ -12,6 +12,7 @@ from gshard_mt import config as config_lib
 from gshard_mt.config import defaults
 from gshard_mt.errors import ConfigError, UserError
 
+BEAM_SIZE, ALPHA = 4, 0.6  # the standard evaluation's decoding (eval/<split>-<step>/, `evaluate.output_name`)
 # The smallest value of each integer flag (a flag left at its default, None, is not checked).
 MINIMUM = {"beam_size": 1, "max_decode_len": 1, "batch_size": 1, "average_last": 1, "bootstrap": 0}
 DISTRIBUTED = "distributed."
@@ -21,8 +22,8 @@ def add_decoding_flags(p: argparse.ArgumentParser, verb: str):
   """--step, --beam_size, --alpha, --max_decode_len, --batch_size and --average_last; `verb` ('decode',
   'translate') says what --average_last's mean parameters do."""
   p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
-  p.add_argument("--beam_size", type=int, default=4)
-  p.add_argument("--alpha", type=float, default=0.6, help="length penalty ((5 + len) / 6) ** alpha")
+  p.add_argument("--beam_size", type=int, default=BEAM_SIZE)
+  p.add_argument("--alpha", type=float, default=ALPHA, help="length penalty ((5 + len) / 6) ** alpha")
   p.add_argument("--max_decode_len", type=int, default=None, help="default: the config's data.max_length")
   p.add_argument("--batch_size", type=int, default=None, help="sentences per batch (default: batch_size)")
   p.add_argument("--average_last", type=int, default=None,

@@ -29,6 +29,7 @@ from gshard_mt import cli, figures, io
 from gshard_mt import config as config_lib
 from gshard_mt.config import defaults
 from gshard_mt.errors import WorkdirError
+from gshard_mt.evaluation import evaluate
 
 
 def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -44,10 +45,9 @@ def curve(ax, rows: list[dict], key: str, **style) -> None:
 
 
 def dev_bleu(workdir: epath.Path) -> tuple[list[int], list[float]]:
-  """(steps, average BLEU) of the single-checkpoint dev evaluations (eval/dev-<step>/scores.json)."""
-  scores = sorted((json.loads(p.read_text()) for p in (workdir / "eval").glob("dev-*/scores.json")
-                   if p.parent.name.split("-")[1].isdigit()), key=lambda s: s["step"])
-  return [s["step"] for s in scores], [s["average"]["bleu"] for s in scores]
+  """(steps, average BLEU) of the standard dev evaluations (eval/dev-<step>/scores.json)."""
+  scores = evaluate.standard_evaluations(workdir, "dev")
+  return list(scores), [json.loads(p.read_text())["average"]["bleu"] for p in scores.values()]
 
 
 def greedy_sample(rows: list[dict]) -> tuple[str, str, str]:

@@ -32,6 +32,7 @@ from etils import epath
 from gshard_mt import cli, io
 from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError
+from gshard_mt.evaluation import evaluate
 from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch
 from gshard_mt.tools import plot
 
@@ -78,9 +79,7 @@ def summarize(workdir: epath.Path, point: dict) -> dict:
   row["step"] = max((m["step"] for m in metrics), default=0)
   row["dev_loss"] = dev[-1]["dev_loss"] if dev else None
   row["tokens_per_s"] = train_rows[-1]["tokens_per_s"] if train_rows else None
-  # the newest single-checkpoint test evaluation (eval/test-<step>/), by step number
-  scores = sorted((p for p in workdir.glob("eval/test-*/scores.json") if p.parent.name[5:].isdigit()),
-                  key=lambda p: int(p.parent.name[5:]))
+  scores = list(evaluate.standard_evaluations(workdir, "test").values())  # the newest: eval/test-<step>/
   row["bleu"] = json.loads(scores[-1].read_text())["average"]["bleu"] if scores else None
   return row
 

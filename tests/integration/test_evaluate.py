@@ -8,7 +8,7 @@ import sacrebleu
 
 from gshard_mt import lock
 from gshard_mt.data import sources
-from gshard_mt.errors import WorkdirError
+from gshard_mt.errors import UserError, WorkdirError
 from gshard_mt.evaluation import evaluate
 from gshard_mt.training import loop
 from tests.helpers import small_config
@@ -28,7 +28,7 @@ def trained(tmp_path_factory, tokenizer_dir):
 
 def test_train_then_eval_writes_scores_and_report(trained):
   scores = evaluate.evaluate(trained, split="test", beam_size=2, languages=LANGS, max_decode_len=10)
-  out = trained / "eval" / "test-6"
+  out = trained / "eval" / "test-6-beam2-len10-ell+fra"  # not the standard evaluation: its settings in the name
   assert scores["output_dir"] == str(out)
   for name in ("scores.json", "report.md", "bleu_by_language.png", "hyp.fra.txt", "hyp.ell.txt"):
     assert (out / name).exists(), name
@@ -48,7 +48,7 @@ def test_train_then_eval_writes_scores_and_report(trained):
 
 
 def test_a_second_eval_of_the_same_output_is_refused(trained):
-  with lock.hold(trained / "eval", name=".test-6.lock"):  # an eval.py of the test split at step 6 is writing
+  with lock.hold(trained / "eval", name=".test-6-beam1-len4-fra.lock"):  # an eval.py of these settings is writing
     with pytest.raises(WorkdirError, match=r"eval is in use by another writer: host .*, pid \d+"):
       evaluate.evaluate(trained, split="test", beam_size=1, languages=["fra"], max_decode_len=4)
 
@@ -66,6 +66,10 @@ def test_error_paths(trained, tmp_path):
     evaluate.evaluate(trained, split="test", languages=["fra", "zzz"])
   with pytest.raises(WorkdirError, match="has no scores for the test split"):
     evaluate.evaluate(trained, split="test", languages=LANGS, baseline=tmp_path)
+  with pytest.raises(WorkdirError, match="--baseline .*/nowhere: no such directory"):
+    evaluate.evaluate(trained, split="test", languages=LANGS, baseline=tmp_path / "nowhere")
+  with pytest.raises(UserError, match="--bootstrap 100 tests the difference to a baseline: it needs --baseline"):
+    evaluate.evaluate(trained, split="test", languages=LANGS, bootstrap_samples=100)
   with pytest.raises(WorkdirError, match="no checkpoint for step 5"):
     evaluate.evaluate(trained, split="test", step=5, languages=LANGS)
   empty = tmp_path / "untrained"

@@ -51,9 +51,9 @@ def test_train_on_two_processes_then_eval_and_translate(tmp_path, tokenizer_dir)
                                   "--max_decode_len", "8"),
                        env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
-  assert f"wrote {RUN}/eval/test-6/" in out.stdout
-  scores = json.loads((run / "eval" / "test-6" / "scores.json").read_text())
-  hyps = (run / "eval" / "test-6" / "hyp.fra.txt").read_text().splitlines()
+  assert f"wrote {RUN}/eval/test-6-beam1-len8-fra/" in out.stdout
+  scores = json.loads((run / "eval" / "test-6-beam1-len8-fra" / "scores.json").read_text())
+  hyps = (run / "eval" / "test-6-beam1-len8-fra" / "hyp.fra.txt").read_text().splitlines()
   assert scores["languages"]["fra"]["sentences"] == len(hyps) == 100
 
   out = subprocess.run(on_storage(root, "translate.py", "--workdir", RUN, "--src_lang", "fra", "--beam_size", "1",

@@ -89,3 +89,22 @@ def test_delta_bleu_and_bootstrap_p_against_sacrebleu(monkeypatch):
   p = bootstrap_p(SYSTEM, BASE, REFS, 100, seed=7)
   assert 0.05 < p < 0.5 and out["bootstrap_p"] == pytest.approx(p, abs=1e-12)
   assert evaluate.versus_baseline(bleu, base_bleu, SYSTEM, None, REFS, 100) == {"delta_bleu": out["delta_bleu"]}
+
+
+def test_each_setting_names_its_own_output_and_only_the_standard_one_is_plain(tmp_path):
+  """eval/<split>-<step>/ is the standard evaluation; any other setting adds a part, so a quick check of one
+  language with beam 1 never replaces the full evaluation of the same step (it used to)."""
+  name = evaluate.output_name
+  assert name("test", 600) == "test-600"
+  assert name("test", 600, beam_size=1, languages=["fra"]) == "test-600-beam1-fra"
+  assert name("dev", 5, averaged=3, alpha=1.0, max_decode_len=8, languages=["ell", "fra"]) == (
+      "dev-5-avg3-alpha1-len8-ell+fra")
+  many = [f"l{i:02d}" for i in range(20)]
+  assert name("test", 1, languages=many).startswith("test-1-20langs-")
+  assert name("test", 1, languages=many) != name("test", 1, languages=many[1:] + ["l99"])
+  settings = [{}, {"beam_size": 1}, {"alpha": 0.8}, {"max_decode_len": 8}, {"averaged": 2}, {"languages": ["fra"]}]
+  assert len({name("test", 600, **s) for s in settings}) == len(settings)
+  for folder in ("test-600", "test-600-beam1-fra", "test-1000", "test-1000-avg2", "dev-1200"):
+    (tmp_path / "eval" / folder).mkdir(parents=True)
+    (tmp_path / "eval" / folder / "scores.json").write_text("{}")
+  assert list(evaluate.standard_evaluations(tmp_path, "test")) == [600, 1000]
