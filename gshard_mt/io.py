@@ -16,7 +16,7 @@ import shutil
 
 from etils import epath
 
-from gshard_mt.errors import UserError
+from gshard_mt.errors import UserError, WorkdirError
 
 # What each scheme needs installed: epath's fsspec backend, and for gs:// the client Orbax asks about the bucket.
 BACKENDS = {"gs": (("gcsfs", "google.cloud.storage"), "pip install -e '.[gcs]' (gcsfs, google-cloud-storage)"),
@@ -113,9 +113,26 @@ def append(target: PathLike, data: str | bytes) -> None:
 
 
 def read_jsonl(target: PathLike) -> list[dict]:
-  """The rows of a JSON-lines file ([] when it does not exist)."""
+  """The rows of a JSON-lines file ([] when it does not exist). A last line that does not parse and lacks its
+  newline is an append cut short (a kill, a full disk): left out, and `ends_cut_short` says so. Any other line that
+  does not parse is a WorkdirError naming the file and line."""
   target = path(target)
-  return [json.loads(line) for line in target.read_text().splitlines() if line.strip()] if target.exists() else []
+  lines = target.read_text().splitlines() if target.exists() else []
+  rows = []
+  for number, line in enumerate(lines, 1):
+    try:
+      rows += [json.loads(line)] if line.strip() else []
+    except json.JSONDecodeError as e:
+      if number < len(lines) or not ends_cut_short(target):
+        raise WorkdirError(f"{target}:{number}: not a JSON line ({e.msg}, column {e.colno})") from None
+  return rows
+
+
+def ends_cut_short(target: PathLike) -> bool:
+  """Whether a non-empty file lacks the newline that ends every line an append writes."""
+  target = path(target)
+  data = target.read_bytes() if target.exists() else b""
+  return bool(data) and not data.endswith(b"\n")
 
 
 def remove_tree(target: PathLike) -> None:

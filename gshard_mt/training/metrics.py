@@ -116,13 +116,14 @@ class Writer:
     self.events = EventLog(io.path(workdir) / "tensorboard") if enabled else None
 
   def keep_until(self, step: int):
-    """Drops the rows past `step`, which a run resumed at `step` logs again; each file is replaced atomically."""
+    """Drops the rows past `step`, which a run resumed at `step` logs again, and a last row cut short by a kill;
+    each file is replaced atomically."""
     if not self.enabled:
       return
     for path in (self.path, self.vectors_path):
       rows = io.read_jsonl(path)
       kept = [r for r in rows if r["step"] <= step]
-      if len(kept) < len(rows):
+      if len(kept) < len(rows) or io.ends_cut_short(path):
         io.write_atomically(path, "".join(json.dumps(r) + "\n" for r in kept))
 
   def write(self, step: int, values: dict):

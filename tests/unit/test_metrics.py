@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from gshard_mt import io
+from gshard_mt.errors import WorkdirError
 from gshard_mt.training import metrics
 
 
@@ -97,3 +98,22 @@ def test_keep_until_drops_the_rows_past_a_step(tmp_path):
   writer.keep_until(0)  # a run that starts afresh
   assert io.read_jsonl(tmp_path / "metrics.jsonl") == [] and sorted(p.name for p in tmp_path.iterdir()) == [
       "expert_load.jsonl", "metrics.jsonl", "tensorboard"]
+
+
+def test_a_row_cut_short_by_a_kill_is_dropped_at_resume_and_a_broken_row_is_named(tmp_path):
+  """A kill or a full disk during an append leaves a last line without its newline: the resumed run (and every
+  reader) leaves it out, and the next row starts on a line of its own. A broken line before the last is an error
+  naming the file and line."""
+  writer = metrics.Writer(tmp_path)
+  for step in (1, 2):
+    writer.write(step, {"loss": float(step)})
+  path = tmp_path / "metrics.jsonl"
+  with open(path, "a") as f:
+    f.write('{"step": 3, "loss": ')
+  assert [r["step"] for r in io.read_jsonl(path)] == [1, 2]
+  writer.keep_until(2)
+  writer.write(3, {"loss": 3.0})
+  assert [r["step"] for r in io.read_jsonl(path)] == [1, 2, 3] and path.read_text().endswith("}\n")
+  path.write_text('{"step": 1}\n{"step": 2,\n{"step": 3}\n')
+  with pytest.raises(WorkdirError, match=r"metrics.jsonl:2: not a JSON line \("):
+    io.read_jsonl(path)
