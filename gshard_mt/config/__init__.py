@@ -178,10 +178,12 @@ def split_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:
   return rest, overrides
 
 
-def save(config: Config, workdir: io.PathLike):
-  """Writes workdir/config.json atomically; a resumed run must have the same model, moe and data keys."""
+def save(config: Config, workdir: io.PathLike, *, started: bool = True):
+  """Writes workdir/config.json atomically; a resumed run must have the same model, moe and data keys. `started`:
+  whether the run has checkpoints; before the first, a run that failed (a wrong data.path) may start again
+  changed."""
   path = io.path(workdir) / "config.json"
-  if path.exists():
+  if path.exists() and started:
     # a key added since the run started has its default (load_saved); prefetch, remat and the scan's unrolling
     # change no parameter, nor do the `auto` options, so a run may move between platforms
     old, new = flatten(to_dict(load_saved(workdir))), flatten(to_dict(config))

@@ -108,7 +108,7 @@ def main(argv):
   params = jax.device_put(params, setup.state_shardings.params)
   state = TrainState(step=jnp.asarray(run.step, jnp.int32), params=params, opt_state=jax.jit(setup.tx.init)(params),
                      rng=jax.random.key_data(jax.random.key(config.seed)))
-  with checkpoint_lib.Checkpoints(output / "checkpoints", async_save=False) as ckpts:
+  with checkpoint_lib.Checkpoints(output / checkpoint_lib.FOLDER, async_save=False) as ckpts:
     ckpts.save(run.step, state, {"seed": config.data.seed, "next_index": 0}, force=True)
   io.write_atomically(output / "extracted.json", json.dumps(
       {"from": str(args.workdir), "step": run.step, "languages": languages, "num_experts": count, "kept": kept},

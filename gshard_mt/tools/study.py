@@ -26,13 +26,14 @@ from gshard_mt.data.corpus import language_of
 from gshard_mt.errors import WorkdirError
 from gshard_mt.io import write_atomically
 from gshard_mt.tools import sweep as sweep_lib
+from gshard_mt.training import checkpoint as checkpoint_lib
 
 ROUTING_KEYS = ("load_cv", "load_min", "load_max", "top1_dropped", "top2_dropped")
 
 
 def best_step(workdir: epath.Path) -> int:
   """The checkpointed step with the lowest dev loss (early stopping, the same rule for every point)."""
-  saved = {int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()}
+  saved = {int(p.name) for p in (workdir / checkpoint_lib.FOLDER).iterdir() if p.name.isdigit()}
   dev = [(r["dev_loss"], r["step"]) for r in io.read_jsonl(workdir / "metrics.jsonl") if "dev_loss" in r]
   scored = [d for d in dev if d[1] in saved]
   if not scored:
@@ -172,7 +173,7 @@ def trained(workdir: epath.Path) -> bool:
   """Whether the point's run has its last checkpoint."""
   if not (workdir / "config.json").exists():
     return False
-  return (workdir / "checkpoints" / str(config_lib.load_saved(workdir).num_train_steps)).exists()
+  return (workdir / checkpoint_lib.FOLDER / str(config_lib.load_saved(workdir).num_train_steps)).exists()
 
 
 def run_point(base: str, workdir: epath.Path, point: dict, extra: list[str], log: epath.Path | None = None):

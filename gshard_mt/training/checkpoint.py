@@ -19,6 +19,7 @@ from gshard_mt.errors import WorkdirError, one_line
 
 log = logging.getLogger(__name__)
 
+FOLDER = "checkpoints"  # in the work directory
 UNREADABLE = ".unreadable"
 
 

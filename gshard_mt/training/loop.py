@@ -170,7 +170,7 @@ def prepare(config, workdir) -> pipeline.Data:
   others wait, then every process memory-maps the same shards."""
   mesh_lib.check(config, jax.device_count())
   if jax.process_index() == 0:
-    config_lib.save(config, workdir)
+    config_lib.save(config, workdir, started=any((workdir / checkpoint_lib.FOLDER).glob("*")))
   prepared = distributed.checked_on_process_0(lambda: prepare_lib.ensure(config.data, workdir).name)
   return pipeline.load(config, workdir, distributed.broadcast_object(prepared))
 
@@ -197,7 +197,7 @@ def train_and_evaluate(config, workdir: io.PathLike) -> dict:
 def _train(config, workdir) -> dict:
   data = prepare(config, workdir)
   setup = build(config, data.tokenizer.vocab_size)
-  ckpts = checkpoint_lib.Checkpoints(workdir / "checkpoints", config.checkpoint_every, config.keep_checkpoints)
+  ckpts = checkpoint_lib.Checkpoints(workdir / checkpoint_lib.FOLDER, config.checkpoint_every, config.keep_checkpoints)
   batches = data.train_batches(config, jax.process_index(), jax.process_count())
   state = restore_or_init(setup, ckpts, batches, config.seed)
   step = start = int(jax.device_get(state.step))

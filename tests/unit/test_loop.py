@@ -3,9 +3,11 @@
 import numpy as np
 import pytest
 
+from gshard_mt import config as config_lib
 from gshard_mt.data import packing
-from gshard_mt.errors import ConfigError
-from gshard_mt.training import dev_eval
+from gshard_mt.errors import ConfigError, DataError
+from gshard_mt.training import checkpoint as checkpoint_lib
+from gshard_mt.training import dev_eval, loop
 from tests.helpers import small_config
 
 
@@ -91,3 +93,17 @@ def test_bad_bleu_keys_are_config_errors():
     small_config(eval_bleu_sentences=0)
   with pytest.raises(ConfigError, match="eval_bleu_per_language=0: expected a positive integer"):
     small_config(eval_bleu_per_language=0)
+
+
+def test_a_run_that_failed_before_its_first_checkpoint_starts_again_changed(tmp_path):
+  """A wrong data.path fails before any step; the corrected command is the same run, not one 'written for a
+  different run'. Once a checkpoint exists, the config.json protects it."""
+  workdir = tmp_path / "run"
+  for path in (tmp_path / "empty", tmp_path / "missing"):
+    (tmp_path / "empty").mkdir(exist_ok=True)
+    with pytest.raises(DataError):
+      loop.prepare(small_config(**{"data.source": "folder", "data.path": str(path)}), workdir)
+  assert config_lib.load_saved(workdir).data.path == str(tmp_path / "missing")
+  (workdir / checkpoint_lib.FOLDER / "3").mkdir(parents=True)
+  with pytest.raises(ConfigError, match="written for a different run: data.path"):
+    loop.prepare(small_config(**{"data.source": "folder", "data.path": str(tmp_path)}), workdir)
