@@ -30,9 +30,14 @@ def setup_logging():
   threading.excepthook = lambda args: None if io.storage_fault(args.exc_value) else report(args)
 
 
+class ArgumentParser(argparse.ArgumentParser):
+  def error(self, message):  # one line, as every other error ends (argparse's own prints its usage first)
+    self.exit(2, f"{self.prog}: error: {message} (--help lists the arguments)\n")
+
+
 def parser(doc: str, *, config: bool = False) -> argparse.ArgumentParser:
   """An argument parser showing the module docstring; with config=True it has --config (a config file)."""
-  p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
   if config:
     p.add_argument("--config", required=True, help="a Python config file with get_config()")
   # here for --help: `run` takes it out of the arguments before main parses them, as it must act before any compile

@@ -94,6 +94,8 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]
   """Sets `key.sub=value` strings, typed like the existing value; an unknown key is an error."""
   flat = flatten(config)
   for key, text in overrides.items():
+    if key not in flat and (inside := [k for k in flat if k.startswith(f"{key}.")]):
+      raise ConfigError(f"--config.{key}={text}: {key} is a section; set its keys, e.g. --config.{inside[0]}=...")
     if key not in flat:
       raise _unknown_key(key, flat)
     _set(config, key, _parse_value(key, text, flat[key]))
@@ -202,7 +204,10 @@ def load_saved(workdir: io.PathLike) -> Config:
   path = io.path(workdir) / "config.json"
   if not path.is_file():
     raise ConfigError(f"{path} not found: is {workdir} a gshard_mt work directory?")
-  values = json.loads(path.read_text())
+  try:
+    values = json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    raise ConfigError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); the run's config cannot be read") from None
   if isinstance(remat := values.get("model", {}).get("remat"), bool):  # older runs saved model.remat as a bool
     values["model"]["remat"] = "full" if remat else "none"
   return parse(values)

@@ -56,6 +56,9 @@ class DataConfig(Section):
     if not all(s.partition(":")[0] in choices.SOURCES for s in sources) or len(set(sources)) != len(sources):
       raise ConfigError(f"data.source={self.source!r}: expected one of {choices.SOURCES.names()} (tfds:NAME for "
                         "a TFDS dataset), or several different ones joined with '+' (e.g. 'tatoeba+multi30k')")
+    for name, _, arg in (s.partition(":") for s in sources):
+      if choices.SOURCES.get(name).needs_path and not (arg or self.path):
+        raise ConfigError(f"data.source={name!r} reads data.path (or '{name}:PATH'), which is empty")
     if not self.temperature > 0:
       raise ConfigError(f"data.temperature={self.temperature}: expected > 0 (inf for uniform)")
 

@@ -13,6 +13,7 @@ import dataclasses
 import gzip
 import pathlib
 import re
+import zlib
 from collections.abc import Sequence
 
 from gshard_mt import io
@@ -52,7 +53,10 @@ def read_lines(path: io.PathLike) -> list[str]:
   path = io.path(path)
   if not path.is_file():
     raise DataError(f"{path}: file not found")
-  raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+  try:
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+  except (OSError, EOFError, zlib.error) as e:  # a truncated or corrupt .gz
+    raise DataError(f"{path}: cannot decompress ({e})") from None
   lines = raw.split(b"\n")
   if lines and lines[-1] == b"":
     lines.pop()
@@ -189,5 +193,6 @@ def select(streams: list[str], languages: str) -> list[str]:
   found = {w: [s for s in streams if w in (s, language_of(s))] for w in wanted}
   unknown = sorted(w for w, streams_of_w in found.items() if not streams_of_w)
   if unknown:
-    raise DataError(f"unknown language code(s) {unknown} in data.languages; the corpus has {sorted(streams)}")
+    raise DataError(f"unknown language code(s) {unknown} in data.languages: no file or stream of data.source has "
+                    "them (python -m gshard_mt.tools.inspect_data --config ... lists its languages)")
   return sorted({s for streams_of_w in found.values() for s in streams_of_w})

@@ -34,7 +34,7 @@ import numpy as np
 from gshard_mt import io
 from gshard_mt.data import corpus, shards, sources
 from gshard_mt.data import tokenizer as tokenizer_lib
-from gshard_mt.errors import DataError, counted
+from gshard_mt.errors import counted
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +152,7 @@ def _read_and_assemble(data_config, stage: pathlib.Path, run) -> tuple[dict, dic
   found = list(run(read, list(enumerate(parts))))  # ({split: {lang: (part, lang, pairs, origin)}}, empty) per part
   streams = corpus.by_stream([(p.label, s) for p, (s, _) in zip(parts, found)], data_config.languages)
   splits = {split: [[s, n] for s, (_, _, n, _) in streams[split].items()] for split in corpus.SPLITS}
-  if sum(n for _, n in splits["train"]) == 0:
-    raise DataError(f"the {data_config.source} corpus has no training pairs")
+  sources.check_training_pairs(sum(n for _, n in splits["train"]), data_config)
   for split in corpus.SPLITS:
     _assemble(stage, split, list(streams[split].values()))
   origins = {s: origin for split in corpus.SPLITS for s, (*_, origin) in streams[split].items()}

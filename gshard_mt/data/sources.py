@@ -44,6 +44,7 @@ class Source:
   splits {split: {language: Pairs}} and the empty lines it skipped (`settings`: `split_settings`)."""
 
   kind = ""  # how it reads, in the prepared data's key (as earlier versions named it); '': its label
+  needs_path = False  # reads data.path (or what follows 'NAME:'); the config refuses it without one
 
   def __init__(self, name: str):
     self.name = name  # as data.source names it: the label of its parts
@@ -64,6 +65,7 @@ class Folder(Source):
   """Line-aligned `*.xx-eng.xx` / `*.xx-eng.eng` files in data.path, one part per language."""
 
   kind = "files"
+  needs_path = True
 
   def folder(self, data_config, arg: str) -> str:
     return arg or data_config.path
@@ -87,6 +89,8 @@ class Folder(Source):
 class Tatoeba(Folder):
   """The shipped Tatoeba-112 corpus."""
 
+  needs_path = False
+
   def folder(self, data_config, arg):
     return SHIPPED / "tatoeba"
 
@@ -95,8 +99,12 @@ class Tsv(Source):
   """One `lang<TAB>source<TAB>english` file, data.path."""
 
   kind = "tsv"
+  needs_path = True
 
   def parts(self, data_config, arg, languages):
+    path = io.path(arg or data_config.path)
+    if not path.is_file():
+      raise DataError(f"{path}: TSV file not found (data.path)")
     return [Part(self.name, type(self), (str(arg or data_config.path),))]
 
   @staticmethod
@@ -191,11 +199,17 @@ def split_settings(data_config) -> tuple[float, float, int]:
   """(dev_fraction, test_fraction, min_eval_pairs): how `corpus.split_corpus` splits files and TSVs."""
   return data_config.dev_fraction, data_config.test_fraction, data_config.min_eval_pairs
 
+def check_training_pairs(count: int, data_config):
+  """A DataError naming data.source (and data.path) when the corpus read has no training pairs."""
+  if count == 0:
+    where = f" (data.path={data_config.path!r})" if data_config.path else ""
+    raise DataError(f"data.source={data_config.source!r}{where}: no training pairs")
+
+
 def load_corpus(data_config) -> tuple[dict[str, Corpus], dict]:
   """The configured source(s), split and filtered to `data.languages`, in memory; returns (splits, info)."""
   settings = split_settings(data_config)
   loaded = [(part.label, *part.source.read(part, settings)) for part in parts(data_config)]
   splits = corpus.by_stream([(label, found) for label, found, _ in loaded], data_config.languages)
-  if sum(len(p) for p in splits["train"].values()) == 0:
-    raise DataError(f"the {data_config.source} corpus has no training pairs")
+  check_training_pairs(sum(len(p) for p in splits["train"].values()), data_config)
   return splits, {"empty_lines_skipped": sum(empty for _, _, empty in loaded)}

@@ -250,12 +250,14 @@ def main(argv):
   parser.add_argument("--cpu_all_to_all", action="store_true",
                       help="keep XLA's CPU all-to-all decomposer (compile time then grows with --devices)")
   parsed = parser.parse_args(args)
+  if parsed.devices is not None and parsed.devices < 1:
+    raise UserError(f"--devices must be at least 1, got {parsed.devices}")
   for key, value in parse_mesh(parsed.mesh).items():
     overrides[f"mesh.{key}"] = str(value)
   remat = parse_remat_policies(parsed.remat_policies)
   name = (parsed.topology or str(parsed.devices)).replace(":", "-")
   out = io.check_writable(parsed.out or f"runs/dryrun/{pathlib.Path(parsed.config).stem}-{name}",
-                         "output directory")  # before compiling
+                         "output directory", create=False)  # before compiling; created when written
   report = plan(parsed.config, overrides, parsed.topology, parsed.devices, parsed.hbm_gib, not parsed.no_step_time,
                 cpu_all_to_all=parsed.cpu_all_to_all, remat=remat)
   write(report, parsed.config, out)

@@ -89,7 +89,7 @@ def main(argv):
   languages = [lang.strip() for lang in args.languages.split(",") if lang.strip()]
   output = io.path(args.output or f"{str(args.workdir).rstrip('/')}-{'-'.join(languages)}")
   config = config_lib.load_saved(args.workdir)
-  io.check_writable(output, "output work directory")  # before the checkpoint and the data are read
+  io.check_writable(output, "output work directory", create=False)  # before the checkpoint and data are read
   routers_used = {config.moe.router, config.moe.decoder_router or config.moe.router}
   if not config.model.moe_interval or routers_used != {"language"}:
     raise WorkdirError(f"{args.workdir}: extraction needs a MoE model routed by language in the encoder and the "

@@ -49,12 +49,17 @@ def count_params(config, vocab_size: int | None = None) -> int:
 def load_sweep(path: pathlib.Path) -> tuple[str, list[dict]]:
   """(the base config file, the points) of a sweep file, each point's overrides checked against the base."""
   module = config_lib.load_module(path, "get_sweep")
+  if not isinstance(getattr(module, "BASE", None), str):
+    raise ConfigError(f"{path} has no BASE, the config file its points change (e.g. BASE = 'configs/tiny.py')")
   points = config_lib.run_file_code(path, module.get_sweep)
   names = [p.get("name") for p in points]
   if None in names or len(set(names)) != len(names):
     raise ConfigError(f"{path}: every sweep point needs a unique 'name', got {names}")
   for p in points:  # a bad key fails here, before anything runs
-    config_lib.load(ROOT / module.BASE, {k: _text(v) for k, v in p.items() if k != "name"})
+    try:
+      config_lib.load(ROOT / module.BASE, {k: _text(v) for k, v in p.items() if k != "name"})
+    except ConfigError as e:
+      raise ConfigError(f"{path}, point {p['name']!r}: {e}") from None
   return module.BASE, points
 
 

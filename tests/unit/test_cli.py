@@ -89,3 +89,13 @@ def test_counts_and_articles_in_messages():
   assert [counted(n, "process", "processes") for n in (0, 1, 2)] == ["0 processes", "1 process", "2 processes"]
   assert counted(1, "slice") == "1 slice" and counted(3, "slice") == "3 slices"
   assert [article(w) for w in ("int", "float", "Example", "list")] == ["an int", "a float", "an Example", "a list"]
+
+
+def test_a_wrong_argument_is_one_line_naming_it(capsys):
+  p = cli.parser("doc")
+  p.add_argument("--split", choices=("dev", "test"))
+  with pytest.raises(SystemExit) as exit_info:
+    p.parse_args(["--split", "valid"])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and err.count("\n") == 1 and "usage" not in err
+  assert "error: argument --split: invalid choice: 'valid'" in err and "(--help lists the arguments)" in err

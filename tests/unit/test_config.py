@@ -162,3 +162,11 @@ def test_parse_names_the_key_of_a_wrong_type_or_name(values, message):
   with pytest.raises(ConfigError, match=re.escape(message)):
     config_lib.parse(values)
   assert config_lib.parse({"data": {"temperature": 2}}).data.temperature == 2.0  # an int is a float
+
+
+def test_a_section_given_a_value_and_an_unreadable_config_json_are_one_line(tmp_path):
+  with pytest.raises(ConfigError, match=r"--config.moe=3: moe is a section; set its keys, e.g. --config.moe\."):
+    small_config(**{"moe": 3})
+  (tmp_path / "config.json").write_text('{"moe": {\n')
+  with pytest.raises(ConfigError, match=r"config.json:2: not valid JSON \(.*\); the run's config cannot be read"):
+    config_lib.load_saved(tmp_path)

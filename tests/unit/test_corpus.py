@@ -5,7 +5,7 @@ import gzip
 import pytest
 
 from gshard_mt.data import corpus, sources
-from gshard_mt.errors import DataError
+from gshard_mt.errors import ConfigError, DataError
 from tests import tiny_tfds
 from tests.helpers import small_config
 
@@ -122,3 +122,19 @@ def test_multi30k_official_splits_are_kept():
     assert splits["dev"][lang].src == [s.strip() for s in raw(f"val.{code}")]
     assert len(splits["train"][lang]) >= 28_990  # 29,000 lines less a few exact duplicates
   assert (MULTI30K / "README.md").exists()
+
+
+def test_a_corrupt_gz_an_empty_or_missing_tsv_and_a_source_without_its_path_are_one_line_each(tmp_path):
+  (tmp_path / "c.fra-eng.fra.gz").write_bytes(b"garbage")
+  with pytest.raises(DataError, match=r"c.fra-eng.fra.gz: cannot decompress \(Not a gzipped file"):
+    corpus.read_lines(tmp_path / "c.fra-eng.fra.gz")
+  (tmp_path / "empty.tsv").write_text("")
+  with pytest.raises(DataError, match=r"^data.source='tsv' \(data.path='.*empty.tsv'\): no training pairs$"):
+    sources.load_corpus(small_config(**{"data.source": "tsv", "data.path": str(tmp_path / "empty.tsv"),
+                                       "data.languages": ""}).data)
+  with pytest.raises(DataError, match=r"missing.tsv: TSV file not found \(data.path\)"):
+    sources.parts(small_config(**{"data.source": "tsv", "data.path": str(tmp_path / "missing.tsv")}).data)
+  for source in ("folder", "tsv", "tatoeba+folder"):
+    with pytest.raises(ConfigError, match=r"data.source='(folder|tsv)' reads data.path \(or '\w+:PATH'\)"):
+      small_config(**{"data.source": source})
+  small_config(**{"data.source": f"folder:{tmp_path}"})  # the path after the colon

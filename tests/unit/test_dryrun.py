@@ -4,7 +4,7 @@ and the step time extended from unrolled compiles."""
 import pytest
 
 from gshard_mt import config as config_lib
-from gshard_mt.errors import ConfigError
+from gshard_mt.errors import ConfigError, UserError
 from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.tools import dryrun
 from gshard_mt.tpu.estimates import step_cost
@@ -106,3 +106,9 @@ def test_unit_counts():
   assert step_cost.unit_counts(config_lib.load(TINY)) == (1, 1)  # 2 + 2 layers, a MoE layer every 2nd
   dense = config_lib.load(TINY, {"model.moe_interval": "0", "model.num_decoder_layers": "3"})
   assert step_cost.unit_counts(dense) == (2, 3)
+
+
+def test_no_devices_is_refused_before_anything_is_created(tmp_path):
+  with pytest.raises(UserError, match="--devices must be at least 1, got 0"):
+    dryrun.main(["--config", str(ROOT / "configs" / "tiny.py"), "--devices", "0", "--out", str(tmp_path / "out")])
+  assert not (tmp_path / "out").exists()

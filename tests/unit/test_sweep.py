@@ -114,3 +114,14 @@ def test_jobs_below_one_is_an_error_before_anything_runs(tmp_path):
   with pytest.raises(ConfigError, match="--jobs must be at least 1, got 0"):
     sweep.main(["--sweep", str(ROOT / "configs" / "sweeps" / "experts.py"), "--root", str(tmp_path), "--jobs", "0"])
   assert not any(tmp_path.iterdir())
+
+
+def test_a_sweep_without_base_or_with_a_bad_key_names_the_file_and_the_point(tmp_path):
+  no_base = tmp_path / "no_base.py"
+  no_base.write_text("def get_sweep():\n  return [{'name': 'a'}]\n")
+  with pytest.raises(ConfigError, match="no_base.py has no BASE, the config file its points change"):
+    sweep.load_sweep(no_base)
+  bad = tmp_path / "bad.py"
+  bad.write_text("BASE = 'configs/tiny.py'\ndef get_sweep():\n  return [{'name': 'b', 'moe.num_expert': 8}]\n")
+  with pytest.raises(ConfigError, match=r"bad.py, point 'b': unknown config key 'moe.num_expert'; did you mean"):
+    sweep.load_sweep(bad)
