@@ -253,10 +253,11 @@ class Data:
 
 
 def load(config, workdir: io.PathLike, prepared: str | None = None) -> Data:
-  """The config's data: its prepared corpus, memory-mapped, and the sampling rates. `prepared` names a corpus that
-  another process has prepared (`prepare`); without it, the corpus is prepared here when missing."""
+  """The config's data: its prepared corpus (the run's, `prepare.for_run`), memory-mapped, and the sampling rates.
+  `prepared` names a corpus that another process has prepared; without it, the corpus is prepared here when
+  missing."""
   root = prepare_lib.root(config.data, workdir)
-  directory = root / prepared if prepared else prepare_lib.ensure(config.data, workdir)
+  directory = root / prepared if prepared else prepare_lib.for_run(config.data, workdir)
   manifest = shards.read_manifest(directory)
   if manifest is None:
     raise DataError(f"{directory}: prepared data not found; process 0 prepared it there, so this process must see "

@@ -4,7 +4,8 @@
 
 A prepared directory (`gshard_mt.data.shards`) is named `spm-<V>-<key>`, the key hashing the corpus's files (names,
 sizes, modification times) and every setting that changes what is prepared: runs with the same data and settings
-share one preparation (`data.prepared_dir`), a changed file is prepared anew, and the key reads no corpus.
+share one preparation (`data.prepared_dir`), a changed file is prepared anew, and the key reads no corpus. A run
+keeps the preparation it started with (`for_run`), whatever happens to the files after.
 The steps, in a pool of processes (one per core) for a corpus of more than SERIAL_BELOW bytes:
   1. read: one process reads, cleans and splits each `sources.Part`, and stages its text;
   2. assemble: the streams are named and selected, and their text laid out split by split, streams sorted;
@@ -18,6 +19,7 @@ stage is published whole: renamed into place on a local disk, or uploaded to obj
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -34,13 +36,14 @@ import numpy as np
 from gshard_mt import io
 from gshard_mt.data import corpus, shards, sources
 from gshard_mt.data import tokenizer as tokenizer_lib
-from gshard_mt.errors import counted
+from gshard_mt.errors import UserError, counted
 
 log = logging.getLogger(__name__)
 
 FORMAT = 1  # bump when what is prepared changes: older preparations are then not reused
 CHUNK = 50_000  # pairs per tokenization task
 SERIAL_BELOW = 32 << 20  # bytes of corpus files under which one process prepares (starting a pool costs seconds)
+RUN_RECORD = "prepared.json"  # in a work directory: the name of the prepared directory its run trains on
 
 
 def root(data_config, workdir: io.PathLike) -> io.epath.Path:
@@ -60,6 +63,35 @@ def key(data_config) -> tuple[str, int]:
               "max_sentences": tokenizer_lib.MAX_SENTENCES}
   digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
   return f"spm-{data_config.vocab_size}-{digest}", sum(size for _, size, _ in files)
+
+
+def for_run(data_config, workdir: io.PathLike, *, record: bool = False) -> io.epath.Path:
+  """The prepared directory of the run in `workdir`: the one its start recorded (RUN_RECORD) for the same data
+  settings, so that a run resumed or evaluated after its corpus files changed (edited, or copied and cloned anew,
+  which changes their times) keeps its tokenizer and batches; else this config's (`ensure`), recorded with
+  `record`."""
+  path, settings = io.path(workdir) / RUN_RECORD, _settings(data_config)
+  kept = json.loads(path.read_text()) if path.exists() else {}
+  if kept.get("data") == settings:
+    target = root(data_config, workdir) / kept["name"]
+    if shards.read_manifest(target) is not None:
+      with contextlib.suppress(UserError, OSError):  # files that are gone are no reason to stop
+        if key(data_config)[0] == target.name:
+          return target
+      log.warning("the corpus files are not those %s was prepared from: the run keeps it (its tokenizer and "
+                  "batches)", target)
+      return target
+    log.warning("%s, the prepared corpus of the run in %s, is gone: preparing the corpus again", target, workdir)
+  target = ensure(data_config, workdir)
+  if record:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    io.write_atomically(path, json.dumps({"name": target.name, "data": settings}))
+  return target
+
+
+def _settings(data_config) -> dict:
+  """The data section as the record keeps it (prefetching changes nothing prepared)."""
+  return {k: v for k, v in dataclasses.asdict(data_config).items() if k != "prefetch"}
 
 
 def ensure(data_config, workdir: io.PathLike, processes: int | None = None) -> io.epath.Path:

@@ -2,6 +2,8 @@
 its files and settings, serial or parallel alike; TFDS datasets joined; the prepare_data command."""
 
 import json
+import logging
+import os
 import subprocess
 
 import numpy as np
@@ -99,6 +101,23 @@ def test_a_preparation_is_shared_by_runs_and_keyed_by_files_and_settings(tmp_pat
   (tmp_path / "corpus" / "c.fra-eng.fra").write_text("changed\n" * 300)
   assert prepare_lib.key(config.data)[0] != first.name
   assert [p.name for p in (tmp_path / "prepared").iterdir()] == [first.name]  # no staging folder left
+
+
+def test_a_run_keeps_its_preparation_when_its_files_change_not_when_its_settings_do(tmp_path, caplog):
+  """A run resumed or evaluated after its corpus files changed (edited; copied or cloned anew, which changes their
+  times) keeps the tokenizer and batches it trained with; a new run prepares the files as they are now."""
+  config = config_lib.replace(write_folder(tmp_path / "corpus"), {"data.prepared_dir": str(tmp_path / "prepared")})
+  run = tmp_path / "run"
+  first = prepare_lib.for_run(config.data, run, record=True)
+  assert json.loads((run / prepare_lib.RUN_RECORD).read_text())["name"] == first.name
+  (tmp_path / "corpus" / "c.fra-eng.fra").write_text((tmp_path / "corpus" / "c.fra-eng.fra").read_text() + "")
+  os.utime(tmp_path / "corpus" / "c.fra-eng.fra", (1, 1))  # the same text, another time: as after a clone
+  with caplog.at_level(logging.WARNING, logger=prepare_lib.__name__):
+    assert prepare_lib.for_run(config.data, run) == first
+  assert "the run keeps it (its tokenizer and batches)" in caplog.text
+  assert prepare_lib.ensure(config.data, tmp_path / "new") != first  # a new run: the files as they are now
+  other = config_lib.replace(config, {"data.dev_fraction": 0.2})  # other settings: a run before its checkpoint
+  assert prepare_lib.for_run(other.data, run, record=True).name == prepare_lib.key(other.data)[0] != first.name
 
 
 @pytest.mark.slow  # starts processes
