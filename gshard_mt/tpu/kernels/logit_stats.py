@@ -70,7 +70,7 @@ def _rows(z, targets):
 
 def _forward(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, ...]:
   """logits [B, L, V], targets [B, L] -> `reference`'s four [B, L], the kernel per device on a TPU."""
-  B, L, V = logits.shape
+  V = logits.shape[-1]
 
   def per_device(z, t):  # rows in (L, B) order, as the TPU lays out the activations ([B, L, V] as [L, B, V])
     stats = _rows(z.transpose(1, 0, 2).reshape(-1, V), t.T.reshape(-1))
@@ -81,7 +81,7 @@ def _forward(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, ...]:
     return per_device(logits, targets)
   axes = nn.logical_to_mesh_axes(("batch", "length", "vocab"))
   if any(axes[1:]):  # the length or the vocabulary split: each device would see part of a row
-    return tuple(s.reshape(B, L) for s in reference(logits.reshape(-1, V), targets.reshape(-1)))
+    return reference(logits, targets)
   rows = P(axes[0])  # XLA does not partition Mosaic kernels: per device, even with the rows whole on each
   return jax.shard_map(per_device, mesh=mesh, in_specs=(rows, rows), out_specs=(rows,) * 4,
                        check_vma=False)(logits, targets)
