@@ -170,7 +170,7 @@ def prepare(config, workdir) -> pipeline.Data:
   others wait, then every process memory-maps the same shards."""
   mesh_lib.check(config, jax.device_count())
   if jax.process_index() == 0:
-    config_lib.save(config, workdir, started=any((workdir / checkpoint_lib.FOLDER).glob("*")))
+    config_lib.save(config, workdir, started=any((io.path(workdir) / checkpoint_lib.FOLDER).glob("*")))
   prepared = distributed.checked_on_process_0(lambda: prepare_lib.for_run(config.data, workdir, record=True).name)
   return pipeline.load(config, workdir, distributed.broadcast_object(prepared))
 

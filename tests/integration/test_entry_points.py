@@ -71,6 +71,7 @@ def test_work_directory_for_another_model(tmp_path):
 
   workdir = tmp_path / "run"
   config_lib.save(small_config(), workdir)
+  (workdir / "checkpoints" / "3").mkdir(parents=True)  # a run that has started: its config.json protects it
   proc = run("train.py", "--config", "configs/tiny.py", "--workdir", str(workdir), "--config.model.emb_dim=64")
   assert_one_line_error(proc, str(workdir / "config.json"), "model.emb_dim")
 

@@ -70,8 +70,8 @@ def test_average_last_is_the_mean_of_the_checkpoints(trained):
     evaluate.restore(trained, step=3, average_last=2)
   scores = evaluate.evaluate(trained, split="test", beam_size=1, languages=["fra"], max_decode_len=6,
                              average_last=2)
-  assert scores["decoding"]["averaged_steps"] == [3, 6] and scores["output_dir"].endswith("test-6-avg2")
-  assert "averaged over steps [3, 6]" in (trained / "eval" / "test-6-avg2" / "report.md").read_text()
+  assert scores["decoding"]["averaged_steps"] == [3, 6] and scores["output_dir"].endswith("test-6-avg2-beam1-len6-fra")
+  assert "averaged over steps [3, 6]" in (trained / "eval" / "test-6-avg2-beam1-len6-fra" / "report.md").read_text()
 
 
 @pytest.mark.slow
