@@ -102,10 +102,10 @@ class Tsv(Source):
   needs_path = True
 
   def parts(self, data_config, arg, languages):
-    path = io.path(arg or data_config.path)
-    if not path.is_file():
-      raise DataError(f"{path}: TSV file not found (data.path)")
-    return [Part(self.name, type(self), (str(arg or data_config.path),))]
+    given = str(arg or data_config.path)  # as written: it keys the prepared data
+    if not io.path(given).is_file():
+      raise DataError(f"{io.path(given)}: TSV file not found (data.path)")
+    return [Part(self.name, type(self), (given,))]
 
   @staticmethod
   def files(part):

@@ -100,10 +100,10 @@ def restore(workdir, *, step: int | None = None, split: str = "test", average_la
   with checkpoint_lib.Checkpoints(workdir / checkpoint_lib.FOLDER) as ckpts:
     steps = ckpts.steps()
   if not steps:
-    raise WorkdirError(f"{workdir}/checkpoints has no checkpoint: train first (python train.py ... --workdir "
-                       f"{workdir})")
+    raise WorkdirError(f"{workdir}/{checkpoint_lib.FOLDER} has no checkpoint: train first (python train.py ... "
+                       f"--workdir {workdir})")
   if step is not None and step not in steps:  # before the data is read
-    raise WorkdirError(f"no checkpoint for step {step} in {workdir}/checkpoints (have {steps})")
+    raise WorkdirError(f"no checkpoint for step {step} in {workdir}/{checkpoint_lib.FOLDER} (have {steps})")
   averaged = steps_to_average(steps, step, average_last, workdir) if average_last is not None else ()
   data = pipeline.load(config, workdir)
   setup = build(config, data.tokenizer.vocab_size)
@@ -141,7 +141,7 @@ def steps_to_average(steps: list[int], step: int | None, count: int, workdir) ->
     raise WorkdirError(f"--average_last must be at least 1, got {count}")
   upto = [s for s in steps if step is None or s <= step]
   if len(upto) < count:
-    raise WorkdirError(f"--average_last {count} needs {count} checkpoints, but {workdir}/checkpoints has "
+    raise WorkdirError(f"--average_last {count} needs {count} checkpoints, but {workdir}/{checkpoint_lib.FOLDER} has "
                        f"{len(upto)}{'' if step is None else f' up to step {step}'}: {upto}")
   return tuple(upto[-count:])
 
@@ -229,8 +229,7 @@ def standard_evaluations(workdir: epath.Path, split: str) -> dict[int, epath.Pat
 
 
 def evaluate(workdir, *, split="test", step=None, beam_size=flags.BEAM_SIZE, alpha=flags.ALPHA, max_decode_len=None,
-             languages=None,
-             baseline=None, batch_size=None, bootstrap_samples=0, average_last=None) -> dict | None:
+             languages=None, baseline=None, batch_size=None, bootstrap_samples=0, average_last=None) -> dict | None:
   """Decodes `split` with the checkpoint of `step` (default: the newest), or with the mean parameters of the last
   `average_last` checkpoints up to it, and writes the scores; returns them on process 0 (None on the others)."""
   flags.check(beam_size=beam_size, max_decode_len=max_decode_len, batch_size=batch_size, average_last=average_last,
