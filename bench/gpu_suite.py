@@ -108,6 +108,7 @@ VARIANTS = {
 }
 VARIANTS["all"] = {k: v for overrides in list(VARIANTS.values())[3:] for k, v in overrides.items()}
 VARIANTS["all and dropout 0"] = VARIANTS["all"] | VARIANTS["dropout 0"]  # the fastest step, MaxText's setting
+VARIANTS["rbg and bf16 residual"] = VARIANTS["rbg dropout bits"] | VARIANTS["bf16 residual"]  # all but cuDNN
 VARIANTS["scanned"] = {"model.scan_layers": "True"}  # the layers in a loop (the configs unroll them)
 # the parameters stacked as scanned, the loop's body every unit (model.scan_unroll caps at the unit count)
 VARIANTS["scanned unrolled"] = {"model.scan_layers": "True", "model.scan_unroll": "64"}
