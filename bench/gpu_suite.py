@@ -98,7 +98,8 @@ MOE_SHAPES = {False: dict(tokens=16384, model_dim=1024, hidden_dim=4096, experts
 # The training step's variants (issue 25's options) -> config overrides; 'all' is every option but dropout 0 (and
 # the layers as the config has them).
 VARIANTS = {
-    "defaults": {},  # `auto` as config.platforms resolves it on the device (on a GPU: the index_gather dispatch)
+    "defaults": {},  # `auto` as config.platforms resolves it on the device (on a GPU: every option below and the
+    # index_gather dispatch)
     # the reference paths, every platform's default before `auto` (issue 40): the "before" of the defaults
     "reference": dict(platforms.REFERENCE),
     "dropout 0": {"model.dropout_rate": "0.0"},  # MaxText's setting

@@ -91,13 +91,13 @@ class ModelConfig(Section):
   positions: str = "sinusoidal"  # or 'learned'
   max_position: int = 512  # for learned positions
   dropout_rate: float = 0.1
-  dropout_rng: str = "auto"  # the dropout masks' bits: 'threefry', 'rbg' (XLA's RngBitGenerator); 'auto' = threefry
+  dropout_rng: str = "auto"  # the dropout masks' bits: 'threefry', 'rbg' (XLA's RngBitGenerator); auto: rbg on GPUs
   attention_dropout_rate: float = 0.0
   # 'xla' (the reference), 'fused' (jax.nn.dot_product_attention: cuDNN's flash attention on GPUs), 'pallas'
-  # (kernels for TPUs, interpreted elsewhere); only 'xla' has attention dropout; 'auto' = 'xla' for now
+  # (kernels for TPUs, interpreted elsewhere); only 'xla' has attention dropout; auto: 'fused' on GPUs without it
   attention: str = "auto"
   dtype: str = "bfloat16"  # computation; parameters are float32
-  residual_dtype: str = "auto"  # 'float32' or 'bfloat16' (layer norms stay float32); 'auto' = float32 for now
+  residual_dtype: str = "auto"  # 'float32' or 'bfloat16' (layer norms stay float32); auto: a bf16 model's on GPUs
   remat: str = "none"  # what a layer unit keeps for the backward pass: 'none', 'full', ...
   scan_layers: bool = True  # compile one layer unit, not one per layer
   scan_unroll: int = 1  # with scan_layers: layer units per loop iteration (lax.scan's unroll)
