@@ -7,11 +7,11 @@
 #
 # 1. the training steps of configs/base.py and configs/dense_base.py (bench/gpu_suite.py), with the loss of their
 #    first and last timed step and the updates skipped as not finite: the defaults (`auto`: on a GPU cuDNN
-#    attention, rbg dropout bits, the bf16 residual stream and the index dispatch's gathers) against the reference
+#    attention, the bf16 residual stream and the index dispatch's gathers) against the reference
 #    paths (every platform's defaults before `auto`);
 # 2. the profile of base's default step by part (bench/profile_step.py, through the suite);
 # 3. start to first step of train.py with a cold and a warm compilation cache (bench/cache_start.py);
-# 4. the unit tests of the GPU defaults run on the GPU (cuDNN against XLA's attention, the rbg masks).
+# 4. the unit tests of the GPU defaults run on the GPU (cuDNN against XLA's attention, the bf16 stream).
 # On an H200 (2026-11-27) the first part took 1 min a step variant, the cache part 108 s.
 # OUT gets env.txt (device, driver, versions), suite/ and profile/ (bench/gpu_suite.py's JSON), cache.json
 # (bench/cache_start.py's); `python bench/report.py` puts them in docs/performance.md once they are under
@@ -36,9 +36,9 @@ part() {  # part SECONDS COMMAND...: runs it under its limit, says how long it t
   $PY -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__,
 jax.devices())"; } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
-part 250 $PY bench/gpu_suite.py --out "$OUT/suite" --sections training --runs "base:defaults,base:reference,\
+part 260 $PY bench/gpu_suite.py --out "$OUT/suite" --sections training --runs "base:defaults,base:reference,\
 dense_base:defaults,dense_base:reference"
 part 95 $PY bench/gpu_suite.py --out "$OUT/profile" --sections profile --profiles base
 part 115 $PY bench/cache_start.py --config configs/base.py --out "$OUT/cache.json" --timeout 95
-part 90 $PY -m pytest -v -p no:cacheprovider tests/unit/test_fused_attention.py tests/unit/test_dropout_rng.py
+part 90 $PY -m pytest -v -p no:cacheprovider tests/unit/test_fused_attention.py tests/unit/test_residual_dtype.py
 exit $status

@@ -91,7 +91,7 @@ class ModelConfig(Section):
   positions: str = "sinusoidal"  # or 'learned'
   max_position: int = 512  # for learned positions
   dropout_rate: float = 0.1
-  dropout_rng: str = "auto"  # the dropout masks' bits: 'threefry', 'rbg' (XLA's RngBitGenerator); auto: rbg on GPUs
+  dropout_rng: str = "auto"  # the dropout masks' bits: 'threefry', 'rbg' (XLA's RngBitGenerator); auto: threefry
   attention_dropout_rate: float = 0.0
   # 'xla' (the reference), 'fused' (jax.nn.dot_product_attention: cuDNN's flash attention on GPUs), 'pallas'
   # (kernels for TPUs, interpreted elsewhere); only 'xla' has attention dropout; auto: 'fused' on GPUs without it

@@ -21,8 +21,8 @@ NEG_INF = -1e10  # additive mask: exp(NEG_INF - max) is exactly 0 in float32 and
 LAYER_NORM_EPSILON = 1e-6  # flax's default
 NORM_INITS = {"scale": nn.initializers.ones, "bias": nn.initializers.zeros}  # a layer norm's parameters
 # model.dropout_rng: the dropout masks' key from the step's threefry key. 'rbg' (XLA's RngBitGenerator, bits
-# depending on backend and XLA version) is fused Philox on GPUs, cheaper than threefry; not the default: on a TPU
-# it is a separate op, drawn for the whole batch on every device (docs/decisions.md).
+# depending on backend and XLA version) is fused Philox on GPUs; not the default: it saved nothing measurable on one
+# GPU and, split over several devices, draws the whole batch's bits on each (docs/decisions.md).
 DROPOUT_KEYS = choices.DROPOUT_KEYS.add({
     "threefry": lambda key: key,
     "rbg": lambda key: jax.random.wrap_key_data(jax.random.bits(key, (4,), jnp.uint32), impl="rbg"),

@@ -15,7 +15,7 @@ AUTO = {"model.dropout_rng": "auto", "model.attention": "auto", "model.residual_
 
 def test_each_platform_gets_its_measured_choices():
   bf16 = AUTO | {"model.dtype": "bfloat16"}
-  assert platforms.chosen(bf16, "gpu") == {"model.dropout_rng": "rbg", "model.attention": "fused",
+  assert platforms.chosen(bf16, "gpu") == {"model.dropout_rng": "threefry", "model.attention": "fused",
                                            "model.residual_dtype": "bfloat16", "moe.dispatch": "index_gather"}
   assert platforms.chosen(bf16, "cuda") == platforms.chosen(bf16, "gpu")
   for platform in ("tpu", "cpu", "something_new"):
@@ -26,7 +26,7 @@ def test_each_platform_gets_its_measured_choices():
 def test_a_gpu_keeps_the_reference_where_its_choice_does_not_apply():
   # cuDNN's attention has no dropout, and a float32 model keeps a float32 residual stream
   settings = AUTO | {"model.dtype": "float32", "model.attention_dropout_rate": 0.1}
-  assert platforms.chosen(settings, "gpu") == {"model.dropout_rng": "rbg", "model.attention": "xla",
+  assert platforms.chosen(settings, "gpu") == {"model.dropout_rng": "threefry", "model.attention": "xla",
                                                "model.residual_dtype": "float32", "moe.dispatch": "index_gather"}
 
 
@@ -40,7 +40,7 @@ def test_the_model_config_is_resolved_for_the_devices_platform():
   assert (config.model.attention, config.model.dropout_rng, config.model.residual_dtype) == ("auto",) * 3
   gpu, cpu = (TransformerConfig.from_config(config, 64, p) for p in ("gpu", "cpu"))
   assert (gpu.attention, gpu.dropout_rng, gpu.residual_dtype, gpu.moe.dispatch) == (
-      "fused", "rbg", jnp.float32, "index_gather")  # small_config computes in float32
+      "fused", "threefry", jnp.float32, "index_gather")  # small_config computes in float32
   assert TransformerConfig.from_config(small_config(**{"model.dtype": "bfloat16"}), 64, "gpu").residual_dtype == (
       jnp.bfloat16)
   assert (cpu.attention, cpu.dropout_rng, cpu.residual_dtype, cpu.moe.dispatch) == (
