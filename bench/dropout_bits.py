@@ -21,6 +21,7 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--shape", default="64,64,512", help="B,L,M of the activation")
   args = parser.parse_args(argv)
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.devices}"
+  os.environ["JAX_PLATFORMS"] = "cpu"  # the CPU devices, also on a host with an accelerator
   import flax.linen as nn
   import jax
   import jax.numpy as jnp

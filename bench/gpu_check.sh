@@ -40,5 +40,6 @@ part 260 $PY bench/gpu_suite.py --out "$OUT/suite" --sections training --runs "b
 dense_base:defaults,dense_base:reference"
 part 95 $PY bench/gpu_suite.py --out "$OUT/profile" --sections profile --profiles base
 part 115 $PY bench/cache_start.py --config configs/base.py --out "$OUT/cache.json" --timeout 95
-part 90 $PY -m pytest -v -p no:cacheprovider tests/unit/test_fused_attention.py tests/unit/test_residual_dtype.py
+part 90 $PY -m pytest -v -p no:cacheprovider tests/unit/test_fused_attention.py tests/unit/test_residual_dtype.py \
+  -k "bfloat16 or cudnn or fused_mask or residual"
 exit $status

@@ -22,7 +22,8 @@ Sections:
 - Training: the jitted train step of each config on its own packed batches of the Tatoeba-112 training split
   (compiled and warmed up first; batches staged on the device beforehand): step time, real tokens/s and MFU
   (`gshard_mt.training.metrics`: the step's model FLOPs as the dry run counts them, against the device's peak
-  bf16 FLOP/s), for the (config, variant) pairs of RUNS, each against its config's defaults (VARIANTS: dropout 0,
+  bf16 FLOP/s), for the (config, variant) pairs of RUNS, each against its config's defaults (on a GPU these include
+  fused attention and the bf16 residual; VARIANTS: dropout 0,
   rbg dropout bits, fused attention, a bf16 residual stream, all of them, all with dropout 0, the layers scanned
   (and scanned with every unit in the loop's body), the index dispatch with gathers for its backward passes (alone
   and with all), the grouped dispatch with the Mosaic GPU kernels; --runs picks others).
@@ -98,8 +99,8 @@ MOE_SHAPES = {False: dict(tokens=16384, model_dim=1024, hidden_dim=4096, experts
 # The training step's variants (issue 25's options) -> config overrides; 'all' is every option but dropout 0 (and
 # the layers as the config has them).
 VARIANTS = {
-    "defaults": {},  # `auto` as config.platforms resolves it on the device (on a GPU: every option below and the
-    # index_gather dispatch)
+    "defaults": {},  # `auto` as config.platforms resolves it on the device (on a GPU: fused attention and the bf16
+    # residual where they apply, and the index_gather dispatch)
     # the reference paths, every platform's default before `auto` (issue 40): the "before" of the defaults
     "reference": dict(platforms.REFERENCE),
     "dropout 0": {"model.dropout_rate": "0.0"},  # MaxText's setting

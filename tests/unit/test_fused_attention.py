@@ -154,8 +154,8 @@ def test_fused_attention_asks_for_cudnn_on_a_gpu(monkeypatch):
                          ids=["self", "causal", "cross"])
 def test_the_fused_mask_leaves_no_query_row_empty(cross, causal):
   """cuDNN's flash-attention backward recomputes a row's probabilities from its logsumexp, and an empty row's is
-  -inf: the suspect (not yet confirmed on a GPU) in the H200's runs with cuDNN attention that did not learn
-  (2026-11-27). Every padding query gets key 0; every real query keeps exactly its keys."""
+  -inf: the H200's runs with cuDNN attention did not learn before this mask and did after it (2026-11-27). Every
+  padding query gets key 0; every real query keeps exactly its keys."""
   q_segments = packed_segments(4, 16, pairs=3, seed=3)
   k_segments = packed_segments(4, 24, pairs=3, seed=4) if cross else q_segments
   plain = np.asarray(layers.attention_mask(q_segments, k_segments, causal))[:, 0]  # [B, Q, K]

@@ -14,7 +14,7 @@ AUTO = {"model.dropout_rng": "auto", "model.attention": "auto", "model.residual_
 
 
 def test_each_platform_gets_its_measured_choices():
-  bf16 = AUTO | {"model.dtype": "bfloat16"}
+  bf16 = AUTO | {"model.dtype": "bfloat16", "model.attention_dropout_rate": 0.0}
   assert platforms.chosen(bf16, "gpu") == {"model.dropout_rng": "threefry", "model.attention": "fused",
                                            "model.residual_dtype": "bfloat16", "moe.dispatch": "index_gather"}
   assert platforms.chosen(bf16, "cuda") == platforms.chosen(bf16, "gpu")
@@ -23,15 +23,25 @@ def test_each_platform_gets_its_measured_choices():
                                                 "model.residual_dtype": "float32", "moe.dispatch": "index"}
 
 
-def test_a_gpu_keeps_the_reference_where_its_choice_does_not_apply():
-  # cuDNN's attention has no dropout, and a float32 model keeps a float32 residual stream
-  settings = AUTO | {"model.dtype": "float32", "model.attention_dropout_rate": 0.1}
-  assert platforms.chosen(settings, "gpu") == {"model.dropout_rng": "threefry", "model.attention": "xla",
-                                               "model.residual_dtype": "float32", "moe.dispatch": "index_gather"}
+@pytest.mark.parametrize("settings, reference", [
+    ({"model.dtype": "bfloat16", "model.attention_dropout_rate": 0.1}, {"model.attention"}),  # cuDNN: no dropout
+    ({"model.dtype": "float32", "model.attention_dropout_rate": 0.0},  # cuDNN takes no float32; the stream stays
+     {"model.attention", "model.residual_dtype"})])
+def test_a_gpu_keeps_the_reference_where_its_choice_does_not_apply(settings, reference):
+  chosen = platforms.chosen(AUTO | settings, "gpu")
+  assert chosen == {key: platforms.REFERENCE[key] if key in reference else platforms.BY_PLATFORM["gpu"][key]
+                    for key in AUTO}
+
+
+def test_the_settings_a_choice_depends_on_must_be_given():
+  with pytest.raises(KeyError, match="model.dtype"):
+    platforms.chosen({"model.attention": "auto", "model.attention_dropout_rate": 0.0}, "gpu")
+  assert platforms.chosen({"moe.dispatch": "auto"}, "gpu") == {"moe.dispatch": "index_gather"}
 
 
 def test_only_auto_is_resolved():
-  assert platforms.chosen(AUTO | {"model.attention": "fused", "model.dropout_rate": 0.1}, "gpu").keys() == {
+  settings = AUTO | {"model.attention": "fused", "model.dropout_rate": 0.1, "model.dtype": "bfloat16"}
+  assert platforms.chosen(settings, "gpu").keys() == {
       "model.dropout_rng", "model.residual_dtype", "moe.dispatch"}
 
 
@@ -40,9 +50,9 @@ def test_the_model_config_is_resolved_for_the_devices_platform():
   assert (config.model.attention, config.model.dropout_rng, config.model.residual_dtype) == ("auto",) * 3
   gpu, cpu = (TransformerConfig.from_config(config, 64, p) for p in ("gpu", "cpu"))
   assert (gpu.attention, gpu.dropout_rng, gpu.residual_dtype, gpu.moe.dispatch) == (
-      "fused", "threefry", jnp.float32, "index_gather")  # small_config computes in float32
-  assert TransformerConfig.from_config(small_config(**{"model.dtype": "bfloat16"}), 64, "gpu").residual_dtype == (
-      jnp.bfloat16)
+      "xla", "threefry", jnp.float32, "index_gather")  # small_config computes in float32
+  bf16 = TransformerConfig.from_config(small_config(**{"model.dtype": "bfloat16"}), 64, "gpu")
+  assert (bf16.attention, bf16.residual_dtype) == ("fused", jnp.bfloat16)
   assert (cpu.attention, cpu.dropout_rng, cpu.residual_dtype, cpu.moe.dispatch) == (
       "xla", "threefry", jnp.float32, "index")
   assert config.moe.dispatch == "auto" and small_config(**{"moe.dispatch": "einsum"}).moe.dispatch == "einsum"
