@@ -110,14 +110,20 @@ def transformer_loss_and_grads(config, attention: str, batch: dict):
   return jax.jit(jax.value_and_grad(loss))(params)
 
 
-def test_transformer_loss_and_gradients_equal_between_the_two():
+@pytest.mark.parametrize("dtype, loss_tolerance, grad_tolerance", [
+    ("float32", 1e-6, 1e-5),  # 8.6e-7 measured on the CPU
+    # cuDNN's own path end to end (packed rows, padding queries, dropout): bfloat16 is what cuDNN takes; between
+    # XLA's two bfloat16 paths on the CPU the gradients differ by 1.5e-2 (2026-11-27)
+    pytest.param("bfloat16", 1e-2, 5e-2, marks=pytest.mark.skipif(jax.default_backend() != "gpu",
+                                                                  reason="cuDNN runs on GPUs only"))])
+def test_transformer_loss_and_gradients_equal_between_the_two(dtype, loss_tolerance, grad_tolerance):
   """A training step's loss (MoE layers, residual dropout on) and its gradients, from the same parameters."""
-  config = small_config(**{"model.dtype": "float32", "model.dropout_rate": "0.1"})
+  config = small_config(**{"model.dtype": dtype, "model.dropout_rate": "0.1"})
   batch = packed_batch(config.batch_size, config.data.max_length, config.data.vocab_size)
   (fused_loss, fused_grads), (xla_loss, xla_grads) = (transformer_loss_and_grads(config, a, batch)
                                                       for a in ("fused", "xla"))
-  np.testing.assert_allclose(fused_loss, xla_loss, rtol=1e-6)
-  assert relative_error(fused_grads, xla_grads) < 1e-5  # 8.6e-7 measured
+  np.testing.assert_allclose(fused_loss, xla_loss, rtol=loss_tolerance)
+  assert relative_error(fused_grads, xla_grads) < grad_tolerance
 
 
 def test_fused_attention_refuses_attention_dropout():
