@@ -23,10 +23,10 @@ Sections:
   (compiled and warmed up first; batches staged on the device beforehand): step time, real tokens/s and MFU
   (`gshard_mt.training.metrics`: the step's model FLOPs as the dry run counts them, against the device's peak
   bf16 FLOP/s), for the (config, variant) pairs of RUNS, each against its config's defaults (on a GPU these include
-  fused attention and the bf16 residual; VARIANTS: dropout 0,
-  rbg dropout bits, fused attention, a bf16 residual stream, all of them, all with dropout 0, the layers scanned
-  (and scanned with every unit in the loop's body), the index dispatch with gathers for its backward passes (alone
-  and with all), the grouped dispatch with the Mosaic GPU kernels; --runs picks others).
+  fused attention and the bf16 residual; VARIANTS: dropout 0, rbg dropout bits, fused attention, a bf16 residual
+  stream, all of them, all with dropout 0, the layers scanned (and scanned with every unit in the loop's body), the
+  index dispatch with gathers for its backward passes (alone and with all), the grouped dispatch with the Mosaic GPU
+  kernels; --runs picks others).
 - Profile: a few training steps of each config traced by bench/profile_step.py in a process of its own (XLA's
   GPU command buffers off): device time per step by part of the model (the parts of bench/step_breakdown.py's
   TPU estimate), the matmuls' share, the idle gaps and the longest instructions.

@@ -75,11 +75,13 @@ def for_run(data_config, workdir: io.PathLike, *, record: bool = False) -> io.ep
   if kept.get("data") == settings:
     target = root(data_config, workdir) / kept["name"]
     if shards.read_manifest(target) is not None:
-      with contextlib.suppress(UserError, OSError):  # files that are gone are no reason to stop
-        if key(data_config)[0] == target.name:
-          return target
-      log.warning("the corpus files are not those %s was prepared from: the run keeps it (its tokenizer and "
-                  "batches)", target)
+      try:
+        same_files = key(data_config)[0] == target.name
+      except (UserError, OSError):  # files that are gone are no reason to stop
+        same_files = False
+      if not same_files:
+        log.warning("the corpus files are not those %s was prepared from: the run keeps it (its tokenizer and "
+                    "batches)", target)
       return target
     log.warning("%s, the prepared corpus of the run in %s, is gone: preparing the corpus again", target, workdir)
   target = ensure(data_config, workdir)
