@@ -1,16 +1,12 @@
 """JAX's persistent compilation cache, on for every command (`cli.run`): a restarted run, a second eval.py of a
-work directory or a tool run again loads its compiled programs instead of compiling them (bench/cache_start.py).
-
-Where, the first that is set: `--compilation_cache DIR`, $GSHARD_MT_COMPILATION_CACHE, $JAX_COMPILATION_CACHE_DIR,
-else $XDG_CACHE_HOME/gshard_mt/jax (~/.cache/gshard_mt/jax), readable by the user alone; `off` turns it off. The
-choice is exported in $GSHARD_MT_COMPILATION_CACHE, so the processes a command starts (sweep, study) share it. JAX's
-other settings (minimum compile time 1 s, minimum entry size) and their JAX_* variables are left to JAX.
+work directory or a tool run again loads its compiled programs instead of compiling them (README, bench/cache_start.py).
+The folder (`choose`) is exported in $GSHARD_MT_COMPILATION_CACHE, so the processes a command starts (sweep, study)
+share it; JAX's other settings (minimum compile time and entry size) are left to JAX.
 
 Caveats (JAX's docs/persistent_compilation_cache.md): the cache is trusted (whoever can write to the folder can run
-code in your processes); only process 0 writes it, so hosts share programs only through a shared folder (NFS, or
-gs://bucket/path with the `gcs` extra); nothing is evicted (give a bucket an object lifecycle; a local folder may be
-deleted at any time); a CPU program's key does not name the host's CPU, so a home folder shared by different CPUs
-may refuse another machine's program (a warning) and compile it again.
+code in your processes); only process 0 writes it; nothing is evicted (give a bucket an object lifecycle; a local
+folder may be deleted at any time); a CPU program's key does not name the host's CPU, so a home folder shared by
+different CPUs may refuse another machine's program (a warning) and compile it again.
 """
 
 from __future__ import annotations
@@ -46,8 +42,7 @@ def choose(flag: str | None = None, environ=os.environ) -> tuple[str | None, str
   """(the cache folder, or None for off; what chose it): the first set (not empty) of the flag,
   $GSHARD_MT_COMPILATION_CACHE and $JAX_COMPILATION_CACHE_DIR, else the default."""
   for value, source in ((flag, FLAG), (environ.get(SWITCH), SWITCH), (environ.get(JAX_VARIABLE), JAX_VARIABLE)):
-    if value is not None and value.strip():
-      value = value.strip()
+    if value := (value or "").strip():
       if value.lower() in OFF:
         return None, source
       return (os.path.abspath(os.path.expanduser(value)) if io.is_local(value) else value), source

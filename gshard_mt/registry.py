@@ -64,14 +64,13 @@ class Registry:
       raise KeyError(f"{self.kind}={name!r}: expected one of {self.names()}")
     return entries[name]
 
+  __getitem__ = get
+
   def names(self) -> tuple[str, ...]:
     return tuple(self._read())
 
   def items(self) -> Iterator[tuple[str, Any]]:
     return iter(tuple(self._read().items()))
-
-  def __getitem__(self, name: str) -> Any:
-    return self.get(name)
 
   def __iter__(self) -> Iterator[str]:
     return iter(self.names())

@@ -7,9 +7,8 @@ Command buffers keep XLA's default, which already captures fusions and library c
 `--xla_gpu_experimental_triton_ragged_dot` no longer exist in jaxlib 0.12); the collectives' combine thresholds
 tune many-GPU FSDP runs: the user's to set.
 
-TPU: libtpu's defaults. SPARSECORE_GATHERS, every gather the SparseCores can do sent to them (v5p, v6e), is an
-option: the TPU compiler estimates the MoE dispatch of configs/base.py at 95 us as a TensorCore fusion and 25 us
-offloaded, but no TPU has run it (LIBTPU_INIT_ARGS=<the flag> to try it; docs/decisions.md).
+TPU: libtpu's defaults. SPARSECORE_GATHERS (every gather the SparseCores can do sent to them, v5p and v6e) is an
+option, estimated faster but never run on a TPU: LIBTPU_INIT_ARGS=<the flag> tries it (docs/decisions.md).
 """
 
 from __future__ import annotations

@@ -14,39 +14,32 @@ import json
 import os
 import pathlib
 import traceback
-import typing
 from typing import Any
 
 import ml_collections
 
 from gshard_mt import io
 from gshard_mt.config import checks, platforms
-from gshard_mt.config.groups import microbatch_rows, moe_group_error, row_lengths  # noqa: F401  the API
-from gshard_mt.config.sections import SECTIONS, Config
+from gshard_mt.config.sections import SECTIONS, Config, microbatch_rows, moe_group_error, row_lengths  # noqa: F401
 from gshard_mt.errors import ConfigError, UserError, article
 
 BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}  # of --config.key=TEXT
 
 
-def _where(path: pathlib.Path, error: BaseException) -> str:
-  """`path:line` of the innermost place in the file `path` that `error` came from (just `path` if none)."""
-  here = os.path.abspath(path)
-  if isinstance(error, SyntaxError) and error.filename and os.path.abspath(error.filename) == here:
-    return f"{path}:{error.lineno}"
-  lines = [f.lineno for f in traceback.extract_tb(error.__traceback__) if os.path.abspath(f.filename) == here]
-  return f"{path}:{lines[-1]}" if lines else str(path)
-
-
 def run_file_code(path: str | pathlib.Path, function, *args, **kwargs):
-  """Calls `function`, code of the user's file `path`; what it raises becomes one line naming the file and line
-  (`configs/x.py:12: ZeroDivisionError: division by zero`)."""
+  """Calls `function`, code of the user's file `path`; what it raises becomes one line naming the file and its
+  innermost line there (`configs/x.py:12: ZeroDivisionError: division by zero`)."""
   try:
     return function(*args, **kwargs)
   except UserError:
     raise  # already one line naming what is at fault
   except Exception as e:  # noqa: BLE001 - any error of a user's file is the user's to fix
+    path, here = pathlib.Path(path), os.path.abspath(path)
+    lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if os.path.abspath(f.filename) == here]
+    if isinstance(e, SyntaxError) and e.filename and os.path.abspath(e.filename) == here:
+      lines.append(e.lineno)
     detail = e.msg if isinstance(e, SyntaxError) else e  # its str() repeats the file and line
-    raise ConfigError(f"{_where(pathlib.Path(path), e)}: {type(e).__name__}: {detail}") from None
+    raise ConfigError(f"{path}{f':{lines[-1]}' if lines else ''}: {type(e).__name__}: {detail}") from None
 
 
 def load_module(path: str | pathlib.Path, needs: str):
@@ -82,9 +75,7 @@ def _parse_value(key: str, text: str, current):
       value = float(text.lower())
     else:
       raise ConfigError(f"--config.{key}={text}: expected {article(type(current).__name__)}") from None
-  if isinstance(current, float) and checks.is_a(value, float):
-    value = float(value)
-  if type(value) is not type(current):
+  if not checks.is_a(value, type(current)):
     raise ConfigError(f"--config.{key}={text}: expected {article(type(current).__name__)}, got "
                       f"{article(type(value).__name__)}")
   return value
@@ -136,21 +127,17 @@ def parse(config: ml_collections.ConfigDict | dict) -> Config:
   type or value, or a combination that cannot work, raises ConfigError naming the key, before anything is built.
   Keys missing (a config.json written before they were added) take their defaults."""
   values = to_dict(config) if isinstance(config, ml_collections.ConfigDict) else dict(config)
-  sections = {name: _typed(name, cls, values.pop(name, {})) for name, cls in SECTIONS.items()}
-  return Config(**_typed("", Config, values), **sections)
+  sections = {name: _typed(cls, values.pop(name, {}), f"{name}.") for name, cls in SECTIONS.items()}
+  return _typed(Config, values | sections)
 
 
-def _typed(section: str, cls, values: dict):
-  """The section `cls` made from `values` (or, with section='', the run's own keys, checked): an unknown key is
-  an error; an int becomes a float where the field is a float."""
-  fields = {f.name for f in dataclasses.fields(cls) if section or f.name not in SECTIONS}
-  prefix = f"{section}." if section else ""
+def _typed(cls, values: dict, prefix: str = ""):
+  """`cls` made from `values`; an unknown key is an error."""
+  fields = {f.name for f in dataclasses.fields(cls)}
   for key in values:
     if key not in fields:
       raise _unknown_key(key, fields, prefix)
-  hints = typing.get_type_hints(cls)
-  values = {k: float(v) if hints[k] is float and checks.is_a(v, float) else v for k, v in values.items()}
-  return cls(**values) if section else values
+  return cls(**values)
 
 
 def replace(config: Config, values: dict[str, Any]) -> Config:

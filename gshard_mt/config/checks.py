@@ -23,16 +23,17 @@ class Section:
   RANGES: ClassVar[dict[str, tuple]] = {}
 
   def __post_init__(self):
-    self.check_types()
+    hints = typing.get_type_hints(type(self))
+    for f in dataclasses.fields(self):
+      if not is_a(value := getattr(self, f.name), kind := hints[f.name]):
+        raise ConfigError(f"{self.key(f.name)}={value!r}: expected {article(kind.__name__)}, got "
+                          f"{article(type(value).__name__)}")
+      if kind is float:  # an int given for a float (config.json's 2, --config.key=2)
+        object.__setattr__(self, f.name, float(value))
     self.check_values()
 
   def key(self, name: str) -> str:
     return f"{self.KEY}.{name}" if self.KEY else name
-
-  def check_types(self):
-    hints = typing.get_type_hints(type(self))
-    for f in dataclasses.fields(self):
-      check_type(self.key(f.name), getattr(self, f.name), hints[f.name])
 
   def check_values(self):
     for name, allowed in self.CHOICES.items():
@@ -49,6 +50,21 @@ class Section:
         raise ConfigError(f"{self.key(name)}={value!r}: expected a finite number {expected}")
 
 
+class Plus:
+  """A CHOICES entry: `value` (platforms.AUTO, '' for "the default") and the values of `allowed` (a tuple or a
+  registry)."""
+
+  def __init__(self, value, allowed):
+    self.value = value
+    self.allowed = allowed
+
+  def __contains__(self, value) -> bool:
+    return value == self.value or value in self.allowed
+
+  def __iter__(self):
+    return iter((self.value, *self.allowed))
+
+
 def is_a(value, kind) -> bool:
   """Whether `value` is of the config type `kind` (an int is a float; a bool is no int; other types pass)."""
   if kind not in (int, float, str, bool):
@@ -56,11 +72,6 @@ def is_a(value, kind) -> bool:
   if kind is float:
     return isinstance(value, int | float) and not isinstance(value, bool)
   return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
-
-
-def check_type(key: str, value, kind):
-  if not is_a(value, kind):
-    raise ConfigError(f"{key}={value!r}: expected {article(kind.__name__)}, got {article(type(value).__name__)}")
 
 
 def fraction(low_open: bool = False):

@@ -8,14 +8,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-from gshard_mt.config.checks import Section
+from gshard_mt.config.checks import Plus, Section
 from gshard_mt.config.choices import ACTIVATIONS, DISPATCHES, GROUPED_KERNELS, ROUTERS
-from gshard_mt.config.platforms import WithAuto
+from gshard_mt.config.platforms import AUTO
 from gshard_mt.errors import ConfigError
 
-BALANCES = ("aux_loss", "bias")
 SECOND_EXPERT_POLICIES = ("all", "random")
-EXPERT_KERNELS = ("xla", "pallas")  # the capacity buffers' expert FFN (moe/experts.py, tpu/kernels/expert_ffn.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,9 +22,9 @@ class MoeConfig(Section):
 
   KEY: ClassVar[str] = "moe"
   CHOICES: ClassVar[dict[str, Any]] = {
-      "router": ROUTERS, "balance": BALANCES, "second_expert_policy": SECOND_EXPERT_POLICIES,
-      "dispatch": WithAuto(DISPATCHES), "activation": ACTIVATIONS, "grouped_kernel": GROUPED_KERNELS,
-      "expert_kernel": EXPERT_KERNELS}
+      "router": ROUTERS, "decoder_router": Plus("", ROUTERS), "balance": ("aux_loss", "bias"),
+      "second_expert_policy": SECOND_EXPERT_POLICIES, "dispatch": Plus(AUTO, DISPATCHES), "activation": ACTIVATIONS,
+      "grouped_kernel": GROUPED_KERNELS, "expert_kernel": ("xla", "pallas")}
   POSITIVE: ClassVar[tuple[str, ...]] = ("num_experts", "hidden_dim", "group_size", "min_capacity")
   NONNEGATIVE: ClassVar[dict[str, str]] = {"shared_experts": "0 = none"}
   RANGES: ClassVar[dict[str, tuple]] = {key: (lambda x: x > 0, "> 0") for key in (
@@ -41,27 +39,18 @@ class MoeConfig(Section):
   train_capacity_factor: float = 1.25  # C = max(min_capacity, ceil(factor * k * S / E)), k = 2 for 'gshard'
   eval_capacity_factor: float = 2.0
   min_capacity: int = 4
-  # of 'gshard': 'all' or 'random' (the paper's: a second choice kept iff uniform < g2 / threshold)
-  second_expert_policy: str = "random"
+  second_expert_policy: str = "random"  # of 'gshard': 'all', or the paper's: kept iff uniform < g2 / threshold
   second_expert_threshold: float = 0.5
-  # 'einsum' (the paper's), 'index' (gather by slot), 'grouped' (rows in blocks by expert, grouped matmuls over
-  # the kept assignments only; one device: on a mesh XLA all-gathers its rows), 'shard_map' (manual all-to-alls);
-  # 'auto': the platform's (config.platforms: 'index_gather' on GPUs, 'index' elsewhere)
-  dispatch: str = "auto"
-  # of 'grouped': 'ragged_dot' (jax.lax.ragged_dot) or 'mosaic_gpu' (Pallas Mosaic GPU kernels on a Hopper GPU,
-  # bf16; 'ragged_dot' elsewhere)
-  grouped_kernel: str = "ragged_dot"
-  # the expert FFN on the capacity buffers: 'xla' (einsums) or 'pallas' (two Pallas kernels for TPUs, ReLU only,
-  # H whole on each device; interpreted elsewhere)
-  expert_kernel: str = "xla"
+  dispatch: str = "auto"  # 'einsum' (the paper's), 'index', 'index_gather', 'grouped', 'shard_map'; auto: platforms
+  grouped_kernel: str = "ragged_dot"  # of 'grouped': 'ragged_dot', or 'mosaic_gpu' (Pallas kernels; Hopper, bf16)
+  expert_kernel: str = "xla"  # the capacity buffers' expert FFN: 'xla', or 'pallas' (TPU kernels; ReLU, H whole)
   activation: str = "relu"
   jitter_noise: float = 0.0  # multiplicative router-input noise while training
   router_logit_cap: float = 0.0  # cap * tanh(logits / cap) when > 0
   aux_loss_weight: float = 0.01  # the load-balancing loss's weight in the training loss
   z_loss_weight: float = 0.0  # router z-loss weight
   shared_experts: int = 0  # n dense experts of hidden H that every token passes through too (DeepSeekMoE)
-  # 'aux_loss' (aux_loss_weight), or 'bias': DeepSeek-V3's auxiliary-loss-free balancing (moe.balance)
-  balance: str = "aux_loss"
+  balance: str = "aux_loss"  # or 'bias': DeepSeek-V3's auxiliary-loss-free balancing (moe/balance.py)
   bias_update_rate: float = 0.001  # gamma of balance='bias': each step's move of the selection bias
 
   def router_of(self, decoder: bool) -> str:
@@ -81,15 +70,11 @@ class MoeConfig(Section):
 
   @classmethod
   def from_config(cls, moe_section) -> MoeConfig:
-    """From a MoeConfig or a mapping with these keys (a ConfigDict's `moe`)."""
-    if isinstance(moe_section, MoeConfig):
-      return moe_section
-    return cls(**{f.name: moe_section[f.name] for f in dataclasses.fields(cls)})
+    """From a MoeConfig or a ConfigDict's `moe` (the same keys)."""
+    return cls(**{f.name: getattr(moe_section, f.name) for f in dataclasses.fields(cls)})
 
   def check_values(self):
     super().check_values()
-    if self.decoder_router and self.decoder_router not in ROUTERS:
-      raise ConfigError(f"moe.decoder_router={self.decoder_router!r}: expected one of {('',) + ROUTERS.names()}")
     if not 1 <= self.num_selected <= 4:
       raise ConfigError(f"moe.num_selected={self.num_selected!r}: expected 1 to 4")
 
@@ -111,7 +96,7 @@ class MoeConfig(Section):
       raise ConfigError(f"moe.grouped_kernel={self.grouped_kernel!r} is the grouped dispatch's: it needs "
                         f"moe.dispatch='grouped', not {self.dispatch!r}")
     buffers = tuple(name for name, path in DISPATCHES.items() if path.capacity_buffers)
-    if self.expert_kernel == "pallas" and (self.dispatch not in ("auto", *buffers) or self.activation != "relu"):
+    if self.expert_kernel == "pallas" and (self.dispatch not in (AUTO, *buffers) or self.activation != "relu"):
       raise ConfigError(f"moe.expert_kernel='pallas' computes relu(x wi) wo on capacity buffers: it needs "
                         f"moe.activation='relu' and moe.dispatch in {buffers}, not "
                         f"{self.activation!r} and {self.dispatch!r}")

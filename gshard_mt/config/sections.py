@@ -1,7 +1,8 @@
 """The config: one frozen dataclass per section with its defaults and checks (each error one line naming the key),
 and `Config`, the run's keys holding the sections. Config files edit `defaults.get_config()`; `config.parse` turns
 the result into a `Config` once, where the command line meets the code. docs/config.md documents every key
-(tests/unit/test_docs.py checks its defaults). Plain Python, no JAX.
+(tests/unit/test_docs.py checks its defaults). Also how a step's batch splits into microbatches, rows and the MoE
+groups of S tokens (GShard section 2.2: group-local dispatch). Plain Python, no JAX.
 """
 
 from __future__ import annotations
@@ -11,10 +12,9 @@ import typing
 from typing import Any, ClassVar
 
 from gshard_mt.config import choices
-from gshard_mt.config.checks import Section, fraction
-from gshard_mt.config.groups import moe_group_error
+from gshard_mt.config.checks import Plus, Section, fraction
 from gshard_mt.config.moe import MoeConfig
-from gshard_mt.config.platforms import WithAuto
+from gshard_mt.config.platforms import AUTO
 from gshard_mt.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16")
@@ -70,8 +70,8 @@ class ModelConfig(Section):
   KEY: ClassVar[str] = "model"
   CHOICES: ClassVar[dict[str, Any]] = {
       "positions": ("sinusoidal", "learned"), "embedding": choices.EMBEDDINGS, "dtype": DTYPES,
-      "residual_dtype": WithAuto(DTYPES), "dropout_rng": WithAuto(choices.DROPOUT_KEYS),
-      "remat": choices.REMAT_POLICIES, "attention": WithAuto(choices.ATTENTIONS)}
+      "residual_dtype": Plus(AUTO, DTYPES), "dropout_rng": Plus(AUTO, choices.DROPOUT_KEYS),
+      "remat": choices.REMAT_POLICIES, "attention": Plus(AUTO, choices.ATTENTIONS)}
   POSITIVE: ClassVar[tuple[str, ...]] = ("emb_dim", "num_heads", "head_dim", "mlp_dim", "max_position",
                                           "scan_unroll")
   NONNEGATIVE: ClassVar[dict[str, str]] = {"moe_interval": "0 = dense", "num_encoder_layers": "0 = none",
@@ -93,9 +93,7 @@ class ModelConfig(Section):
   dropout_rate: float = 0.1
   dropout_rng: str = "auto"  # the dropout masks' bits: 'threefry', 'rbg' (XLA's RngBitGenerator); auto: threefry
   attention_dropout_rate: float = 0.0
-  # 'xla' (the reference), 'fused' (jax.nn.dot_product_attention: cuDNN's flash attention on GPUs), 'pallas'
-  # (kernels for TPUs, interpreted elsewhere); only 'xla' has attention dropout; auto: 'fused' on GPUs without it
-  attention: str = "auto"
+  attention: str = "auto"  # 'xla' (the reference; the only one with attention dropout), 'fused' (cuDNN), 'pallas'
   dtype: str = "bfloat16"  # computation; parameters are float32
   residual_dtype: str = "auto"  # 'float32' or 'bfloat16' (layer norms stay float32); auto: a bf16 model's on GPUs
   remat: str = "none"  # what a layer unit keeps for the backward pass: 'none', 'full', ...
@@ -209,8 +207,7 @@ class Config(Section):
   log_every: int = 50
   eval_every: int = 500  # dev loss and perplexity
   eval_batches: int = 20  # dev batches per evaluation (0 = all)
-  # greedy dev BLEU and chrF++ of a fixed sample, scored as eval.py scores a split (0 = never)
-  eval_bleu_every: int = 0
+  eval_bleu_every: int = 0  # greedy dev BLEU and chrF++ of a fixed sample, scored as eval.py scores a split
   # dev pairs of each language in that sample; sacrebleu's smoothing inflates the BLEU of a few short sentences:
   # 32 keeps that under 0.3 BLEU on configs/tiny.py
   eval_bleu_per_language: int = 32
@@ -231,9 +228,6 @@ class Config(Section):
     super().check_values()
     if self.batch_size % self.num_microbatches:
       raise ConfigError(f"num_microbatches={self.num_microbatches} does not divide batch_size={self.batch_size}")
-    self._check_moe()
-
-  def _check_moe(self):
     if not self.model.moe_interval:  # a dense model: its moe section is checked as a section only
       return
     moe = self.moe.check_combination()
@@ -252,3 +246,35 @@ class Config(Section):
 
 
 SECTIONS = {name: kind for name, kind in typing.get_type_hints(Config).items() if dataclasses.is_dataclass(kind)}
+
+
+def microbatch_rows(config) -> int:
+  """Rows of one microbatch: what each forward and backward pass of a training step sees."""
+  return config.batch_size // config.num_microbatches
+
+
+def row_lengths(config) -> tuple[int, int]:
+  """(source, target) tokens per training row (max_target_length 0 = max_length). Sources take ~1.6x the tokens of
+  their English targets, so equal lengths leave target slots empty."""
+  return config.data.max_length, config.data.max_target_length or config.data.max_length
+
+
+def moe_group_error(config, group_devices: int = 1, group_size: int | None = None) -> str | None:
+  """Why the MoE groups of S tokens (`group_size`, default moe.group_size) fail, in one line, or None. Each side's
+  tokens must be whole groups (without microbatches, fewer tokens make one group) that split over `group_devices`,
+  the devices of the mesh axes the rules give 'group'."""
+  if not config.model.moe_interval:
+    return None
+  size, micro = group_size or config.moe.group_size, config.num_microbatches > 1
+  batch, rows = ("microbatch", "batch_size / num_microbatches") if micro else ("batch", "batch_size")
+  for key, length in zip(("data.max_length", "data.max_target_length"), row_lengths(config)):
+    tokens = microbatch_rows(config) * length
+    if tokens % size and (tokens > size or micro):
+      return (f"moe.group_size={size} does not divide the {tokens} tokens of a {batch} "
+              f"(batch_size={config.batch_size}{f' / num_microbatches={config.num_microbatches}' * micro} x "
+              f"{key}={length})")
+    if (groups := max(tokens // size, 1)) % group_devices:
+      return (f"the {groups} MoE groups of a {batch} ({rows} x {key}={length} / moe.group_size) do not split "
+              f"over the {group_devices} devices of the mesh axes the groups are split over; lower moe.group_size "
+              "or raise batch_size")
+  return None

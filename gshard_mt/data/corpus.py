@@ -143,10 +143,10 @@ def split_corpus(corpus: Corpus, dev_fraction=0.1, test_fraction=0.1, min_eval=5
     n = len(pairs)
     n_test = max(min_eval, round(n * test_fraction))
     n_dev = max(min_eval, round(n * dev_fraction))
-    if n - n_test - n_dev < 1:
+    cut1, cut2 = n - n_test - n_dev, n - n_test
+    if cut1 < 1:
       raise DataError(f"{pairs.origin}: {lang} has {n} usable pairs, too few for {n_dev} dev + {n_test} test "
                       "pairs and a training set")
-    cut1, cut2 = n - n_test - n_dev, n - n_test
     for name, lo, hi in (("train", 0, cut1), ("dev", cut1, cut2), ("test", cut2, n)):
       splits[name][lang] = Pairs(pairs.src[lo:hi], pairs.tgt[lo:hi], pairs.origin)
   return splits
@@ -164,35 +164,22 @@ def wanted_streams(languages: str) -> list[str]:
   return [lang.strip() for lang in languages.split(",") if lang.strip()]
 
 
-def stream_names(found: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
-  """{(source label, language): stream}: the language code, or `lang.label` where several sources have it."""
-  found = sorted(set(found))
-  count = collections.Counter(lang for _, lang in found)
-  names = {key: key[1] if count[key[1]] < 2 else f"{key[1]}.{key[0]}" for key in found}
-  if len(set(names.values())) < len(names):
-    raise DataError(f"data.source={'+'.join(sorted({label for label, _ in found}))!r}: two sources give the same "
-                    "stream names; join different datasets")
-  return names
-
-
 def by_stream(found: list[tuple[str, dict[str, dict]]], languages: str) -> dict[str, dict]:
-  """{split: {stream: value}}, the streams `data.languages` selects in sorted order, of [(source label, {split:
-  {language: value}})], one per part."""
-  names = stream_names([(label, lang) for label, splits in found for c in splits.values() for lang in c])
-  chosen = select(list(names.values()), languages)
+  """{split: {stream: value}} of [(source label, {split: {language: value}})], one per part: the streams, named by
+  their language code or `lang.label` where several sources have it, that `data.languages` selects (a language
+  code selects all of its streams; '' = all), in sorted order."""
+  keys = sorted({(label, lang) for label, splits in found for c in splits.values() for lang in c})
+  count = collections.Counter(lang for _, lang in keys)
+  names = {key: key[1] if count[key[1]] < 2 else f"{key[1]}.{key[0]}" for key in keys}
+  if len(set(names.values())) < len(names):
+    raise DataError(f"data.source={'+'.join(sorted({label for label, _ in keys}))!r}: two sources give the same "
+                    "stream names; join different datasets")
+  wanted = wanted_streams(languages)
+  unknown = sorted({w for w in wanted if not any(w in (s, language_of(s)) for s in names.values())})
+  if unknown:
+    raise DataError(f"unknown language code(s) {unknown} in data.languages: no file or stream of data.source "
+                    "has them (python -m gshard_mt.tools.inspect_data --config ... lists its languages)")
+  chosen = sorted(s for s in names.values() if not wanted or s in wanted or language_of(s) in wanted)
   values = {split: {names[label, lang]: v for label, splits in found for lang, v in splits[split].items()}
             for split in SPLITS}
   return {split: {s: values[split][s] for s in chosen if s in values[split]} for split in SPLITS}
-
-
-def select(streams: list[str], languages: str) -> list[str]:
-  """The streams `data.languages` names, sorted (a language code selects all of its streams; '' = all)."""
-  wanted = wanted_streams(languages)
-  if not wanted:
-    return sorted(streams)
-  found = {w: [s for s in streams if w in (s, language_of(s))] for w in wanted}
-  unknown = sorted(w for w, streams_of_w in found.items() if not streams_of_w)
-  if unknown:
-    raise DataError(f"unknown language code(s) {unknown} in data.languages: no file or stream of data.source has "
-                    "them (python -m gshard_mt.tools.inspect_data --config ... lists its languages)")
-  return sorted({s for streams_of_w in found.values() for s in streams_of_w})

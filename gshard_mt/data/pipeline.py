@@ -202,10 +202,9 @@ class TrainBatches:
     self.next_index = int(state["next_index"])
 
 
-def eval_batches(split: packing.TokenizedSplit, rows: int, length: int, ids=None) -> Iterator[dict]:
-  """The pairs `ids` (default: all, in order), one per row, in fixed [rows, length] batches; the last batch is
-  padded with empty rows (`index` -1)."""
-  ids = np.arange(len(split)) if ids is None else np.asarray(ids)
+def eval_batches(split: packing.TokenizedSplit, rows: int, length: int, ids) -> Iterator[dict]:
+  """The pairs `ids` int [n], one per row, in fixed [rows, length] batches; the last batch is padded with empty rows
+  (`index` -1)."""
   for start in range(0, len(ids), rows):
     yield packing.pad(split, ids[start:start + rows], rows, length)
 

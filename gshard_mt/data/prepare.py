@@ -52,8 +52,7 @@ def root(data_config, workdir: io.PathLike) -> io.epath.Path:
 
 
 def key(data_config) -> tuple[str, int]:
-  """(the prepared directory's name `spm-<V>-<hash>`, bytes of the corpus's files), from the files' names, sizes
-  and modification times and the settings; the corpus itself is not read."""
+  """(the prepared directory's name `spm-<V>-<hash>`, bytes of the corpus's files), as the module docstring says."""
   parts = sources.parts(data_config)
   files = [(os.fspath(f), s.length, s.mtime) for part in parts for f in part.source.files(part) for s in [f.stat()]]
   settings = {"format": FORMAT, "parts": [p.key() for p in parts], "files": files,
@@ -67,10 +66,10 @@ def key(data_config) -> tuple[str, int]:
 
 def for_run(data_config, workdir: io.PathLike, *, record: bool = False) -> io.epath.Path:
   """The prepared directory of the run in `workdir`: the one its start recorded (RUN_RECORD) for the same data
-  settings, so that a run resumed or evaluated after its corpus files changed (edited, or copied and cloned anew,
-  which changes their times) keeps its tokenizer and batches; else this config's (`ensure`), recorded with
-  `record`."""
-  path, settings = io.path(workdir) / RUN_RECORD, _settings(data_config)
+  settings, even if its corpus files changed since (edited, or copied and cloned anew, which changes their times);
+  else this config's (`ensure`), recorded with `record`."""
+  path = io.path(workdir) / RUN_RECORD
+  settings = {k: v for k, v in dataclasses.asdict(data_config).items() if k != "prefetch"}  # prefetch: not prepared
   kept = json.loads(path.read_text()) if path.exists() else {}
   if kept.get("data") == settings:
     target = root(data_config, workdir) / kept["name"]
@@ -89,11 +88,6 @@ def for_run(data_config, workdir: io.PathLike, *, record: bool = False) -> io.ep
     path.parent.mkdir(parents=True, exist_ok=True)
     io.write_atomically(path, json.dumps({"name": target.name, "data": settings}))
   return target
-
-
-def _settings(data_config) -> dict:
-  """The data section as the record keeps it (prefetching changes nothing prepared)."""
-  return {k: v for k, v in dataclasses.asdict(data_config).items() if k != "prefetch"}
 
 
 def ensure(data_config, workdir: io.PathLike, processes: int | None = None) -> io.epath.Path:
@@ -233,7 +227,7 @@ def _assemble(stage: pathlib.Path, split: str, streams: list[tuple[int, str, int
                                  shards.array_path(stage, split, f"{side}_text_offsets"))
     for i, lang, *_ in streams:
       text, offsets = _staged(stage, i, lang, split, side)
-      with open(text, "rb") as f:
+      with open(text, "rb") as f:  # streamed: one language's text may not fit in memory twice
         shutil.copyfileobj(f, writer.values, 1 << 24)
       ends = np.fromfile(offsets, np.int64)[1:]
       writer.offsets.write((writer.end + ends).tobytes())
@@ -274,8 +268,7 @@ def _tokenize(task: tuple[str, int, int], stage: pathlib.Path, streams: dict[str
 
 
 def _publish(stage: pathlib.Path, target: io.epath.Path):
-  """Moves a complete stage to `target`: renamed on a local disk (a preparation that finished first is kept),
-  uploaded with the manifest last to object storage, the stage then kept as this host's local copy."""
+  """Moves a complete stage to `target` (see the module docstring); a preparation that finished first is kept."""
   if io.is_local(target):
     if shards.read_manifest(target) is not None:
       return  # another preparation of the same key finished first; its content is the same

@@ -8,9 +8,8 @@ import numpy as np
 
 
 def temperature_rates(counts: dict[str, int], temperature: float) -> dict[str, float]:
-  """Sampling probability of each language: T=1 proportional to its size, T=inf uniform, T=5 the paper's."""
-  if not temperature > 0:
-    raise ValueError(f"data.temperature must be > 0 (inf for uniform), got {temperature!r}")
+  """Sampling probability of each language: T=1 proportional to its size, T=inf uniform, T=5 the paper's (T > 0:
+  the data section checks it)."""
   if not counts or any(n <= 0 for n in counts.values()):
     raise ValueError(f"every language needs at least one training pair, got {counts}")
   langs = sorted(counts)

@@ -66,7 +66,7 @@ class Lines(Sequence):
       if step != 1:
         return [self[i] for i in range(start, stop, step)]
       ends = np.asarray(self.offsets[start:max(stop, start) + 1]).tolist()  # one read for the whole range
-      blob = self.data[ends[0]:ends[-1]].tobytes() if ends else b""
+      blob = self.data[ends[0]:ends[-1]].tobytes()
       return [blob[a - ends[0]:b - ends[0]].decode("utf-8") for a, b in zip(ends, ends[1:])]
     if not -len(self) <= k < len(self):
       raise IndexError(k)

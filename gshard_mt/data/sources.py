@@ -1,16 +1,8 @@
-"""Data sources: each one class, registered by name in `SOURCES`; `data.source` names one or several joined with '+'
-(e.g. 'tatoeba+multi30k'), and a source may take an argument after a colon ('tfds:wmt19_translate/de-en').
-
-  'tatoeba'    the shipped Tatoeba-112 corpus in data/tatoeba (112 languages to English, no download);
-  'multi30k'   the shipped Multi30k task 1 in data/multi30k (deu, fra, ces to English), with its official splits;
-  'folder'     any folder of line-aligned `*.xx-eng.xx` / `*.xx-eng.eng` files (plain or .gz), `data.path`;
-  'tsv'        one file of `lang<TAB>source<TAB>english` lines, `data.path`;
-  'tfds:NAME'  a TFDS translation dataset in array_record format under `data.tfds_data_dir` ('tfds' alone names
-               `data.tfds_name`).
+"""Data sources (docs/config.md's data.source): each one class, registered by name in `SOURCES`; `data.source` names
+one or several joined with '+', each with an argument after a colon if it takes one ('tfds:wmt19_translate/de-en').
 
 A source lists the `Part`s it reads (one language's files, a TSV, a dataset), each read whole by one process of the
-preparation (`gshard_mt.data.prepare`). Files and TSVs are split per language (`corpus.split_corpus`); Multi30k and
-TFDS datasets keep their own splits. A new source is a subclass of `Source` under `@SOURCES.register("name")`, in
+preparation (`gshard_mt.data.prepare`). A new source is a subclass of `Source` under `@SOURCES.register("name")`, in
 any module imported before the config is read.
 """
 
@@ -62,7 +54,8 @@ class Source:
 
 @SOURCES.register("folder")
 class Folder(Source):
-  """Line-aligned `*.xx-eng.xx` / `*.xx-eng.eng` files in data.path, one part per language."""
+  """Line-aligned `*.xx-eng.xx` / `*.xx-eng.eng` files (plain or .gz) in data.path, one part per language, each
+  split by `corpus.split_corpus`."""
 
   kind = "files"
   needs_path = True
@@ -87,7 +80,7 @@ class Folder(Source):
 
 @SOURCES.register("tatoeba")
 class Tatoeba(Folder):
-  """The shipped Tatoeba-112 corpus."""
+  """The shipped Tatoeba-112 corpus in data/tatoeba (112 languages to English, no download)."""
 
   needs_path = False
 
@@ -96,7 +89,7 @@ class Tatoeba(Folder):
 
 @SOURCES.register("tsv")
 class Tsv(Source):
-  """One `lang<TAB>source<TAB>english` file, data.path."""
+  """One `lang<TAB>source<TAB>english` file, data.path, split per language by `corpus.split_corpus`."""
 
   kind = "tsv"
   needs_path = True
@@ -118,7 +111,7 @@ class Tsv(Source):
 
 @SOURCES.register("multi30k")
 class Multi30k(Source):
-  """The shipped Multi30k task 1, with its own splits."""
+  """The shipped Multi30k task 1 in data/multi30k (deu, fra, ces to English), with its own splits."""
 
   kind = "multi30k"
 

@@ -28,7 +28,7 @@ from tqdm import tqdm
 from gshard_mt import config as config_lib
 from gshard_mt import io, lock
 from gshard_mt.data import pipeline
-from gshard_mt.errors import UserError, WorkdirError
+from gshard_mt.errors import UserError, WorkdirError, one_line
 from gshard_mt.evaluation import flags, report
 from gshard_mt.model import decode
 from gshard_mt.parallel import distributed
@@ -129,16 +129,13 @@ def _restore_state(workdir: epath.Path, abstract, step: int | None):
     raise WorkdirError(f"{e}; they are unreadable or do not match {workdir}/config.json") from None
   except Exception as e:  # noqa: BLE001 - orbax reports unreadable files and shape mismatches in several ways
     raise WorkdirError(f"the checkpoint of step {step} in {io.absolute(directory)} cannot be restored: it is "
-                       f"unreadable or does not match {workdir}/config.json ({type(e).__name__}: "
-                       f"{str(e).splitlines()[0][:300]})") from None
+                       f"unreadable or does not match {workdir}/config.json ({one_line(e)})") from None
   return step, state
 
 
 def steps_to_average(steps: list[int], step: int | None, count: int, workdir) -> tuple[int, ...]:
   """The last `count` of the checkpoint `steps` up to and including `step` (one of them, or None: the newest);
-  WorkdirError when there are fewer."""
-  if count < 1:
-    raise WorkdirError(f"--average_last must be at least 1, got {count}")
+  WorkdirError when there are fewer. `count` >= 1 (`flags.check`)."""
   upto = [s for s in steps if step is None or s <= step]
   if len(upto) < count:
     raise WorkdirError(f"--average_last {count} needs {count} checkpoints, but {workdir}/{checkpoint_lib.FOLDER} has "

@@ -49,11 +49,10 @@ def source_languages(run: Restored) -> list[str]:
   return sorted({language_of(stream) for stream in run.data.tokens["train"].languages})
 
 
-def check_language(lang: str, known: list[str], where: str) -> str:
-  """`lang` when the model knows it; else a WorkdirError naming `where` and the known languages."""
+def check_language(lang: str, known: list[str], where: str):
+  """A WorkdirError naming `where` and the known languages unless the model knows `lang`."""
   if lang not in known:
     raise WorkdirError(f"{where}: unknown source language {lang!r}; this model knows {', '.join(known)}")
-  return lang
 
 
 def parse_line(raw: bytes, number: int, *, default: str | None, known: list[str], name: str = "<stdin>",
@@ -65,10 +64,8 @@ def parse_line(raw: bytes, number: int, *, default: str | None, known: list[str]
     text = raw.rstrip(b"\n").rstrip(b"\r").decode("utf-8")
   except UnicodeDecodeError as e:
     raise DataError(f"{name}:{number}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
-  lang = default
-  if "\t" in text:
-    lang, text = text.split("\t", 1)
-    lang = lang.strip()
+  tag, tab, rest = text.partition("\t")
+  lang, text = (tag.strip(), rest) if tab else (default, text)
   where = f"{name}:{number}"
   if lang is not None:
     check_language(lang, known, where)
@@ -91,10 +88,8 @@ class LineTranslator:
   def encode(self, lines: list[Line]) -> list[list[int]]:
     """Token ids of each line (its source tag first, EOS last), warning about those over the maximum length."""
     ids: list[list[int]] = [[] for _ in lines]
-    by_lang: dict[str | None, list[int]] = {}
-    for k, line in enumerate(lines):
-      by_lang.setdefault(line.lang, []).append(k)
-    for lang, ks in by_lang.items():
+    for lang in dict.fromkeys(line.lang for line in lines):  # one call per language
+      ks = [k for k, line in enumerate(lines) if line.lang == lang]
       for k, seq in zip(ks, self.tokenizer.encode([lines[k].text for k in ks], lang)):
         ids[k] = seq
     for line, seq in zip(lines, ids):
@@ -141,13 +136,9 @@ def translate_stream(raw_lines: Iterable[bytes], sink: TextIO, translator: LineT
 
 
 def shared_lines(source: BinaryIO | None, window: int) -> Iterator[bytes]:
-  """The lines of process 0's `source` (None elsewhere) on every process, sent `window` lines at a time; an empty
-  chunk ends the input."""
-  raw = iter(source.readline, b"") if source is not None else None
-  if jax.process_count() == 1:
-    yield from raw
-    return
-  chunks = itertools.batched(raw, window) if raw is not None else None
+  """The lines of process 0's `source` (None elsewhere) on every process, read and sent `window` lines at a time; an
+  empty chunk ends the input."""
+  chunks = itertools.batched(iter(source.readline, b""), window) if source is not None else None
   while chunk := distributed.broadcast_object(next(chunks, ()) if chunks is not None else None):
     yield from chunk
 

@@ -32,10 +32,6 @@ ATTENTIONS = choices.ATTENTIONS.add({  # model.attention: the paths of `Attentio
     "fused": "jax.nn.dot_product_attention with a boolean mask: cuDNN's flash attention on GPUs",
     "pallas": "the whole block in Pallas kernels for TPUs (gshard_mt.tpu.kernels.attention)",
 })
-# What cuDNN's flash attention takes (jax._src.cudnn.fused_attention_stablehlo, JAX 0.12): fp16/bf16, a head dim a
-# multiple of 8 up to 128 (256 from Hopper on: 128 needs no device query), and with a mask even lengths.
-CUDNN_DTYPES = (jnp.float16, jnp.bfloat16)
-CUDNN_MAX_HEAD_DIM = 128
 
 
 def sinusoidal(positions: jax.Array, dim: int) -> jax.Array:
@@ -99,8 +95,10 @@ def attention_probs(q: jax.Array, k: jax.Array, bias: jax.Array) -> jax.Array:
 
 def attention_implementation(platform: str, dtype, head_dim: int, q_len: int, k_len: int) -> str:
   """`jax.nn.dot_product_attention`'s implementation for model.attention='fused': 'cudnn' on a GPU when cuDNN takes
-  the inputs, else 'xla' (the reference's math)."""
-  takes = (jnp.dtype(dtype) in CUDNN_DTYPES and head_dim % 8 == 0 and head_dim <= CUDNN_MAX_HEAD_DIM
+  the inputs, else 'xla' (the reference's math). cuDNN's flash attention takes (jax._src.cudnn.
+  fused_attention_stablehlo, JAX 0.12) fp16/bf16, a head dim a multiple of 8 up to 128 (256 from Hopper on: 128
+  needs no device query), and with a mask even lengths."""
+  takes = (jnp.dtype(dtype) in (jnp.float16, jnp.bfloat16) and head_dim % 8 == 0 and head_dim <= 128
            and q_len % 2 == 0 and k_len % 2 == 0)
   return "cudnn" if platform == "gpu" and takes else "xla"
 

@@ -86,7 +86,7 @@ class TransformerConfig(ModelConfig):
 class LayerInputs:
   """What every layer of a stack sees besides x (broadcast to all scanned units)."""
 
-  # [B, 1, L, L] (Transformer._mask; 'pallas': the segment ids), or [B, 1, R, L*R] over the beam slots decoding
+  # [B, 1, L, L] (layers.packing_mask; 'pallas': the segment ids), or [B, 1, R, L*R] over the beam slots decoding
   self_bias: jax.Array | tuple
   token_mask: jax.Array  # [B, L], True for real tokens (MoE routing skips the others)
   memory: jax.Array | None = None  # [B, Ls, M] encoder output (decoder only; None for later decoding steps)
@@ -225,14 +225,10 @@ class Transformer(nn.Module):
       raise ValueError("moe.router='language' routes by the source language: decode_logits needs src_tokens")
     return self.src_embed(source_tags(src_tokens, src_segments, segments, beams)) * self._scales[1]
 
-  def _mask(self, q_segments, k_segments, causal: bool) -> jax.Array:
-    """What the layers' attention reads of the packing outside decoding (`packing_mask`)."""
-    return packing_mask(q_segments, k_segments, causal, self.cfg.attention)
-
   def encode(self, inputs, segments, positions):
     """[B, Ls] tokens -> (memory [B, Ls, M], stats)."""
     x = self._embed(self.src_embed, inputs, positions)
-    return self.encoder(x, LayerInputs(self._mask(segments, segments, causal=False), segments > 0,
+    return self.encoder(x, LayerInputs(packing_mask(segments, segments, False, self.cfg.attention), segments > 0,
                                        language=self._language(inputs, segments, segments, decoder=False)))
 
   def decode_logits(self, memory, src_segments, decoder_inputs, segments, positions, decode_step=None,
@@ -242,9 +238,12 @@ class Transformer(nn.Module):
     needs the source tokens [B, Ls] (their tags)."""
     x = self._embed(self.tgt_embed, decoder_inputs, positions)
     # While decoding, N = B x beams rows attend to the B sentences' sources, and self_bias masks the cache.
-    cross_bias = source_bias(src_segments) if self.decode else self._mask(segments, src_segments, causal=False)
+    if self.decode:
+      cross_bias = source_bias(src_segments)
+    else:
+      cross_bias = packing_mask(segments, src_segments, False, self.cfg.attention)
     if self_bias is None:
-      self_bias = self._mask(segments, segments, causal=True)
+      self_bias = packing_mask(segments, segments, True, self.cfg.attention)
     language = self._language(src_tokens, src_segments, segments, decoder=True, beams=self.decode)
     y, stats = self.decoder(x, LayerInputs(self_bias, segments > 0, memory, cross_bias, decode_step, language))
     kernel = self.tgt_embed.embedding.T * self._scales[2] if self.cfg.tied_logits else self.logits_kernel  # [M, V]

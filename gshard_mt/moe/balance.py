@@ -33,9 +33,7 @@ def updated_bias(bias: jax.Array, counts: jax.Array, rate: float) -> jax.Array:
 def moved_biases(params: dict, counts: dict, rate: float) -> dict:
   """The biases of `params` at the paths of `counts` (the COLLECTION of a training apply, summed over the step's
   microbatches), each moved once by its counts (`updated_bias`); in `counts`' structure."""
-  flat = traverse_util.flatten_dict(params)
-  return traverse_util.unflatten_dict({path: updated_bias(flat[path], c, rate)
-                                       for path, c in traverse_util.flatten_dict(counts).items()})
+  return jax.tree.map(lambda bias, c: updated_bias(bias, c, rate), biases_of(params, counts), counts)
 
 
 def biases_of(params: dict, balance: dict) -> dict:

@@ -1,15 +1,13 @@
-"""Ways to move tokens to their experts and back, behind one interface: `dispatch(x [G, S, M])` and `combine`;
-each takes any router's Routing (K assignments per token).
+"""Ways to move tokens to their experts and back, behind one interface: `dispatch(x [G, S, M])` and `combine`,
+from any router's Routing (K assignments per token).
 
 - EinsumDispatcher: the paper's one-hot einsums over the dense [G, S, E, C] tensors (the readable reference).
-- IndexDispatcher: gathers by slot index, no [G, S, E, C] one-hot (same outputs and gradients); 'index_gather' is
-  the same with gathers for its backward passes.
-Both fill capacity buffers [E, G, C, M] and combine them back to [G, S, M]. E stays the major dimension, the
-layout in which the G -> E and E -> G all-to-alls send the buffers, and the index gathers write and read it
-directly (G the gather's batch dimension): no transpose of the buffers through HBM in the forward pass, one in the
-backward (`take_slots`; docs/decisions.md).
+- IndexDispatcher: gathers by slot index, no dense one-hot, the same outputs and gradients; 'index_gather' with
+  gathers for its backward passes too.
+Both fill capacity buffers [E, G, C, M], E-major as the all-to-alls send them, written and read in place by
+gathers with G as batch dimension (one transpose, in the backward: `take_slots`; docs/decisions.md).
 - GroupedDispatcher: no buffers; `dispatch -> [R, M]`, one row per kept assignment in blocks by expert
-  (`group_sizes` [E]), for grouped matmuls over the real assignments only; same routing, outputs and gradients.
+  (`group_sizes` [E]), for grouped matmuls over the real assignments only.
 """
 
 from __future__ import annotations
@@ -35,16 +33,12 @@ def take_rows(x: jax.Array, index: jax.Array, readers: jax.Array) -> jax.Array:
   return x[index]
 
 
-def _take_rows_forward(x, index, readers):
-  return x[index], readers
-
-
 def _take_rows_backward(readers, dout):
   rows = dout.reshape(-1, dout.shape[-1])
   return jnp.take(rows, readers, axis=0, mode="fill", fill_value=0).sum(axis=1), None, None
 
 
-take_rows.defvjp(_take_rows_forward, _take_rows_backward)
+take_rows.defvjp(lambda x, index, readers: (x[index], readers), _take_rows_backward)
 
 
 def _by_group(a: jax.Array, index: jax.Array, batch: int) -> jax.Array:
@@ -71,10 +65,6 @@ def take_slots(y: jax.Array, slot: jax.Array, num_experts: int, capacity: int) -
   return _by_group(y, jnp.stack([slot // capacity, slot % capacity], -1), batch=1)
 
 
-def _take_slots_forward(y, slot, num_experts, capacity):
-  return take_slots(y, slot, num_experts, capacity), slot
-
-
 def _take_slots_backward(num_experts, capacity, slot, dout):
   _, G, _, M = dout.shape
   add = lambda d, s: jnp.zeros((num_experts * capacity, M), d.dtype).at[s.reshape(-1)].add(  # noqa: E731
@@ -83,7 +73,7 @@ def _take_slots_backward(num_experts, capacity, slot, dout):
   return buffers.transpose(1, 0, 2, 3), None
 
 
-take_slots.defvjp(_take_slots_forward, _take_slots_backward)
+take_slots.defvjp(lambda y, slot, E, C: (take_slots(y, slot, E, C), slot), _take_slots_backward)
 
 
 @struct.dataclass

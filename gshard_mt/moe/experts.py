@@ -42,78 +42,60 @@ def expert_ffn(expert_in: jax.Array, wi: jax.Array, wo: jax.Array, activation: s
 
 @dataclasses.dataclass(frozen=True)
 class ExpertPath:
-  """The interface: `activation` of the experts, `dtype` of the tokens and of the experts' computation."""
+  """The interface: the MoE section `cfg`, `dtype` of the tokens and of the experts' computation, and
+  `kernel_vmem`, the TPU's VMEM in bytes for moe.expert_kernel='pallas' (None: not known)."""
 
-  activation: str = "relu"
+  cfg: MoeConfig
   dtype: Any = jnp.float32
+  kernel_vmem: int | None = None
   capacity_buffers: ClassVar[bool] = False  # fills [E, G, C, M] buffers (what moe.expert_kernel='pallas' runs on)
-
-  @classmethod
-  def from_config(cls, cfg: MoeConfig, dtype, kernel_vmem: int | None = None) -> ExpertPath:
-    return cls(cfg.activation, dtype)
 
   def __call__(self, x: jax.Array, routing: Routing, wi: jax.Array, wo: jax.Array) -> jax.Array:
     raise NotImplementedError
 
 
-@dataclasses.dataclass(frozen=True)
 class Buffers(ExpertPath):
-  """Capacity buffers, filled by `dispatch.DISPATCHERS[dispatch]`. The weights stay float32: weight_einsum casts
-  them and keeps their gradients float32; the TPU kernels (moe.expert_kernel='pallas', ReLU only) cast them in
-  VMEM and run the all-to-alls themselves."""
+  """Capacity buffers, filled by `dispatch.DISPATCHERS[moe.dispatch]`. The weights stay float32: weight_einsum
+  casts them and keeps their gradients float32; the TPU kernels (moe.expert_kernel='pallas', ReLU only) cast them
+  in VMEM and run the all-to-alls themselves."""
 
-  dispatch: str = "index"
-  expert_kernel: str = "xla"
-  kernel_vmem: int | None = None  # the TPU's VMEM in bytes (None: not known)
   capacity_buffers: ClassVar[bool] = True
-
-  @classmethod
-  def from_config(cls, cfg: MoeConfig, dtype, kernel_vmem: int | None = None) -> Buffers:
-    return cls(cfg.activation, dtype, cfg.dispatch, cfg.expert_kernel, kernel_vmem)
 
   def experts(self, buffers: jax.Array, wi: jax.Array, wo: jax.Array) -> jax.Array:
     """The experts' FFN on the dispatched buffers [E, G, C, M] -> [E, G, C, M]."""
-    if self.expert_kernel == "pallas":
+    if self.cfg.expert_kernel == "pallas":
       # optional: the TPU kernels, only when moe.expert_kernel='pallas' asks for them
       from gshard_mt.tpu.kernels import expert_ffn as kernel
 
       buffers = nn.with_logical_constraint(buffers, EGCM_BY_GROUP)
       return kernel.expert_ffn(buffers, wi, wo, EGCM_BY_GROUP, EMH, self.kernel_vmem)
     buffers = nn.with_logical_constraint(buffers, EGCM)  # G -> E reshard: an all-to-all
-    return expert_ffn(buffers, wi, wo, self.activation)
+    return expert_ffn(buffers, wi, wo, self.cfg.activation)
 
   def __call__(self, x, routing, wi, wo):
-    dispatcher = dispatch.make_dispatcher(self.dispatch, routing)
+    dispatcher = dispatch.make_dispatcher(self.cfg.dispatch, routing)
     out = nn.with_logical_constraint(self.experts(dispatcher.dispatch(x), wi, wo), EGCM_BY_GROUP)  # E -> G
     return nn.with_logical_constraint(dispatcher.combine(out), GSM)
 
 
-@dataclasses.dataclass(frozen=True)
 class Grouped(ExpertPath):
   """Rows in blocks by expert, the grouped matmuls of moe.grouped_kernel; the weights in their own dtype (their
   gradients stay in it)."""
 
-  grouped_kernel: str = "ragged_dot"
-
-  @classmethod
-  def from_config(cls, cfg: MoeConfig, dtype, kernel_vmem: int | None = None) -> Grouped:
-    return cls(cfg.activation, dtype, cfg.grouped_kernel)
-
   def __call__(self, x, routing, wi, wo):
     dispatcher = dispatch.GroupedDispatcher(routing)
-    kernels = grouped.kernels_for(self.grouped_kernel, wi.shape[1], wi.shape[2], self.dtype)
+    kernels = grouped.kernels_for(self.cfg.grouped_kernel, wi.shape[1], wi.shape[2], self.dtype)
     rows = grouped.grouped_expert_ffn(dispatcher.dispatch(x), dispatcher.group_sizes, wi, wo,
-                                      ACTIVATIONS[self.activation], kernels)
+                                      ACTIVATIONS[self.cfg.activation], kernels)
     return nn.with_logical_constraint(dispatcher.combine(rows), GSM)
 
 
-@dataclasses.dataclass(frozen=True)
 class ShardMap(ExpertPath):
   """Dispatch, experts and combine per device under shard_map (`manual.moe_shard_map`), the weights cast to dtype."""
 
   def __call__(self, x, routing, wi, wo):
     return manual.moe_shard_map(x, routing, wi.astype(self.dtype), wo.astype(self.dtype),
-                                functools.partial(expert_ffn, activation=self.activation, constrain=False),
+                                functools.partial(expert_ffn, activation=self.cfg.activation, constrain=False),
                                 group_spec=nn.logical_to_mesh_axes(GSM), expert_spec=nn.logical_to_mesh_axes(EMH))
 
 
@@ -126,4 +108,4 @@ def expert_path(cfg: MoeConfig, dtype, kernel_vmem: int | None = None) -> Expert
   """The path of moe.dispatch."""
   if cfg.dispatch == platforms.AUTO:  # a MoeConfig not resolved by the model's config: JAX's default backend's
     cfg = dataclasses.replace(cfg, dispatch=platforms.dispatch_on(cfg.dispatch, jax.default_backend()))
-  return PATHS[cfg.dispatch].from_config(cfg, dtype, kernel_vmem)
+  return PATHS[cfg.dispatch](cfg, dtype, kernel_vmem)

@@ -100,9 +100,8 @@ def topk_gating(logits: jax.Array, k: int, expert_capacity: int, *, normalize: b
   logits = logits.astype(jnp.float32)
   gates = jax.nn.softmax(logits, axis=-1)  # GSE
   valid = jnp.ones((G, S), bool) if padding_mask is None else padding_mask.astype(bool)
-  # Every choice in arrays of its own ([G, S] and [G, S, E]), stacked into [G, S, K] once at the end: on a TPU the
-  # two minor dimensions are tiled (8 x 128), so each [.., K] or [.., K, E] intermediate is padded many times over
-  # (the TPU compiler's estimate of the layer rose by a quarter with them).
+  # Every choice in arrays of its own ([G, S] and [G, S, E]), stacked into [G, S, K] once at the end: a TPU pads
+  # [.., K] and [.., K, E] intermediates in its tiled minor dimensions (docs/decisions.md, "One top-k gating core").
   experts, weight = choices_of(gates, k, bias)
   if normalize:
     weight = normalized(weight)
@@ -122,13 +121,9 @@ def topk_gating(logits: jax.Array, k: int, expert_capacity: int, *, normalize: b
                  capacity=expert_capacity, requested=requested)
 
 
-def top2_gating(logits: jax.Array, expert_capacity: int, *, second_expert_policy: str = "all",
-                second_expert_threshold: float = 0.5, rng: jax.Array | None = None,
-                padding_mask: jax.Array | None = None, selection_bias: jax.Array | None = None) -> Routing:
-  """GShard's top-2 (Algorithm 1): `topk_gating` with k = 2."""
-  return topk_gating(logits, 2, expert_capacity, bias=selection_bias, padding_mask=padding_mask,
-                     second_expert_policy=second_expert_policy, second_expert_threshold=second_expert_threshold,
-                     rng=rng)
+def top2_gating(logits: jax.Array, expert_capacity: int, **options) -> Routing:
+  """GShard's top-2 (Algorithm 1): `topk_gating` with k = 2 and the same keyword options."""
+  return topk_gating(logits, 2, expert_capacity, **options)
 
 
 def choices_of(gates: jax.Array, k: int, bias: jax.Array | None = None) -> tuple[list, list]:

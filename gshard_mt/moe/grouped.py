@@ -2,15 +2,13 @@
 
 rows [R, M] hold expert 0's rows, then expert 1's, ... (group_sizes [E], summing to R); wi [E, M, H], wo [E, H, M].
 `grouped_expert_ffn` has its own backward (a custom VJP), so no kernel needs a transpose rule: six grouped matmuls
-in all, x W, x W^T and x^T y (the weight gradients). `moe.grouped_kernel` picks who computes them:
+in all, x W, x W^T and x^T y (the weight gradients). `moe.grouped_kernel` picks who computes them (measured in
+docs/decisions.md):
 
-- 'ragged_dot': `jax.lax.ragged_dot`. On TPU a Mosaic kernel, handed the float32 master weights as they are (no
-  cast pass over the E matrices: 0.72 -> 0.82 of the dense FFN on the TPU estimate, docs/decisions.md); elsewhere
-  the weights are cast to the rows' dtype first (on GPUs XLA multiplies every row by every expert: 0.03 of the
-  dense FFN on an H100).
-- 'mosaic_gpu': on a Hopper GPU, JAX's Pallas Mosaic GPU kernels, each block of rows by its own expert only. They
-  take one dtype (the weights cast to the rows') and write the weight gradients in it (rounded to bf16 once before
-  joining the float32 weights). Elsewhere: 'ragged_dot'.
+- 'ragged_dot': `jax.lax.ragged_dot`; on TPU a Mosaic kernel handed the float32 master weights as they are (no cast
+  pass over the E matrices), elsewhere the weights cast to the rows' dtype first.
+- 'mosaic_gpu': on a Hopper GPU, JAX's Pallas Mosaic GPU kernels, each block of rows by its own expert only, in one
+  dtype (the weights cast to the rows'; the weight gradients rounded to it once). Elsewhere: 'ragged_dot'.
 """
 
 from __future__ import annotations
@@ -65,10 +63,6 @@ class MosaicGpu:
   max_concurrent_steps: int = 4
   grid_block_n: int = 1
 
-  @property
-  def tiles(self) -> dict:
-    return dataclasses.asdict(self)
-
   def by_weights(self, x: jax.Array, w: jax.Array, group_sizes: jax.Array, transpose: bool = False) -> jax.Array:
     """As RaggedDot.by_weights; the weights cast to x's dtype first (the kernel takes one dtype)."""
     # optional: JAX's kernel examples, only with moe.grouped_kernel='mosaic_gpu' (they may move between versions)
@@ -77,14 +71,15 @@ class MosaicGpu:
     R = x.shape[0]
     group_sizes, (x,) = _whole_row_tiles(group_sizes, x)
     return ragged_dot_mgpu.ragged_dot(x, w.astype(x.dtype), group_sizes=group_sizes, transpose_rhs=transpose,
-                                      **self.tiles)[:R]
+                                      **dataclasses.asdict(self))[:R]
 
   def by_rows(self, x: jax.Array, y: jax.Array, group_sizes: jax.Array, dtype) -> jax.Array:
     """As RaggedDot.by_rows; the kernel writes x's dtype, cast to `dtype` after."""
     from jax.experimental.pallas.ops.gpu import transposed_ragged_dot_mgpu  # optional: as in `by_weights`
 
     group_sizes, (x, y) = _whole_row_tiles(group_sizes, x, y)
-    return transposed_ragged_dot_mgpu.transposed_ragged_dot(x, y, group_sizes=group_sizes, **self.tiles).astype(dtype)
+    return transposed_ragged_dot_mgpu.transposed_ragged_dot(x, y, group_sizes=group_sizes,
+                                                          **dataclasses.asdict(self)).astype(dtype)
 
   def check(self, model_dim: int, hidden_dim: int, dtype) -> None:
     """ConfigError unless the kernels can take these shapes: the rows in bf16 or f16, M and H multiples of the

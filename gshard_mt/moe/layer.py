@@ -38,14 +38,10 @@ def in_groups(a: jax.Array, G: int, S: int) -> jax.Array:
   return nn.with_logical_constraint(jnp.pad(flat, ((0, G * S - flat.shape[0]), (0, 0))).reshape(G, S, M), GSM)
 
 
-def group_mask(padding_mask: jax.Array | None, num_tokens: int, G: int, S: int) -> jax.Array | None:
-  """padding_mask [B, L] (nonzero for real tokens) -> bool [G, S], the padding of the last group masked; None
-  when every token is real."""
-  pad = G * S - num_tokens
-  mask = None if padding_mask is None else padding_mask.reshape(num_tokens)
-  if pad:
-    mask = jnp.pad(jnp.ones((num_tokens,), bool) if mask is None else mask.astype(bool), (0, pad))
-  return None if mask is None else mask.reshape(G, S)
+def group_mask(padding_mask: jax.Array | None, num_tokens: int, G: int, S: int) -> jax.Array:
+  """padding_mask [B, L] (nonzero for real tokens; None: all) -> bool [G, S], the padding of the last group masked."""
+  mask = jnp.ones((num_tokens,), bool) if padding_mask is None else padding_mask.reshape(num_tokens).astype(bool)
+  return jnp.pad(mask, (0, G * S - num_tokens)).reshape(G, S)
 
 
 def shared_ffn(x: jax.Array, wi: jax.Array, wo: jax.Array, activation: str = "relu") -> jax.Array:

@@ -42,11 +42,9 @@ def moe_shard_map(x: jax.Array, routing: Routing, wi: jax.Array, wo: jax.Array,
   expert_axis = expert_axes[0] if expert_axes and sizes.get(expert_axes[0], 1) > 1 else None
   model_axis = model_axes[0] if model_axes and sizes.get(model_axes[0], 1) > 1 else None
 
-  def per_device(x, expert_index, slot, weight, kept, wi, wo):
-    """One device's shards: x [G', S, M], routing fields [G', S, K], wi [E', M, H'], wo [E', H', M] -> [G', S, M]."""
-    local = Routing(expert_index, slot, weight, kept, aux_loss=None, z_loss=None, metrics={},
-                    num_experts=routing.num_experts, capacity=routing.capacity)
-    dispatcher = IndexDispatcher(local)
+  def per_device(x, routing, wi, wo):
+    """One device's shards: x [G', S, M], routing [G', S, K], wi [E', M, H'], wo [E', H', M] -> [G', S, M]."""
+    dispatcher = IndexDispatcher(routing)
     buffers = dispatcher.dispatch(x)  # [E, G', C, M], this device's groups
     if expert_axis:  # E split, G gathered: [E/n_e, G'·n_e, C, M]
       buffers = jax.lax.all_to_all(buffers, expert_axis, split_axis=0, concat_axis=1, tiled=True)
@@ -57,9 +55,10 @@ def moe_shard_map(x: jax.Array, routing: Routing, wi: jax.Array, wo: jax.Array,
       out = jax.lax.all_to_all(out, expert_axis, split_axis=1, concat_axis=0, tiled=True)
     return dispatcher.combine(out)
 
+  routing = routing.replace(aux_loss=None, z_loss=None, metrics={}, requested=None)  # the [G, S, K] fields only
   manual_axes = {a for a, n in sizes.items() if n > 1}
   if not manual_axes:  # one device (or no mesh): the per-device program is the whole program
-    return per_device(x, routing.expert_index, routing.slot, routing.weight, routing.kept, wi, wo)
+    return per_device(x, routing, wi, wo)
 
   def spec(*entries):
     """A PartitionSpec over the manual axes only: size-1 axes stay automatic (a psum over one device is still an
@@ -69,14 +68,12 @@ def moe_shard_map(x: jax.Array, routing: Routing, wi: jax.Array, wo: jax.Array,
   G = x.shape[0]
   shards = math.prod(sizes[a] for a in group_axes)
   pad = -G % shards  # extra groups with nothing kept (an evaluation batch need not divide over the devices)
-  fields = [routing.expert_index, routing.slot, routing.weight, routing.kept]
   if pad:
-    x = jnp.pad(x, ((0, pad), (0, 0), (0, 0)))
-    fields = [jnp.pad(f, ((0, pad), (0, 0), (0, 0))) for f in fields]
+    x, routing = jax.tree.map(lambda a: jnp.pad(a, ((0, pad), (0, 0), (0, 0))), (x, routing))
   gsm = spec(group_spec[0], None, None)
   y = jax.shard_map(per_device, mesh=mesh, axis_names=manual_axes, check_vma=check_vma,
-                    in_specs=(gsm,) * 5 + (spec(*expert_spec), spec(expert_spec[0], expert_spec[2], None)),
-                    out_specs=gsm)(x, *fields, wi, wo)
+                    in_specs=(gsm, gsm, spec(*expert_spec), spec(expert_spec[0], expert_spec[2], None)),
+                    out_specs=gsm)(x, routing, wi, wo)
   return y[:G]
 
 

@@ -1,5 +1,5 @@
-"""The routers (`moe.router`): one class each, registered by name in `config.choices.ROUTERS` (as V-MoE's
-dispatchers and fairseq's `@register_*` classes). A router turns logits [G, S, E] into a `gating.Routing`.
+"""The routers (`moe.router`): one class each, registered by name in `config.choices.ROUTERS`. A router turns
+logits [G, S, E] into a `gating.Routing`.
 
 Class attributes tell the config and the model: `causal` (a token's routing depends on no later token; False:
 encoder only), `uses_capacity` (False: C = S, nothing dropped; moe.dispatch='grouped' only), `reads_language`
@@ -43,15 +43,30 @@ class Router:
     raise NotImplementedError
 
 
-@ROUTERS.register("gshard")
 @dataclasses.dataclass(frozen=True)
-class GShard(Router):
-  """GShard's top-2 (Algorithm 1, section 2.2), exact to Lingvo and praxis: `gating.top2_gating`. The 'random'
-  second-expert policy applies while training only."""
+class TopK(Router):
+  """Top-k with capacity C = cf * k * S / E, GShard's normalisation and first-choices-first priority
+  (`gating.topk_gating`); the 'random' second-expert policy is GShard's."""
 
+  k: int = 2
   second_expert_policy: str = "all"
   second_expert_threshold: float = 0.5
-  k: ClassVar[int] = 2
+  normalize: ClassVar[bool] = True
+
+  @property
+  def needs_rng(self) -> bool:
+    return self.second_expert_policy == "random"
+
+  def route(self, logits, capacity, *, padding_mask=None, rng=None, bias=None) -> gating.Routing:
+    return gating.topk_gating(logits, self.k, capacity, normalize=self.normalize, bias=bias, padding_mask=padding_mask,
+                              second_expert_policy=self.second_expert_policy,
+                              second_expert_threshold=self.second_expert_threshold, rng=rng)
+
+
+@dataclasses.dataclass(frozen=True)
+class GShard(TopK):
+  """GShard's top-2 (Algorithm 1, section 2.2), exact to Lingvo and praxis: top-k with k = 2 and the config's
+  second-expert policy, 'random' while training only."""
 
   @classmethod
   def experts_per_token(cls, num_selected: int) -> int:
@@ -60,33 +75,9 @@ class GShard(Router):
   @classmethod
   def from_config(cls, cfg: MoeConfig, *, deterministic: bool = True) -> GShard:
     random = cfg.second_expert_policy == "random" and not deterministic
-    return cls("random" if random else "all", cfg.second_expert_threshold)
-
-  @property
-  def needs_rng(self) -> bool:
-    return self.second_expert_policy == "random"
-
-  def route(self, logits, capacity, *, padding_mask=None, rng=None, bias=None) -> gating.Routing:
-    return gating.top2_gating(logits, capacity, second_expert_policy=self.second_expert_policy,
-                              second_expert_threshold=self.second_expert_threshold, rng=rng,
-                              padding_mask=padding_mask, selection_bias=bias)
+    return cls(2, "random" if random else "all", cfg.second_expert_threshold)
 
 
-@ROUTERS.register("topk")
-@dataclasses.dataclass(frozen=True)
-class TopK(Router):
-  """Top-k with capacity C = cf * k * S / E, GShard's normalisation and first-choices-first priority."""
-
-  k: int = 2
-  normalize: ClassVar[bool] = True
-
-  def route(self, logits, capacity, *, padding_mask=None, rng=None, bias=None) -> gating.Routing:
-    del rng  # deterministic
-    return gating.topk_gating(logits, self.k, capacity, normalize=self.normalize, bias=bias,
-                              padding_mask=padding_mask)
-
-
-@ROUTERS.register("switch")
 @dataclasses.dataclass(frozen=True)
 class Switch(TopK):
   """The Switch Transformer's top-1 (Fedus et al. 2021): C = cf * S / E, the output scaled by the chosen expert's
@@ -104,7 +95,6 @@ class Switch(TopK):
     return cls()
 
 
-@ROUTERS.register("expert_choice")
 @dataclasses.dataclass(frozen=True)
 class ExpertChoice(Router):
   """Expert choice (Zhou et al. 2022): each expert takes its top C = cf * k * S / E tokens (at most S), k being the
@@ -118,11 +108,9 @@ class ExpertChoice(Router):
     return min(group_size, super().capacity(group_size, num_experts, factor, min_capacity))
 
   def route(self, logits, capacity, *, padding_mask=None, rng=None, bias=None) -> gating.Routing:
-    del rng, bias
     return expert_choice.expert_choice_gating(logits, capacity, padding_mask=padding_mask)
 
 
-@ROUTERS.register("dropless")
 @dataclasses.dataclass(frozen=True)
 class Dropless(TopK):
   """Top-k with no capacity (MegaBlocks): C = S, so no assignment is ever dropped; through the grouped path, which
@@ -134,7 +122,6 @@ class Dropless(TopK):
     return group_size
 
 
-@ROUTERS.register("language")
 @dataclasses.dataclass(frozen=True)
 class Language(Dropless):
   """Task-level routing (Kudugunta et al. 2021, "Beyond Distillation"): the router reads the embedding of the
@@ -142,6 +129,11 @@ class Language(Dropless):
   of its language; dropless, as one language's sentences all want the same experts."""
 
   reads_language: ClassVar[bool] = True
+
+
+# the names in the order the config's choices list them, the default first
+ROUTERS.add({"gshard": GShard, "topk": TopK, "switch": Switch, "expert_choice": ExpertChoice, "dropless": Dropless,
+             "language": Language})
 
 
 def make_router(cfg: MoeConfig, *, decoder: bool = False, deterministic: bool = True) -> Router:

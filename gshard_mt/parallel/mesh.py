@@ -15,11 +15,9 @@ MESH_AXES = ("data", "expert", "model")
 
 
 def dcn_shape(config) -> tuple[int, int, int]:
-  """(data, expert, model): how many slices (the DCN granules: TPU slices, or processes) each mesh axis spans."""
-  dcn = tuple(getattr(config.dcn_mesh, a) for a in MESH_AXES)
-  if any(not isinstance(v, int) or v < 1 for v in dcn):
-    raise ConfigError(f"dcn_mesh sizes must be positive integers, got {dcn}")
-  return dcn
+  """(data, expert, model): how many slices (the DCN granules: TPU slices, or processes) each mesh axis spans (sizes
+  checked by the config)."""
+  return tuple(getattr(config.dcn_mesh, a) for a in MESH_AXES)
 
 
 def ici_shape(config, num_devices: int) -> tuple[int, int, int]:
@@ -29,10 +27,7 @@ def ici_shape(config, num_devices: int) -> tuple[int, int, int]:
     raise ConfigError(f"dcn_mesh asks for {slices} slices, which does not divide the {num_devices} devices")
   num_devices //= slices
   where = f"the {num_devices} devices" + (f" of each of the {slices} slices (dcn_mesh)" if slices > 1 else "")
-  expert, model, data = config.mesh.expert, config.mesh.model, config.mesh.data
-  if expert < 1 or model < 1 or (data < 1 and data != -1):
-    raise ConfigError(f"mesh sizes must be positive (mesh.data may be -1), got data={data} expert={expert} "
-                      f"model={model}")
+  expert, model, data = config.mesh.expert, config.mesh.model, config.mesh.data  # positive, or data = -1 (config)
   if data == -1:
     if num_devices % (expert * model):
       raise ConfigError(f"mesh.expert={expert} x mesh.model={model} does not divide {where}")

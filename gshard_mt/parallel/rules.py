@@ -15,14 +15,12 @@ from gshard_mt.config import choices
 # mesh axes are still unused: 'expert' comes first, so a tensor with both E and G (EGCM) gives 'expert' to E and
 # G falls back to 'data'.
 _COMMON = [("layers", None), ("length", None), ("capacity", None), ("kv", None)]
+_BY_EXPERT = [("expert", "expert"), ("batch", ("data", "expert")), ("group", ("data", "expert")), ("group", "data")]
+_WHOLE = [("embed", None), ("mlp", None), ("heads", None), ("vocab", None)]
 RULES = choices.PARTITIONINGS.add({
-    "data": [("batch", "data"), ("group", "data"), ("expert", None), ("embed", None), ("mlp", None),
-             ("heads", None), ("vocab", None)] + _COMMON,
-    "expert": [("expert", "expert"), ("batch", ("data", "expert")), ("group", ("data", "expert")),
-               ("group", "data"), ("embed", None), ("mlp", None), ("heads", None), ("vocab", None)] + _COMMON,
-    "expert_model": [("expert", "expert"), ("batch", ("data", "expert")), ("group", ("data", "expert")),
-                     ("group", "data"),
-                     ("embed", None), ("mlp", "model"), ("heads", "model"), ("vocab", "model")] + _COMMON,
+    "data": [("batch", "data"), ("group", "data"), ("expert", None)] + _WHOLE + _COMMON,
+    "expert": _BY_EXPERT + _WHOLE + _COMMON,
+    "expert_model": _BY_EXPERT + [("embed", None), ("mlp", "model"), ("heads", "model"), ("vocab", "model")] + _COMMON,
 })
 
 

@@ -12,8 +12,6 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from gshard_mt.batch import BATCH_KEYS
-
 BATCH_AXES = ("batch", "length")  # every batch array is [rows, length]
 
 
@@ -47,10 +45,5 @@ def optimizer_shardings(tx: optax.GradientTransformation, opt_state, boxed_param
 
 
 def batch_sharding(mesh, axis_rules) -> NamedSharding:
-  """Rows of a batch array, split as the rules split the logical 'batch' axis."""
+  """Rows of a batch array, split as the rules split the logical 'batch' axis (the same for every batch key)."""
   return NamedSharding(mesh, nn.logical_to_mesh_axes(BATCH_AXES, axis_rules))
-
-
-def batch_shardings(mesh, axis_rules) -> dict[str, NamedSharding]:
-  """One sharding per batch key."""
-  return dict.fromkeys(BATCH_KEYS, batch_sharding(mesh, axis_rules))

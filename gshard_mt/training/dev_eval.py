@@ -4,6 +4,7 @@ each language's dev pairs, scored as eval.py scores a split (`scoring`)."""
 from __future__ import annotations
 
 import functools
+import itertools
 
 import flax.linen as nn
 import jax
@@ -27,9 +28,7 @@ def evaluate_loss(setup: Setup, params, data: pipeline.Data, config) -> dict:
   ids = np.random.default_rng(0).permutation(len(tokens))  # a fixed mix of all languages, even when capped
   batches = pipeline.eval_batches(tokens, config.batch_size, config.data.max_length, ids)
   with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
-    for i, batch in enumerate(batches):
-      if config.eval_batches and i >= config.eval_batches:
-        break
+    for batch in itertools.islice(batches, config.eval_batches or None):
       batch.pop("index")
       local = distributed.process_rows(batch)
       totals += np.array(jax.device_get(step(params, distributed.global_batch(local, setup.mesh, setup.rules))))

@@ -129,10 +129,7 @@ class Writer:
   def write(self, step: int, values: dict):
     if not self.enabled:
       return
-    row = {"step": int(step)}
-    for k, v in values.items():
-      v = float(v) if v is not None else None
-      row[k] = None if v is not None and not math.isfinite(v) else v
+    row = {"step": int(step)} | {k: None if v is None or not math.isfinite(v) else float(v) for k, v in values.items()}
     io.append(self.path, json.dumps(row) + "\n")
     self.events.add(step, {k: v for k, v in row.items() if k != "step" and v is not None})
 

@@ -45,7 +45,7 @@ class Setup:
   def jit_train_step(self, model: Transformer, config):
     """The jitted train step with the state's and the batch's shardings fixed (the state is donated)."""
     return jax.jit(functools.partial(train_step, model=model, tx=self.tx, config=config),
-                   in_shardings=(self.state_shardings, shardings.batch_shardings(self.mesh, self.rules)),
+                   in_shardings=(self.state_shardings, shardings.batch_sharding(self.mesh, self.rules)),
                    out_shardings=(self.state_shardings, None), donate_argnums=0)
 
   def abstract_target(self):
@@ -116,5 +116,3 @@ def build(config, vocab_size: int, devices=None) -> Setup:
       step=replicated, params=param_shardings, rng=replicated,
       opt_state=shardings.optimizer_shardings(tx, abstract.opt_state, boxed, mesh, rules))
   return Setup(model_cfg, mesh, rules, tx, abstract, state_shardings)
-
-

@@ -100,7 +100,8 @@ def bias_loop(bias, counts, rate) -> np.ndarray:
                   np.float32)
 
 
-CAPACITY_ROUTERS = {"gshard_all": (routers.GShard("all"), 2), "gshard_random": (routers.GShard("random"), 2),
+CAPACITY_ROUTERS = {"gshard_all": (routers.GShard(), 2),
+                    "gshard_random": (routers.GShard(second_expert_policy="random"), 2),
                     "switch": (routers.Switch(), 1), "topk": (routers.TopK(3), 3)}
 
 
@@ -155,7 +156,7 @@ def test_capacity_binding_for_every_expert_still_moves_toward_balance():
   G, E = 2, 4
   choice = np.tile(np.array([0] * 14 + [1] * 6 + [2] * 6 + [3] * 6), (G, 1))  # S = 32, C = 4 below
   logits = jnp.asarray(np.eye(E)[choice] * 4.0 + np.eye(E)[(choice + 1) % E], jnp.float32)  # second: e1 + 1
-  for router in (routers.Switch(), routers.GShard("all"), routers.TopK(2)):
+  for router in (routers.Switch(), routers.GShard(), routers.TopK(2)):
     routing = router.route(logits, 4, padding_mask=None, bias=jnp.zeros(E))
     kept = np.bincount(np.asarray(routing.expert_index)[np.asarray(routing.kept)], minlength=E)
     np.testing.assert_array_equal(kept, [8, 8, 8, 8])  # capacity binds everywhere: balanced after it

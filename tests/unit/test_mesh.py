@@ -49,5 +49,8 @@ def test_make_mesh_names_the_axes_in_order():
 
 def test_dcn_shape_reads_the_three_axes_in_mesh_order():
   assert mesh_lib.dcn_shape(types.SimpleNamespace(dcn_mesh=MeshConfig(model=3, data=2, expert=1))) == (2, 1, 3)
+  # The sizes are checked once, by the config.
   with pytest.raises(ConfigError, match="dcn_mesh sizes must be positive integers"):
-    mesh_lib.dcn_shape(types.SimpleNamespace(dcn_mesh=types.SimpleNamespace(data=0, expert=1, model=1)))
+    config_lib.load(TINY, {"dcn_mesh.data": "0"})
+  with pytest.raises(ConfigError, match=r"mesh sizes must be positive \(mesh.data may be -1\), got data=-1 expert=0"):
+    config_lib.load(TINY, {"mesh.expert": "0"})

@@ -84,7 +84,7 @@ class TestGating:
     # x_top2_choices__mutmut_3 (the bias ignored), _5 (gates - bias); _36 / _39 (-1 removes e1 under a bias too,
     # and the bias pushes every other score below -1: e2 = e1), _40 (+inf: e2 = e1).
     gates = np.array([0.1, 0.2, 0.3, 0.4], np.float32)
-    routing = gating.top2_gating(jnp.log(gates)[None, None], 4, selection_bias=jnp.array([0.0, -5.0, -5.0, -5.0]))
+    routing = gating.top2_gating(jnp.log(gates)[None, None], 4, bias=jnp.array([0.0, -5.0, -5.0, -5.0]))
     np.testing.assert_array_equal(routing.expert_index[0, 0], [0, 3])
     np.testing.assert_allclose(routing.weight[0, 0], [0.2, 0.8], rtol=1e-6)
 
