@@ -48,14 +48,9 @@ class StepLogger:
   def __init__(self, config, writer: metrics_lib.Writer, bar, flops_per_token: tuple[float, float], checkpoint_dir):
     self.config, self.writer, self.bar, self.flops_per_token = config, writer, bar, flops_per_token
     self.checkpoint_dir = checkpoint_dir
-    self.pending: list = []
-    self.last: dict = {}
-    self.last_saved = None
-    self.started = time.perf_counter()
-    self.start_timer()
-
-  def start_timer(self):
-    self.timer, self.timed_steps = time.perf_counter(), 0
+    self.pending, self.last, self.last_saved = [], {}, None
+    self.started = self.timer = time.perf_counter()
+    self.timed_steps = 0
 
   def first_step_starts(self, step: int):
     tqdm.write(f"step {step}: compiling the training step, then running it")
@@ -66,7 +61,7 @@ class StepLogger:
     self.timed_steps += 1
     if first:  # one sync after compilation, which the step times and the progress bar's rate then leave out
       jax.block_until_ready(step_metrics["loss"])
-      self.start_timer()
+      self.timer, self.timed_steps = time.perf_counter(), 0
       cache = compilation_cache.summary()
       tqdm.write(f"step {self.first_step}: compiled and ran in {self.timer - self.first_started:.1f} s"
                  + (f" ({cache})" if cache else ""))
@@ -88,7 +83,7 @@ class StepLogger:
                    f"{dev['dev_bleu_languages']:.0f} languages)")
     tqdm.write(f"step {step}: " + "; ".join(parts) + f" [{seconds:.1f} s]")
 
-  def flush(self, step: int, packing_efficiency: float):
+  def flush(self, step: int):
     if not self.pending:
       return
     values = jax.device_get(self.pending)  # the only host sync of the loop
@@ -101,8 +96,10 @@ class StepLogger:
     sides = np.mean([(v["source_tokens"], v["target_tokens"]) for v in values], axis=0)  # [2]
     vectors = {k for k in values[-1] if np.ndim(values[-1][k]) == 1}  # per-expert loads
     last = {k: float(np.mean([v[k] for v in values])) for k in values[-1] if k != "finite" and k not in vectors}
+    # real tokens / slots of the steps logged: of the batches trained, not of those the prefetching read ahead
+    slots = self.config.batch_size * sum(config_lib.row_lengths(self.config))
     last.update(learning_rate=float(values[-1]["learning_rate"]), skipped_updates=len(bad),
-                wall_s=now - self.started, packing_efficiency=packing_efficiency)
+                wall_s=now - self.started, packing_efficiency=float(sides.sum()) / slots)
     if self.timed_steps:  # none when only the compiling first step is pending: its time is its compile's
       seconds = (now - self.timer) / self.timed_steps
       last.update(step_time=seconds, tokens_per_s=float(sides.sum()) / seconds,
@@ -216,7 +213,7 @@ def _train(config, workdir) -> dict:
                            lambda item: (item[0], distributed.global_batch(item[1], setup.mesh, setup.rules)))
 
   def save(step, next_index):
-    logger.flush(step, batches.packing_efficiency)  # checks for non-finite steps before anything is written
+    logger.flush(step)  # checks for non-finite steps before anything is written
     ckpts.save(step, state, batches.state(next_index), force=True)
     logger.last_saved = step
 
@@ -235,7 +232,7 @@ def _train(config, workdir) -> dict:
           preempted.append("SIGTERM")
         last = step == config.num_train_steps
         if step % config.log_every == 0 or last:
-          logger.flush(step, batches.packing_efficiency)
+          logger.flush(step)
         if ckpts.should_save(step) or last:
           save(step, index + 1)
         started = time.perf_counter()

@@ -5,6 +5,7 @@ every evaluation). A fake clock drives the bar as the loop does, through StepLog
 import numpy as np
 import pytest
 
+from gshard_mt import config as config_lib
 from gshard_mt.training import loop
 
 
@@ -76,17 +77,20 @@ def test_the_first_steps_time_is_its_compile_and_no_rate_is_logged_for_it(monkey
   now = [0.0]
   monkeypatch.setattr(loop.time, "perf_counter", lambda: now[0])
   writer, bar = Writer(), loop.progress_bar(total=10, start=0, enabled=False)
-  logger = loop.StepLogger(None, writer, bar, (0.0, 0.0), None)
+  config = config_lib.load("configs/tiny.py")  # 8 rows of 128 + 80 slots
+  logger = loop.StepLogger(config, writer, bar, (0.0, 0.0), None)
   step = {"loss": np.float32(2.0), "finite": True, "source_tokens": np.float32(60), "target_tokens": np.float32(40),
           "learning_rate": np.float32(1e-3)}
   logger.first_step_starts(1)
   now[0] += 30  # compiling
   logger.add(step, first=True)
-  logger.flush(1, packing_efficiency=0.9)
+  logger.flush(1)
   for _ in range(2):
     now[0] += 0.5
     logger.add(step)
-  logger.flush(3, packing_efficiency=0.9)
+  logger.flush(3)
   (_, first), (_, later) = writer.rows
   assert "tokens_per_s" not in first and "step_time" not in first and first["loss"] == 2.0
   assert later["step_time"] == pytest.approx(0.5) and later["tokens_per_s"] == pytest.approx(200.0)
+  # of the steps trained, whatever the prefetching read ahead: 100 real tokens a step in 8 x 208 slots
+  assert first["packing_efficiency"] == later["packing_efficiency"] == pytest.approx(100 / (8 * 208))
