@@ -28,7 +28,7 @@ def test_the_first_step_line_ends_the_timing_and_the_process():
   assert [line for _, line in run["timeline"]] == ["data: ready", "Finished tracing train_step for jit in 0.5 sec",
                                                    run["timeline"][-1][1]]
   times = [t for t, _ in run["timeline"]]
-  assert times == sorted(times) and times[-1] - times[1] >= 0.3
+  assert times == sorted(times) and times[-1] - times[1] >= 0.3 - 0.01  # each time rounded to 0.01 s
 
 
 def test_a_run_without_the_cache_counts_loads_nothing():
