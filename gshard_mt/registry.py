@@ -50,7 +50,7 @@ class Registry:
     return add
 
   def add(self, entries: dict[str, Any]) -> Registry:
-    """Registers a table of plain values (policies, key makers); returns self."""
+    """Registers a table of entries (classes, policies, key makers) by name; returns self."""
     for name, entry in entries.items():
       self.register(name)(entry)
     return self

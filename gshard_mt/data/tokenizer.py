@@ -46,20 +46,31 @@ class Tokenizer:
     i = self.sp.piece_to_id(f"<{language_of(stream)}>")
     return None if i == UNK_ID else i
 
-  def encode(self, texts: list[str], lang: str | None = None, num_threads: int | None = None) -> list[list[int]]:
+  def encode(self, texts: list[str], lang: str | None = None) -> list[list[int]]:
     """Ids of each text followed by EOS; preceded by the `<lang>` tag when given and known."""
     tag = [] if lang is None or self.tag_id(lang) is None else [self.tag_id(lang)]
-    return [tag + ids + [EOS_ID] for ids in self.sp.encode(texts, num_threads=num_threads)]
+    return [tag + ids + [EOS_ID] for ids in self.sp.encode(texts)]
 
   def encode_flat(self, texts: list[str], lang: str | None, dtype) -> tuple[np.ndarray, np.ndarray]:
     """`encode`'s ids of all texts back to back, as (tokens [sum of lengths] of `dtype`, lengths int64 [n])."""
-    ids = self.encode(texts, lang, num_threads=1)  # one thread: the preparation runs one process per core
-    lengths = np.fromiter(map(len, ids), np.int64, len(ids))
-    return np.fromiter(itertools.chain.from_iterable(ids), dtype, int(lengths.sum())), lengths
+    tag = None if lang is None else self.tag_id(lang)
+    ids = self.sp.encode(texts, num_threads=1)  # one thread: the preparation runs one process per core
+    body = np.fromiter(map(len, ids), np.int64, len(ids))
+    lengths = body + 1 + (tag is not None)
+    tokens = np.empty(int(lengths.sum()), dtype)
+    ends = np.cumsum(lengths)
+    fill = np.ones(len(tokens), bool)
+    fill[ends - 1] = False
+    tokens[ends - 1] = EOS_ID
+    if tag is not None:
+      fill[ends - lengths] = False
+      tokens[ends - lengths] = tag
+    tokens[fill] = np.fromiter(itertools.chain.from_iterable(ids), dtype, int(body.sum()))
+    return tokens, lengths
 
   def decode(self, ids) -> str:
     """Text of one id sequence, cut at the first EOS; PAD and tags are dropped."""
-    ids = np.asarray(ids).tolist()
+    ids = [int(i) for i in np.asarray(ids).tolist()]
     if EOS_ID in ids:
       ids = ids[: ids.index(EOS_ID)]
     return self.sp.decode([i for i in ids if i != PAD_ID and not self.sp.is_control(i)])

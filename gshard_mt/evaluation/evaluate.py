@@ -135,7 +135,9 @@ def _restore_state(workdir: epath.Path, abstract, step: int | None):
 
 def steps_to_average(steps: list[int], step: int | None, count: int, workdir) -> tuple[int, ...]:
   """The last `count` of the checkpoint `steps` up to and including `step` (one of them, or None: the newest);
-  WorkdirError when there are fewer. `count` >= 1 (`flags.check`)."""
+  WorkdirError when there are fewer (restore's callers need not have run `flags.check`)."""
+  if count < 1:
+    raise WorkdirError(f"--average_last must be at least 1, got {count}")
   upto = [s for s in steps if step is None or s <= step]
   if len(upto) < count:
     raise WorkdirError(f"--average_last {count} needs {count} checkpoints, but {workdir}/{checkpoint_lib.FOLDER} has "

@@ -49,8 +49,8 @@ class TopK(Router):
   (`gating.topk_gating`); the 'random' second-expert policy is GShard's."""
 
   k: int = 2
-  second_expert_policy: str = "all"
-  second_expert_threshold: float = 0.5
+  second_expert_policy: str = dataclasses.field(default="all", kw_only=True)  # keyword-only: TopK(3) is k = 3
+  second_expert_threshold: float = dataclasses.field(default=0.5, kw_only=True)
   normalize: ClassVar[bool] = True
 
   @property
@@ -75,7 +75,8 @@ class GShard(TopK):
   @classmethod
   def from_config(cls, cfg: MoeConfig, *, deterministic: bool = True) -> GShard:
     random = cfg.second_expert_policy == "random" and not deterministic
-    return cls(2, "random" if random else "all", cfg.second_expert_threshold)
+    return cls(2, second_expert_policy="random" if random else "all",
+               second_expert_threshold=cfg.second_expert_threshold)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -108,3 +108,13 @@ def test_each_setting_names_its_own_output_and_only_the_standard_one_is_plain(tm
     (tmp_path / "eval" / folder).mkdir(parents=True)
     (tmp_path / "eval" / folder / "scores.json").write_text("{}")
   assert list(evaluate.standard_evaluations(tmp_path, "test")) == [600, 1000]
+
+
+def test_steps_to_average_takes_the_last_count_up_to_the_step_and_refuses_what_it_cannot_take():
+  assert evaluate.steps_to_average([2, 4, 6, 8], None, 2, "w") == (6, 8)
+  assert evaluate.steps_to_average([2, 4, 6, 8], 6, 3, "w") == (2, 4, 6)
+  with pytest.raises(evaluate.WorkdirError, match="needs 4 checkpoints, but w/checkpoints has 3 up to step 6"):
+    evaluate.steps_to_average([2, 4, 6, 8], 6, 4, "w")
+  for count in (0, -1):  # restore() is called without flags.check too (tools, bench): upto[-0:] would take them all
+    with pytest.raises(evaluate.WorkdirError, match=f"--average_last must be at least 1, got {count}"):
+      evaluate.steps_to_average([2, 4, 6, 8], None, count, "w")
