@@ -14,11 +14,10 @@ import optax
 
 from gshard_mt import config as config_lib
 from gshard_mt.config import platforms
-from gshard_mt.errors import ConfigError
 from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch
-from gshard_mt.parallel import chips, shardings
 from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.parallel import rules as rules_lib
+from gshard_mt.parallel import shardings
 from gshard_mt.training import checkpoint as checkpoint_lib
 from gshard_mt.training.optimizer import make_optimizer
 from gshard_mt.training.step import TrainState, train_step
@@ -62,35 +61,12 @@ def _init_state(model_cfg, tx, seed, boxed=False):
                     rng=jax.random.key_data(jax.random.fold_in(key, 1)))
 
 
-def _pallas_config(config, model_cfg, device):
-  """Options set to 'pallas': off a TPU, a warning that they run interpreted; on a TPU, the model told the TPU's
-  VMEM, or a one-line error where the model's kernels would not compile (before any compiling)."""
-  keys = [key for key, value in (("model.attention", model_cfg.attention),
+def pallas_options(config, model_cfg) -> list[str]:
+  """The config keys set to 'pallas', the TPU kernels' (`gshard_mt.tpu.kernels.options`); none by default."""
+  return [key for key, value in (("model.attention", model_cfg.attention),
                                  ("moe.expert_kernel", model_cfg.moe.expert_kernel if model_cfg.moe_interval else ""),
                                  ("optimizer.kernel", config.optimizer.kernel))
           if value == "pallas"]
-  if device.platform != "tpu":
-    for key in keys:
-      log.warning("%s='pallas' runs its kernels in Pallas's interpret mode off a TPU (%s): for tests, far too slow "
-                  "to train with", key, device.platform)
-    return model_cfg
-  keys = [key for key in keys if key != "optimizer.kernel"]  # the model's kernels
-  chip = chips.chip_of(device.device_kind)
-  if not keys or chip is None:  # None: a TPU the table does not know, where the compiler decides
-    return model_cfg
-  from gshard_mt.tpu.kernels import expert_ffn, vmem  # optional: TPU kernels, only when an option asks for them
-
-  itemsize = jnp.dtype(model_cfg.dtype).itemsize
-  problems = {
-      "model.attention": lambda: vmem.tpu_problem(
-          chip.vmem_bytes, config_lib.row_lengths(config), model_cfg.emb_dim, model_cfg.num_heads * model_cfg.head_dim,
-          jnp.dtype(model_cfg.residual_dtype).itemsize, itemsize),
-      "moe.expert_kernel": lambda: expert_ffn.tpu_problem(chip.vmem_bytes, model_cfg.emb_dim,
-                                                             model_cfg.moe.hidden_dim, itemsize)}
-  for key in keys:
-    if problem := problems[key]():
-      raise ConfigError(f"{key}='pallas' on {device.device_kind}: {problem}; use {key}='xla'")
-  return dataclasses.replace(model_cfg, kernel_vmem=chip.vmem_bytes)
 
 
 def build(config, vocab_size: int, devices=None) -> Setup:
@@ -100,7 +76,11 @@ def build(config, vocab_size: int, devices=None) -> Setup:
   device = mesh.devices.flat[0]
   if chosen := platforms.chosen(config_lib.flatten(config_lib.to_dict(config)), device.platform):
     log.info("auto options on %s: %s", device.platform, ", ".join(f"{k}={v}" for k, v in chosen.items()))
-  model_cfg = _pallas_config(config, TransformerConfig.from_config(config, vocab_size, device.platform), device)
+  model_cfg = TransformerConfig.from_config(config, vocab_size, device.platform)
+  if keys := pallas_options(config, model_cfg):
+    from gshard_mt.tpu.kernels import options  # optional: TPU kernels, only when an option asks for them
+
+    model_cfg = options.configure(config, model_cfg, device, keys)
   rules = rules_lib.rules(config)
   # The model is traced once here (its trace is a good part of a warm start): the optimizer's state from the
   # parameters' shapes alone.

@@ -200,11 +200,11 @@ def test_build_warns_off_a_tpu_and_refuses_what_does_not_fit_one(caplog):
   from gshard_mt.training.setup import build
   from tests.helpers import small_config
 
-  with caplog.at_level(logging.WARNING, logger="gshard_mt.training.setup"):
+  with caplog.at_level(logging.WARNING, logger="gshard_mt.tpu.kernels.options"):
     build(small_config(**{"moe.expert_kernel": "pallas"}), 600)
   assert "moe.expert_kernel='pallas' runs its kernels in Pallas's interpret mode off a TPU (cpu)" in caplog.text
   caplog.clear()
-  with caplog.at_level(logging.WARNING, logger="gshard_mt.training.setup"):
+  with caplog.at_level(logging.WARNING, logger="gshard_mt.tpu.kernels.options"):
     build(small_config(**{"moe.expert_kernel": "pallas", "model.moe_interval": "0"}), 600)
   assert "interpret mode" not in caplog.text
   devices = tpu.topology_devices("v5p:2x2x1")

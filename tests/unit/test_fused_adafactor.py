@@ -143,7 +143,7 @@ def test_the_training_step_takes_either_path(monkeypatch):
 def test_build_warns_that_it_is_interpreted_off_a_tpu(caplog):
   from gshard_mt.training.setup import build
 
-  with caplog.at_level(logging.WARNING, logger="gshard_mt.training.setup"):
+  with caplog.at_level(logging.WARNING, logger="gshard_mt.tpu.kernels.options"):
     build(small_config(**{"optimizer.name": "adafactor", "optimizer.kernel": "pallas"}), 600)
   assert "optimizer.kernel='pallas' runs its kernels in Pallas's interpret mode off a TPU (cpu)" in caplog.text
 

@@ -1,5 +1,5 @@
 """What the Pallas attention kernels (`pallas_attention`) hold in VMEM, the rows per block that fit a TPU, and
-whether they fit at all: the training setup's check before compiling (docs/decisions.md).
+whether they fit at all: `options` checks it before compiling (docs/decisions.md).
 Letters as in `layers`: Q, K positions, M model dim, A·D the heads' width. Also
 Mosaic's rule for the row blocks of the other kernels (`divisor_rows`).
 """
