@@ -68,11 +68,6 @@ class MoeConfig(Section):
     """The encoder's or decoder's router if it routes by the source-language tag, else None."""
     return next((self.router_of(d) for d in (False, True) if self.router_class(d).reads_language), None)
 
-  @classmethod
-  def from_config(cls, moe_section) -> MoeConfig:
-    """From a MoeConfig or a ConfigDict's `moe` (the same keys)."""
-    return cls(**{f.name: getattr(moe_section, f.name) for f in dataclasses.fields(cls)})
-
   def check_values(self):
     super().check_values()
     if not 1 <= self.num_selected <= 4:

@@ -52,7 +52,8 @@ def root(data_config, workdir: io.PathLike) -> io.epath.Path:
 
 
 def key(data_config) -> tuple[str, int]:
-  """(the prepared directory's name `spm-<V>-<hash>`, bytes of the corpus's files), as the module docstring says."""
+  """(the prepared directory's name `spm-<V>-<hash>`, bytes of the corpus's files), from the files' names, sizes
+  and modification times and the settings; the corpus itself is not read."""
   parts = sources.parts(data_config)
   files = [(os.fspath(f), s.length, s.mtime) for part in parts for f in part.source.files(part) for s in [f.stat()]]
   settings = {"format": FORMAT, "parts": [p.key() for p in parts], "files": files,

@@ -68,12 +68,12 @@ class TransformerConfig(ModelConfig):
   def from_config(cls, config, vocab_size: int, platform: str | None = None) -> TransformerConfig:
     """From a config's `model` and `moe` sections, each `auto` option resolved for `platform` (the devices'
     `jax.Device.platform`; None: JAX's default backend)."""
+    platform = platform or jax.default_backend()
     model = dataclasses.asdict(config.model)
     flat = {f"model.{key}": value for key, value in model.items()}
-    model |= {key[6:]: value for key, value in platforms.chosen(flat, platform or jax.default_backend()).items()}
+    model |= {key[6:]: value for key, value in platforms.chosen(flat, platform).items()}
     model |= {key: jnp.dtype(model[key]) for key in ("dtype", "residual_dtype")}
-    moe = MoeConfig.from_config(config.moe)
-    moe = dataclasses.replace(moe, dispatch=platforms.dispatch_on(moe.dispatch, platform or jax.default_backend()))
+    moe = dataclasses.replace(config.moe, dispatch=platforms.dispatch_on(config.moe.dispatch, platform))
     return cls(vocab_size=vocab_size, moe=moe, **model)
 
   @property

@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 
+from gshard_mt import config as config_lib
 from gshard_mt.config import choices, defaults
 from gshard_mt.config.moe import MoeConfig
 from gshard_mt.errors import ConfigError
@@ -12,7 +13,7 @@ from gshard_mt.moe import dispatch, experts, grouped
 
 def test_the_config_files_moe_section_is_exactly_moe_config():
   assert dict(defaults.get_config().moe) == dataclasses.asdict(MoeConfig())
-  assert MoeConfig.from_config(defaults.get_config().moe) == MoeConfig()
+  assert config_lib.parse(defaults.get_config()).moe == MoeConfig()
 
 
 def test_choices_are_the_registries_the_layer_fills():
