@@ -88,8 +88,10 @@ class LineTranslator:
   def encode(self, lines: list[Line]) -> list[list[int]]:
     """Token ids of each line (its source tag first, EOS last), warning about those over the maximum length."""
     ids: list[list[int]] = [[] for _ in lines]
-    for lang in dict.fromkeys(line.lang for line in lines):  # one call per language
-      ks = [k for k, line in enumerate(lines) if line.lang == lang]
+    by_lang: dict[str | None, list[int]] = {}  # one tokenizer call per language
+    for k, line in enumerate(lines):
+      by_lang.setdefault(line.lang, []).append(k)
+    for lang, ks in by_lang.items():
       for k, seq in zip(ks, self.tokenizer.encode([lines[k].text for k in ks], lang)):
         ids[k] = seq
     for line, seq in zip(lines, ids):
