@@ -6,7 +6,7 @@
 
 Lines are `text`, or `lang<TAB>text` when languages are mixed (--src_lang: the language of lines without a tab).
 On several hosts run the same command on each (--config.distributed.*, as eval.py): process 0 reads the input and
-writes the translations. See README.md. The logic lives in gshard_mt/evaluation/translate.py.
+writes the translations. See README.md. The logic lives in gshard_mt/tools/translate.py.
 """
 
 import logging
@@ -27,8 +27,8 @@ def main(argv):
   p.add_argument("--output", default=None, help="default: standard output")
   args, config = flags.parse(p, argv)
   logging.getLogger().setLevel(logging.WARNING)  # standard output is the translations; stderr only what matters
-  from gshard_mt.evaluation import translate
   from gshard_mt.parallel import distributed
+  from gshard_mt.tools import translate
 
   distributed.initialize_distributed(config)
   try:

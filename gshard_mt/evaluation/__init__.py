@@ -1,1 +1,1 @@
-"""Evaluation: `evaluate` (BLEU and chrF++ per language), `translate` (arbitrary lines), `report` and `flags`."""
+"""Evaluation: `evaluate` (BLEU and chrF++ per language), `report` and `flags` (what eval.py and translate.py share)."""

@@ -62,7 +62,7 @@ def test_a_step_without_a_checkpoint_is_refused_before_reading_data(tmp_path, to
 def test_translate_output_that_cannot_be_written_is_refused_before_the_model_is_read(tmp_path):
   import io as std_io
 
-  from gshard_mt.evaluation import translate
+  from gshard_mt.tools import translate
 
   (tmp_path / "notes").write_text("a file")
   # The work directory is not a run: reading it first would end with its ConfigError instead.

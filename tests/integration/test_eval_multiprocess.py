@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from gshard_mt.data import sources as sources_lib
-from gshard_mt.evaluation import translate
+from gshard_mt.tools import translate
 from tests.helpers import ROOT, initialised_run, small_config
 
 pytestmark = pytest.mark.slow  # trains, compiles for many devices or starts processes

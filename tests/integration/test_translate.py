@@ -15,8 +15,9 @@ import pytest
 
 from gshard_mt.data import pipeline
 from gshard_mt.errors import DataError, WorkdirError
-from gshard_mt.evaluation import evaluate, translate
+from gshard_mt.evaluation import evaluate
 from gshard_mt.model import decode
+from gshard_mt.tools import translate
 from gshard_mt.training import loop
 from tests.helpers import ROOT, small_config
 
