@@ -74,5 +74,6 @@ def main(argv):
       print(f"| {row['seconds'] * 1e3:.3f} | {row['bytes'] / 2**30:.3f} | {row['flops'] / 1e9:.1f} | {row['part']} "
             f"| {row['opcode']} | {row['result'][:60]} | {row['op_name'][-90:]} |")
 
+
 if __name__ == "__main__":
   cli.run(main, prog="python bench/step_breakdown.py")

@@ -83,6 +83,7 @@ def matmul_chains(jnp, rows: int, widths, length: int = 8):
   transpose when K != N), each weight offset by its index so that no two are the same: the compiler's charge per
   matmul at the step's widths, away from any other work."""
   bf16 = jnp.bfloat16
+
   def chain(x, w):
     for i in range(length):
       x = x @ ((w + i) if i % 2 == 0 or w.shape[0] == w.shape[1] else (w + i).T)

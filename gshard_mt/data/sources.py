@@ -30,6 +30,7 @@ class Part:
   def key(self) -> tuple:  # in the prepared data's key (`gshard_mt.data.prepare.key`)
     return self.label, self.source.kind or self.label, self.args
 
+
 class Source:
   """One kind of parallel text. `parts`: what to read for a data section (`arg`: what followed the colon in
   data.source); `files`: the files a part reads (their sizes and times key the prepared data); `read`: a part's
@@ -51,6 +52,7 @@ class Source:
   @staticmethod
   def read(part: Part, settings: tuple[float, float, int]) -> tuple[dict[str, Corpus], int]:
     raise NotImplementedError
+
 
 @SOURCES.register("folder")
 class Folder(Source):
@@ -78,6 +80,7 @@ class Folder(Source):
     pairs, empty = corpus.aligned(src_path, tgt_path)
     return corpus.split_corpus({lang: pairs}, *settings), empty
 
+
 @SOURCES.register("tatoeba")
 class Tatoeba(Folder):
   """The shipped Tatoeba-112 corpus in data/tatoeba (112 languages to English, no download)."""
@@ -86,6 +89,7 @@ class Tatoeba(Folder):
 
   def folder(self, data_config, arg):
     return SHIPPED / "tatoeba"
+
 
 @SOURCES.register("tsv")
 class Tsv(Source):
@@ -109,6 +113,7 @@ class Tsv(Source):
     pairs, empty = corpus.load_tsv(part.args[0])
     return corpus.split_corpus(pairs, *settings), empty
 
+
 @SOURCES.register("multi30k")
 class Multi30k(Source):
   """The shipped Multi30k task 1 in data/multi30k (deu, fra, ces to English), with its own splits."""
@@ -125,6 +130,7 @@ class Multi30k(Source):
   @staticmethod
   def read(part, settings):
     return corpus.load_multi30k(), 0
+
 
 @SOURCES.register("tfds")
 class Tfds(Source):
@@ -181,6 +187,7 @@ class Tfds(Source):
       splits[ours] = {lang: corpus.clean(src, tgt, f"tfds:{name}/{theirs}")[0]}
     return splits, 0
 
+
 def parts(data_config) -> list[Part]:
   """What `data.source` reads, in order ('NAME' or 'NAME:ARG' joined with '+': the data section checks the names);
   language files outside `data.languages` are left out unread."""
@@ -188,9 +195,11 @@ def parts(data_config) -> list[Part]:
   return [part for name, _, arg in (s.partition(":") for s in data_config.source.split("+"))
           for part in SOURCES.get(name)(name).parts(data_config, arg, wanted)]
 
+
 def split_settings(data_config) -> tuple[float, float, int]:
   """(dev_fraction, test_fraction, min_eval_pairs): how `corpus.split_corpus` splits files and TSVs."""
   return data_config.dev_fraction, data_config.test_fraction, data_config.min_eval_pairs
+
 
 def check_training_pairs(count: int, data_config):
   """A DataError naming data.source (and data.path) when the corpus read has no training pairs."""

@@ -32,9 +32,11 @@ class Schedule:
     lr = self.peak * jnp.minimum(1.0, step / self.warmup_steps) if self.ramp else self.peak
     return self.decay(lr, step)
 
+
 @SCHEDULES.register("constant")
 class Constant(Schedule):
   """The warmed-up rate, held."""
+
 
 @SCHEDULES.register("rsqrt")
 class Rsqrt(Schedule):
@@ -43,6 +45,7 @@ class Rsqrt(Schedule):
 
   def decay(self, lr, step):
     return lr * jnp.sqrt(self.warmup_steps / jnp.maximum(step, self.warmup_steps))
+
 
 def schedule_of(opt_config, total_steps: int) -> Schedule:
   """The schedule optimizer.schedule names."""

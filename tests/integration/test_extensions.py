@@ -97,7 +97,6 @@ def test_a_schedule_defined_here_trains_with_the_total_steps(registered, workdir
   assert [r["learning_rate"] for r in metrics(workdir)] == pytest.approx([0.25, 0.25])
 
 
-
 def test_a_router_defined_here_trains(registered, workdir):
   config = small_config(**{"num_train_steps": 2, "moe.router": "least_likely", "moe.num_selected": 1})
   result = loop.train_and_evaluate(config, workdir)

@@ -84,6 +84,7 @@ def test_accumulated_microbatches_make_the_whole_batchs_step():
   tx = optax.sgd(1.0)
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                      rng=jax.random.key_data(jax.random.key(1)))
+
   def step(batch, config):
     return jax.jit(functools.partial(train_step, model=model, tx=tx, config=config))(state, batch)
 
