@@ -29,7 +29,7 @@ def pools(languages: int) -> dict[str, tuple[list[str], list[str]]]:
   """{lang: (sources, English)} of the `languages` largest shipped languages."""
   text, _ = corpus.load_folder(corpus.SHIPPED / "tatoeba")
   pool = {lang: (list(p.src), list(p.tgt)) for lang, p in text.items()}
-  multi30k = corpus.load_multi30k()["train"]
+  multi30k = corpus.load_multi30k()[0]["train"]
   for lang, pairs in multi30k.items():
     pool[lang][0].extend(pairs.src)
     pool[lang][1].extend(pairs.tgt)

@@ -87,8 +87,16 @@ def _object_lock(directory, name: str, heartbeat_s: float, settle_s: float):
     raise _refusal(directory, holder)
   stop = threading.Event()
 
+  def ours() -> bool:  # a heartbeat that stalled past STALE_S may have let another writer take the lock over
+    holder = _read_json(path.read_text()) if path.exists() else {}
+    if holder.get("token") == me["token"]:
+      return True
+    log.error("lost the lock of %s to host %s, pid %s (this process's heartbeat stalled for over %.0f s): two "
+              "writers now share the directory", directory, holder.get("host", "?"), holder.get("pid", "?"), STALE_S)
+    return False
+
   def beat():
-    while not stop.wait(heartbeat_s):
+    while not stop.wait(heartbeat_s) and ours():
       io.write_atomically(path, json.dumps(me | {"heartbeat": time.time()}))
 
   thread = threading.Thread(target=beat, name="lock-heartbeat", daemon=True)
@@ -99,4 +107,5 @@ def _object_lock(directory, name: str, heartbeat_s: float, settle_s: float):
     stop.set()
     thread.join()
     with contextlib.suppress(OSError):
-      path.unlink()
+      if ours():  # never the lock of a writer that took it over
+        path.unlink()

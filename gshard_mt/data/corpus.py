@@ -105,6 +105,9 @@ def folder_files(path: io.PathLike) -> dict[str, tuple[io.epath.Path, io.epath.P
     tgt_path = src_path.with_name(src_path.name.replace(f"-eng.{m['src']}", "-eng.eng"))
     if not tgt_path.exists():
       raise DataError(f"{src_path}: no English side {tgt_path.name} beside it")
+    if m["src"] in files:  # one stream per language: a second pair would replace the first unread
+      raise DataError(f"{src_path}: a second {m['src']} file pair beside {files[m['src']][0].name}; join them (one "
+                      "pair of files per language in data.path)")
     files[m["src"]] = (src_path, tgt_path)
   if not files:
     raise DataError(f"{folder}: no `*.xx-eng.xx` / `*.xx-eng.eng` file pairs found")
@@ -152,11 +155,14 @@ def split_corpus(corpus: Corpus, dev_fraction=0.1, test_fraction=0.1, min_eval=5
   return splits
 
 
-def load_multi30k() -> dict[str, Corpus]:
-  """Multi30k task 1 with its official splits (train, val -> dev, test_2016_flickr -> test), never re-split."""
+def load_multi30k() -> tuple[dict[str, Corpus], int]:
+  """Multi30k task 1 with its official splits (train, val -> dev, test_2016_flickr -> test), never re-split;
+  returns ({split: corpus}, empty lines skipped)."""
   folder = SHIPPED / "multi30k"
-  return {ours: {lang: aligned(folder / f"{theirs}.{code}.gz", folder / f"{theirs}.en.gz")[0]
-                 for code, lang in MULTI30K_LANGUAGES.items()} for ours, theirs in MULTI30K_SPLITS.items()}
+  read = {(ours, lang): aligned(folder / f"{theirs}.{code}.gz", folder / f"{theirs}.en.gz")
+          for code, lang in MULTI30K_LANGUAGES.items() for ours, theirs in MULTI30K_SPLITS.items()}
+  return ({ours: {lang: read[ours, lang][0] for lang in MULTI30K_LANGUAGES.values()} for ours in MULTI30K_SPLITS},
+          sum(empty for _, empty in read.values()))
 
 
 def wanted_streams(languages: str) -> list[str]:
@@ -168,7 +174,11 @@ def by_stream(found: list[tuple[str, dict[str, dict]]], languages: str) -> dict[
   """{split: {stream: value}} of [(source label, {split: {language: value}})], one per part: the streams, named by
   their language code or `lang.label` where several sources have it, that `data.languages` selects (a language
   code selects all of its streams; '' = all), in sorted order."""
-  keys = sorted({(label, lang) for label, splits in found for c in splits.values() for lang in c})
+  per_part = collections.Counter((label, lang) for label, splits in found for lang in set().union(*splits.values()))
+  if twice := sorted(key for key, n in per_part.items() if n > 1):  # e.g. folder:A+folder:B, both with deu
+    raise DataError(f"data.source: two {twice[0][0]!r} sources both have language {twice[0][1]!r} (their pairs "
+                    f"would be one stream, the later's); put their files in one {twice[0][0]} source")
+  keys = sorted(per_part)
   count = collections.Counter(lang for _, lang in keys)
   names = {key: key[1] if count[key[1]] < 2 else f"{key[1]}.{key[0]}" for key in keys}
   if len(set(names.values())) < len(names):

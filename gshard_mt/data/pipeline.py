@@ -126,6 +126,7 @@ class TrainBatches:
                        "(data.max_length, data.max_target_length)")
     self.rates = self.rates / self.rates.sum()
     self.cumulative_rates = np.cumsum(self.rates)
+    self.cumulative_rates[np.flatnonzero(self.rates)[-1]:] = np.inf  # a draw above a rounded sum: no empty stream
     self.mean_lengths = list(index.mean_lengths)  # float [languages] per side
     # pairs per stream: more than a window's rows can hold, so that a window always fills before its stream ends
     self.per_window = window_rows * max(lengths) // max(index.shortest, 1) + 1
@@ -138,7 +139,6 @@ class TrainBatches:
     (seed, index, window) seed them, nothing else."""
     rng = np.random.default_rng([self.seed, index, window])
     langs = np.searchsorted(self.cumulative_rates, rng.random(self.per_window), side="right")
-    langs = langs.clip(0, len(self.rates) - 1)
     offset = (rng.random(self.per_window) * self.counts[langs]).astype(np.int64)
     return self.starts[langs] + offset
 

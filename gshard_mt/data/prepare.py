@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import hashlib
 import json
@@ -28,6 +29,7 @@ import multiprocessing
 import os
 import pathlib
 import shutil
+import socket
 import tempfile
 import time
 
@@ -110,11 +112,12 @@ def _stage(target: io.epath.Path) -> pathlib.Path:
   the system's temporary folder. Those of earlier preparations whose process is gone (killed) are removed."""
   folder = pathlib.Path(os.fspath(target.parent) if io.is_local(target) else tempfile.gettempdir())
   io.make_directory(folder, "directory of the prepared corpus")  # a path that cannot be one ends here, in one line
+  here = socket.gethostname()  # a folder shared by hosts (NFS) holds their stages too: only this host's are judged
   for old in folder.glob(f".{target.name}.tmp*"):
-    pid = old.name.rsplit(".tmp", 1)[1]
-    if pid.isdigit() and not _running(int(pid)):
+    host, _, pid = old.name.rsplit(".tmp", 1)[1].lstrip(".").rpartition(".")  # '.HOST.PID' ('PID' before hosts)
+    if (host or here) == here and pid.isdigit() and not _running(int(pid)):
       shutil.rmtree(old, ignore_errors=True)
-  stage = folder / f".{target.name}.tmp{os.getpid()}"
+  stage = folder / f".{target.name}.tmp.{here}.{os.getpid()}"
   shutil.rmtree(stage, ignore_errors=True)
   stage.mkdir()
   return stage
@@ -271,10 +274,15 @@ def _tokenize(task: tuple[str, int, int], stage: pathlib.Path, streams: dict[str
 def _publish(stage: pathlib.Path, target: io.epath.Path):
   """Moves a complete stage to `target` (see the module docstring); a preparation that finished first is kept."""
   if io.is_local(target):
-    if shards.read_manifest(target) is not None:
-      return  # another preparation of the same key finished first; its content is the same
-    io.remove_tree(target)  # an incomplete directory
-    os.rename(stage, os.fspath(target))
+    try:  # atomic: a rename onto a complete preparation fails, and none is removed (two runs may race here)
+      os.rename(stage, os.fspath(target))
+    except OSError as e:
+      if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+        raise
+      if shards.read_manifest(target) is not None:
+        return  # another preparation of the same key finished first; its content is the same
+      io.remove_tree(target)  # an incomplete directory (no manifest)
+      os.rename(stage, os.fspath(target))
     return
   target.mkdir(parents=True, exist_ok=True)
   for path in sorted(stage.iterdir(), key=lambda p: p.name == shards.MANIFEST):

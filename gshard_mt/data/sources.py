@@ -129,7 +129,7 @@ class Multi30k(Source):
 
   @staticmethod
   def read(part, settings):
-    return corpus.load_multi30k(), 0
+    return corpus.load_multi30k()
 
 
 @SOURCES.register("tfds")
@@ -174,7 +174,7 @@ class Tfds(Source):
       raise DataError(f"TFDS dataset {name!r} needs a Translation feature with 'en' and one source language, got "
                       f"languages {languages}")
     lang = source_key or next(lang for lang in languages if lang != "en")
-    splits = {}
+    splits, empty = {}, 0
     for ours, theirs in (("train", "train"), ("dev", "validation"), ("test", "test")):
       if theirs not in info.splits:
         raise DataError(f"TFDS dataset {name!r} has no {theirs!r} split (has {list(info.splits)})")
@@ -184,8 +184,9 @@ class Tfds(Source):
         for r in source.__getitems__(range(start, min(start + Tfds.CHUNK, len(source)))):
           src.append(r[lang].decode("utf-8"))
           tgt.append(r["en"].decode("utf-8"))
-      splits[ours] = {lang: corpus.clean(src, tgt, f"tfds:{name}/{theirs}")[0]}
-    return splits, 0
+      pairs, skipped = corpus.clean(src, tgt, f"tfds:{name}/{theirs}")
+      splits[ours], empty = {lang: pairs}, empty + skipped
+    return splits, empty
 
 
 def parts(data_config) -> list[Part]:

@@ -80,6 +80,29 @@ def test_bad_files_give_clear_errors(tmp_path):
     corpus.read_lines(tmp_path / "nope.txt")
 
 
+def test_no_pairs_are_dropped_silently_where_two_files_share_a_language(tmp_path):
+  """Two file pairs of one language, in one folder or in two sources of one kind, would be one stream holding only
+  the later's pairs: refused, naming the files or the sources; two folders of different languages both count."""
+  a, b = tmp_path / "a", tmp_path / "b"
+  for folder, lang in ((a, "xx"), (b, "xx")):
+    folder.mkdir()
+    write_pair(folder, lang, ["one", "two"], ["One", "Two"])
+  (b / "other.xx-eng.xx").write_text("three\n")
+  (b / "other.xx-eng.eng").write_text("Three\n")
+  with pytest.raises(DataError, match=r"other.xx-eng.xx: a second xx file pair beside corpus.xx-eng.xx"):
+    corpus.folder_files(b)
+  for name in ("other.xx-eng.xx", "other.xx-eng.eng"):
+    (b / name).unlink()
+  both = small_config(**{"data.source": f"folder:{a}+folder:{b}", "data.languages": "", "data.min_eval_pairs": 0,
+                         "data.dev_fraction": 0.0, "data.test_fraction": 0.0})
+  with pytest.raises(DataError, match=r"two 'folder' sources both have language 'xx'.*in one folder source"):
+    sources.load_corpus(both.data)
+  (b / "corpus.xx-eng.xx").rename(b / "corpus.yy-eng.yy")
+  (b / "corpus.xx-eng.eng").rename(b / "corpus.yy-eng.eng")
+  splits, _ = sources.load_corpus(both.data)
+  assert {lang: p.src for lang, p in splits["train"].items()} == {"xx": ["one", "two"], "yy": ["one", "two"]}
+
+
 def test_config_level_errors(tmp_path):
   with pytest.raises(DataError, match=r"unknown language code\(s\) \['zzz'\] in data.languages"):
     sources.load_corpus(small_config(**{"data.languages": "fra,zzz"}).data)

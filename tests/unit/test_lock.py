@@ -68,3 +68,17 @@ def test_object_storage_race_is_settled_by_the_last_writer(tmp_path, monkeypatch
     with pytest.raises(WorkdirError, match="host other, pid 7"):
       with lock.hold("gs://bucket/run"):
         pass
+
+
+def test_a_holder_whose_lock_was_taken_over_stops_beating_and_leaves_the_new_lock(tmp_path, caplog):
+  """A heartbeat that stalled past STALE_S let another writer take over: the first neither overwrites nor deletes
+  the new holder's lock, and says so."""
+  with mapped_gs(tmp_path):
+    path = tmp_path / "bucket" / "run" / lock.LOCK_NAME
+    theirs = {"host": "other", "pid": 7, "started": "then", "token": "theirs", "heartbeat": time.time()}
+    with lock.hold("gs://bucket/run", heartbeat_s=0.05, settle_s=0):
+      path.write_text(json.dumps(theirs))  # the takeover
+      time.sleep(0.3)
+      assert json.loads(path.read_text()) == theirs  # not beaten over
+    assert json.loads(path.read_text()) == theirs  # nor removed at the end
+  assert "lost the lock of gs://bucket/run to host other, pid 7" in caplog.text

@@ -109,6 +109,22 @@ def test_language_frequencies_follow_the_rates(data):
   np.testing.assert_allclose(observed, expected, rtol=0.2)
 
 
+def test_a_draw_above_the_rates_rounded_sum_falls_in_the_last_sampled_stream(data, monkeypatch):
+  """Rates 0.1 and 0.3 normalised sum to 1 - 2^-53, the largest draw there is: it belongs to the second stream, not
+  to a stream of rate 0 after it (one past `eligible` when that stream is empty)."""
+  split = data.tokens["train"]
+  rates = {split.languages[0]: 0.1, split.languages[1]: 0.3}
+  batches = pipeline.TrainBatches(split, rates, 8, (32, 32), seed=0)
+
+  class LargestDraws:
+    def random(self, n):
+      return np.full(n, 1 - 2.0 ** -53)
+
+  monkeypatch.setattr(pipeline.np.random, "default_rng", lambda seed: LargestDraws())
+  stream = batches._stream(0, 0)
+  assert ((stream >= batches.starts[1]) & (stream < batches.starts[1] + batches.counts[1])).all()
+
+
 def test_prefetch_keeps_order_and_raises():
   assert list(pipeline.prefetch(iter(range(10)), 3, lambda x: x * 2)) == [2 * i for i in range(10)]
 

@@ -4,6 +4,7 @@ its files and settings, serial or parallel alike; TFDS datasets joined; the prep
 import json
 import logging
 import os
+import socket
 import subprocess
 
 import numpy as np
@@ -101,6 +102,32 @@ def test_a_preparation_is_shared_by_runs_and_keyed_by_files_and_settings(tmp_pat
   (tmp_path / "corpus" / "c.fra-eng.fra").write_text("changed\n" * 300)
   assert prepare_lib.key(config.data)[0] != first.name
   assert [p.name for p in (tmp_path / "prepared").iterdir()] == [first.name]  # no staging folder left
+
+
+def test_stages_of_other_hosts_are_left_and_a_finished_preparation_is_never_replaced(tmp_path):
+  """A folder shared by hosts (NFS) holds their stages: only this host's dead ones go. Two runs publishing the same
+  key: the later keeps the one that is there, which no check-then-remove can delete under the first's reader."""
+  target = tmp_path / "prepared" / "spm-400-k"
+  gone = subprocess.Popen(["true"])
+  gone.wait()
+  here = socket.gethostname()
+  names = [f".spm-400-k.tmp{gone.pid}", f".spm-400-k.tmp.{here}.{gone.pid}", f".spm-400-k.tmp.other.host.{gone.pid}"]
+  for name in names:
+    (target.parent / name).mkdir(parents=True)
+  stage = prepare_lib._stage(target)
+  assert stage.name == f".spm-400-k.tmp.{here}.{os.getpid()}"
+  assert sorted(p.name for p in target.parent.iterdir()) == sorted([names[2], stage.name])
+  (stage / shards.MANIFEST).write_text("{}")
+  (stage / "first").write_text("")
+  prepare_lib._publish(stage, target)
+  second = tmp_path / "second"
+  second.mkdir()
+  (second / shards.MANIFEST).write_text("{}")
+  prepare_lib._publish(second, target)  # finished first elsewhere: kept, the second stage left to its caller
+  assert sorted(p.name for p in target.iterdir()) == ["first", shards.MANIFEST] and second.exists()
+  (target / shards.MANIFEST).unlink()  # an incomplete directory is replaced
+  prepare_lib._publish(second, target)
+  assert [p.name for p in target.iterdir()] == [shards.MANIFEST]
 
 
 def test_a_run_keeps_its_preparation_when_its_files_change_not_when_its_settings_do(tmp_path, caplog):
