@@ -125,7 +125,7 @@ class OptimizerConfig(Section):
       "weight_decay": (lambda x: x >= 0, ">= 0"), "label_smoothing": fraction()}
 
   name: str = "adafactor"  # or 'adam'
-  learning_rate: float = 1.0  # the rate at the end of warmup; 'rsqrt' then decays it as sqrt(warmup / step)
+  learning_rate: float = 0.01  # the rate at the end of warmup (GShard's, Adafactor's cap); 'rsqrt' then decays it
   schedule: str = "rsqrt"  # reciprocal square root after warmup; or 'constant'
   warmup: str = "linear"  # during warmup: 'linear' ramp to learning_rate, or 'constant' (held; GShard's)
   warmup_steps: int = 1000

@@ -97,7 +97,7 @@ def restore(workdir, *, step: int | None = None, split: str = "test", average_la
   config = config_lib.load_saved(workdir)
   if split not in ("dev", "test"):
     raise WorkdirError(f"--split must be dev or test, got {split!r}")
-  with checkpoint_lib.Checkpoints(workdir / checkpoint_lib.FOLDER) as ckpts:
+  with checkpoint_lib.Checkpoints(workdir / checkpoint_lib.FOLDER, read_only=True) as ckpts:
     steps = ckpts.steps()
   if not steps:
     raise WorkdirError(f"{workdir}/{checkpoint_lib.FOLDER} has no checkpoint: train first (python train.py ... "
@@ -121,7 +121,7 @@ def _restore_state(workdir: epath.Path, abstract, step: int | None):
   """(step, train state) of `step` (default: the newest that restores), checkpoint problems as WorkdirError."""
   directory = workdir / checkpoint_lib.FOLDER
   try:
-    with checkpoint_lib.Checkpoints(directory) as ckpts:
+    with checkpoint_lib.Checkpoints(directory, read_only=True) as ckpts:
       step, state, _ = ckpts.restore(abstract, step)
   except FileNotFoundError as e:
     raise WorkdirError(str(e)) from None

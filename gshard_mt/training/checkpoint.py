@@ -28,15 +28,19 @@ class RestoreError(WorkdirError):
 
 
 class Checkpoints:
-  """Saves every `every` steps (and on request), keeps the last `keep`."""
+  """Saves every `every` steps (and on request), keeps the last `keep`. `read_only` (eval.py, translate.py, which
+  may read while training saves): creates nor removes nothing, above all not the temporary directory of a save in
+  progress, which a writing manager removes as a killed save's when it opens."""
 
-  def __init__(self, directory: io.PathLike, every: int = 1000, keep: int = 3, async_save: bool = True):
+  def __init__(self, directory: io.PathLike, every: int = 1000, keep: int = 3, async_save: bool = True,
+               read_only: bool = False):
     self.directory = io.absolute(directory)
     self.every = every
     self.manager = ocp.CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
-                                             cleanup_tmp_directories=True),
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only, read_only=read_only,
+                                             enable_async_checkpointing=async_save,
+                                             cleanup_tmp_directories=not read_only),
         item_names=("state", "data"))
 
   def steps(self) -> list[int]:

@@ -87,6 +87,13 @@ def make_optimizer(opt_config, param_specs=None, *, total_steps: int | None = No
   return optax.chain(clip, optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=opt_config.weight_decay))
 
 
+def schedule_step(opt_state) -> jax.Array:
+  """The step the optimizer's learning-rate schedule is at (its ScaleByScheduleState's count): the train step less
+  the updates skipped (a kept optimizer state keeps its count)."""
+  is_rate = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
+  return next(x for x in jax.tree.leaves(opt_state, is_leaf=is_rate) if is_rate(x)).count
+
+
 def _fused_apply(grads, state, params, loss_finite, opt_config, schedule, param_specs):
   """FusedAdafactor.apply, the state in the chain's structure: (clipping, (moments, clipping, rate, scale, ...))."""
   from gshard_mt.tpu.kernels import adafactor as fused_adafactor  # optional: TPU kernels, only with kernel='pallas'

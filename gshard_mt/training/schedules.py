@@ -41,7 +41,7 @@ class Constant(Schedule):
 @SCHEDULES.register("rsqrt")
 class Rsqrt(Schedule):
   """learning_rate * sqrt(warmup / step) after the warm-up (Vaswani et al. 2017, section 5.3; GShard's
-  1.0 x rsqrt(max(t, 10k)) with learning_rate 1.0 and 10k warm-up steps held constant)."""
+  rsqrt(max(t, 10k)) with learning_rate 0.01 = rsqrt(10k) and 10k warm-up steps held constant)."""
 
   def decay(self, lr, step):
     return lr * jnp.sqrt(self.warmup_steps / jnp.maximum(step, self.warmup_steps))

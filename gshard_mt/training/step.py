@@ -15,7 +15,7 @@ from gshard_mt.model.layers import DROPOUT_KEYS
 from gshard_mt.model.transformer import Transformer
 from gshard_mt.moe import balance
 from gshard_mt.training import metrics as metrics_lib
-from gshard_mt.training.optimizer import FusedAdafactor
+from gshard_mt.training.optimizer import FusedAdafactor, schedule_step
 from gshard_mt.training.schedules import schedule_of
 
 
@@ -130,7 +130,7 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer, tx, config
   (nll, correct, requested), (aux, z, stats) = out["sums"], out["means"]
   biases = balance.moved_biases(state.params, requested, config.moe.bias_update_rate) if requested else None
   new, grad_norm, finite = apply_update(state, grads, tx, jnp.isfinite(loss), biases)
-  learning_rate = schedule_of(config.optimizer, config.num_train_steps)(state.step)
+  learning_rate = schedule_of(config.optimizer, config.num_train_steps)(schedule_step(state.opt_state))  # used
   metrics = {"loss": loss, "nll": nll / num_tokens, "accuracy": correct / num_tokens, "aux_loss": aux,
              "z_loss": z, "grad_norm": grad_norm, "learning_rate": learning_rate, "finite": finite,
              "target_tokens": weights.sum(),

@@ -10,16 +10,19 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from gshard_mt import io
 from gshard_mt.data import pipeline
 from gshard_mt.errors import WorkdirError
 from gshard_mt.evaluation import evaluate
 from gshard_mt.model import decode
 from gshard_mt.training import checkpoint as checkpoint_lib
 from gshard_mt.training import dev_eval, loop
+from gshard_mt.training.schedules import schedule_of
 from gshard_mt.training.setup import build
 from tests.helpers import ROOT, small_args, small_config
 
@@ -141,6 +144,9 @@ def test_nonfinite_skip_keeps_the_parameters(workdir):
   config = small_config(**{"moe.aux_loss_weight": "nan", "nonfinite": "skip", "num_train_steps": 3})
   result = loop.train_and_evaluate(config, workdir)
   assert result["skipped_updates"] == 1  # per logged step, each skipped
+  rates = [row["learning_rate"] for row in io.read_jsonl(workdir / "metrics.jsonl") if "learning_rate" in row]
+  first = float(schedule_of(config.optimizer, config.num_train_steps)(jnp.asarray(0)))
+  assert len(rates) == 3 and rates == pytest.approx([first] * 3)  # the schedule waits for an update
   setup = build(config, pipeline.load(config, workdir).tokenizer.vocab_size)
   initial = setup.init_state(config.seed).params
   for a, b in zip(jax.tree.leaves(restore_params(workdir, 3)), jax.tree.leaves(initial)):

@@ -99,6 +99,22 @@ def test_the_temporaries_of_a_failed_save_are_removed(tmp_path):
   assert list(tmp_path.iterdir()) == []
 
 
+def test_a_reader_leaves_the_save_in_progress_of_a_training_run_and_creates_nothing(three_steps, tmp_path):
+  """eval.py and translate.py read while training saves: their read-only managers restore, but remove no
+  temporary directory (a writing manager takes it for a killed save's) and make no folder."""
+  in_progress = three_steps / "4.orbax-checkpoint-tmp-1234"
+  in_progress.mkdir()
+  with checkpoint_lib.Checkpoints(three_steps, read_only=True) as ckpts:
+    assert ckpts.steps() == [2, 3] and ckpts.restore(abstract(state(0)))[0] == 3
+  assert in_progress.exists()
+  with checkpoint_lib.Checkpoints(tmp_path / "missing", read_only=True) as ckpts:
+    assert ckpts.steps() == []
+  assert not (tmp_path / "missing").exists()
+  with checkpoint_lib.Checkpoints(three_steps):  # what the readers did before
+    pass
+  assert not in_progress.exists()
+
+
 def test_abstract_with_shardings():
   sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   out = checkpoint_lib.abstract_with_shardings(abstract(state(0)), {"step": sharding, "w": sharding})

@@ -8,8 +8,11 @@ import numpy as np
 import optax
 import pytest
 
-from gshard_mt.training.optimizer import ADAFACTOR, make_optimizer
+from gshard_mt import config as config_lib
+from gshard_mt.training.optimizer import ADAFACTOR, make_optimizer, schedule_step
 from gshard_mt.training.schedules import schedule_of
+from gshard_mt.training.step import TrainState, apply_update
+from tests.helpers import ROOT
 
 
 def opt_config(**kw):
@@ -175,3 +178,24 @@ def test_adafactor_equals_clip_then_optax_adafactor(weight_decay):
   factored = [s for s in jax.tree.leaves(state_ours, is_leaf=lambda x: isinstance(x, optax.FactoredState))
               if isinstance(s, optax.FactoredState)]
   assert factored[0].v_row["first"].shape == (3, 140) and factored[0].v_col["first"].shape == (200, 3)
+
+
+def test_the_paper_configs_rate_is_gshards_rsqrt_of_max_step_and_10k():
+  """Lingvo's SqrtDecay of the paper, 1.0 x rsqrt(max(t, 10k)): 0.01 held for 10k steps, then 1 / sqrt(t)."""
+  config = config_lib.load(ROOT / "configs" / "moe_128e_12l.py")
+  lr = schedule_of(config.optimizer, config.num_train_steps)
+  for step in (0, 1, 5_000, 10_000, 40_000, 1_000_000):
+    assert float(lr(jnp.asarray(step))) == pytest.approx(max(step, 10_000) ** -0.5, rel=1e-6), step
+
+
+@pytest.mark.parametrize("name", ["adafactor", "adam"])
+def test_a_skipped_update_pauses_the_schedule_and_the_rate_logged_is_the_one_used(name):
+  """A non-finite step keeps the optimizer state, its count included: the schedule's step falls behind the train
+  step by the updates skipped, and the step's logged rate is read at the schedule's step."""
+  tx = make_optimizer(opt_config(name=name, warmup_steps=10))
+  params = {"w": jnp.ones((4, 3))}
+  state = TrainState(step=jnp.asarray(0), params=params, opt_state=tx.init(params), rng=jnp.zeros(2, jnp.uint32))
+  for finite in (False, False, True):
+    used = schedule_step(state.opt_state)
+    state, _, _ = apply_update(state, {"w": jnp.full((4, 3), 0.1)}, tx, jnp.asarray(finite))
+  assert int(state.step) == 3 and int(used) == 0 and int(schedule_step(state.opt_state)) == 1
