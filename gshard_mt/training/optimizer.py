@@ -87,11 +87,11 @@ def make_optimizer(opt_config, param_specs=None, *, total_steps: int | None = No
   return optax.chain(clip, optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=opt_config.weight_decay))
 
 
-def schedule_step(opt_state) -> jax.Array:
-  """The step the optimizer's learning-rate schedule is at (its ScaleByScheduleState's count): the train step less
-  the updates skipped (a kept optimizer state keeps its count)."""
+def schedule_step(opt_state, step: jax.Array) -> jax.Array:
+  """The step the optimizer's learning-rate schedule is at (its ScaleByScheduleState's count): the train `step`
+  less the updates skipped (a kept optimizer state keeps its count); `step` for an optimizer without one."""
   is_rate = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
-  return next(x for x in jax.tree.leaves(opt_state, is_leaf=is_rate) if is_rate(x)).count
+  return next((x.count for x in jax.tree.leaves(opt_state, is_leaf=is_rate) if is_rate(x)), step)
 
 
 def _fused_apply(grads, state, params, loss_finite, opt_config, schedule, param_specs):

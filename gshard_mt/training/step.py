@@ -130,7 +130,7 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer, tx, config
   (nll, correct, requested), (aux, z, stats) = out["sums"], out["means"]
   biases = balance.moved_biases(state.params, requested, config.moe.bias_update_rate) if requested else None
   new, grad_norm, finite = apply_update(state, grads, tx, jnp.isfinite(loss), biases)
-  learning_rate = schedule_of(config.optimizer, config.num_train_steps)(schedule_step(state.opt_state))  # used
+  learning_rate = schedule_of(config.optimizer, config.num_train_steps)(schedule_step(state.opt_state, state.step))
   metrics = {"loss": loss, "nll": nll / num_tokens, "accuracy": correct / num_tokens, "aux_loss": aux,
              "z_loss": z, "grad_norm": grad_norm, "learning_rate": learning_rate, "finite": finite,
              "target_tokens": weights.sum(),

@@ -196,6 +196,7 @@ def test_a_skipped_update_pauses_the_schedule_and_the_rate_logged_is_the_one_use
   params = {"w": jnp.ones((4, 3))}
   state = TrainState(step=jnp.asarray(0), params=params, opt_state=tx.init(params), rng=jnp.zeros(2, jnp.uint32))
   for finite in (False, False, True):
-    used = schedule_step(state.opt_state)
+    used = schedule_step(state.opt_state, state.step)
     state, _, _ = apply_update(state, {"w": jnp.full((4, 3), 0.1)}, tx, jnp.asarray(finite))
-  assert int(state.step) == 3 and int(used) == 0 and int(schedule_step(state.opt_state)) == 1
+  assert int(state.step) == 3 and int(used) == 0 and int(schedule_step(state.opt_state, state.step)) == 1
+  assert int(schedule_step(optax.adam(1e-3).init(params), jnp.asarray(7))) == 7  # no schedule: the train step
