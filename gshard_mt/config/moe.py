@@ -80,9 +80,9 @@ class MoeConfig(Section):
     if self.num_experts < k:
       raise ConfigError(f"moe.num_experts={self.num_experts}: top-{k} gating needs at least {k} experts")
     if not self.router_class(decoder=True).causal:
-      raise ConfigError(f"moe.router={self.router_of(decoder=True)!r} in the decoder: its routing of a token "
-                        "depends on the later tokens of its group, so it is not causal; set moe.decoder_router "
-                        "(e.g. 'topk')")
+      raise ConfigError(f"moe.router={self.router_of(decoder=True)!r} in the decoder: its choice of experts "
+                        "for a token depends on the later tokens of its group, so it is not causal; set "
+                        "moe.decoder_router (e.g. 'topk')")
     for name in sorted({self.router, self.router_of(decoder=True)}):
       if not ROUTERS.get(name).uses_capacity and self.dispatch != "grouped":
         raise ConfigError(f"moe.router={name!r} has no capacity: it needs moe.dispatch='grouped' (capacity "

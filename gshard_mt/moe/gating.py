@@ -162,8 +162,8 @@ def assign_slots(want: list[jax.Array], capacity: int) -> tuple[list[jax.Array],
 
 def balance_losses(logits, gates, first_choice, valid) -> tuple[jax.Array, jax.Array]:
   """(aux, z): GShard's (= Switch's) load-balancing loss on the first choices before any drop, mean over groups of
-  E * sum_e density_e * proxy_e (1.0 when balanced), and the z-loss over real tokens. logits, gates f32 [G, S, E];
-  first_choice int one-hot [G, S, E]; valid bool [G, S]."""
+  E * sum_e density_e * proxy_e (1.0 when balanced; a group of padding only counts 0, as in GShard's code), and the
+  z-loss over real tokens. logits, gates f32 [G, S, E]; first_choice int one-hot [G, S, E]; valid bool [G, S]."""
   E = gates.shape[-1]
   num_valid = jnp.maximum(valid.sum(axis=1, keepdims=True), 1).astype(jnp.float32)  # [G, 1]
   density = jnp.sum(first_choice * valid[..., None], axis=1) / num_valid  # GE

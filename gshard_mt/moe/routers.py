@@ -1,12 +1,14 @@
 """The routers (`moe.router`): one class each, registered by name in `config.choices.ROUTERS`. A router turns
 logits [G, S, E] into a `gating.Routing`.
 
-Class attributes tell the config and the model: `causal` (a token's routing depends on no later token; False:
-encoder only), `uses_capacity` (False: C = S, nothing dropped; moe.dispatch='grouped' only), `reads_language`
-(logits from the source-language tag, not the token), `experts_per_token(num_selected)` (k, for the FLOPs count
-and checks). An instance has `needs_rng`, `capacity(S, E, factor, min_capacity)` and `route(logits, C,
-padding_mask=, rng=, bias=)`; `bias` [E] is DeepSeek-V3's selection-only bias (moe.balance='bias'). A new router
-is `@ROUTERS.register("name")` over a subclass of `Router`, in any module imported before the config is read.
+Class attributes tell the config and the model: `causal` (a token's choice of experts depends on no later token;
+False: encoder only. Capacity may still drop a choice for a later token's: with k >= 2 a later token's first choice
+takes its slot before an earlier token's second, GShard's priority), `uses_capacity` (False: C = S, nothing dropped;
+moe.dispatch='grouped' only), `reads_language` (logits from the source-language tag, not the token),
+`experts_per_token(num_selected)` (k, for the FLOPs count and checks). An instance has `needs_rng`, `capacity(S, E,
+factor, min_capacity)` and `route(logits, C, padding_mask=, rng=, bias=)`; `bias` [E] is DeepSeek-V3's selection-only
+bias (moe.balance='bias'). A new router is `@ROUTERS.register("name")` over a subclass of `Router`, in any module
+imported before the config is read.
 """
 
 from __future__ import annotations
@@ -51,7 +53,12 @@ class TopK(Router):
   k: int = 2
   second_expert_policy: str = dataclasses.field(default="all", kw_only=True)  # keyword-only: TopK(3) is k = 3
   second_expert_threshold: float = dataclasses.field(default=0.5, kw_only=True)
-  normalize: ClassVar[bool] = True
+
+  @property
+  def normalize(self) -> bool:
+    """GShard's gates divided by their sum over the k chosen; not at k = 1, where that is 1 and the loss would not
+    reach the router (the softmax gate then weighs the expert, as Switch's)."""
+    return self.k > 1
 
   @property
   def needs_rng(self) -> bool:
@@ -85,7 +92,6 @@ class Switch(TopK):
   softmax gate (not renormalised), the same load-balancing loss (E * sum_e f_e * P_e)."""
 
   k: int = 1
-  normalize: ClassVar[bool] = False
 
   @classmethod
   def experts_per_token(cls, num_selected: int) -> int:
@@ -127,9 +133,15 @@ class Dropless(TopK):
 class Language(Dropless):
   """Task-level routing (Kudugunta et al. 2021, "Beyond Distillation"): the router reads the embedding of the
   sentence's source-language tag instead of the token, so every token of a sentence goes to the same top-k experts
-  of its language; dropless, as one language's sentences all want the same experts."""
+  of its language; dropless, as one language's sentences all want the same experts. Top-1 weighs its expert by 1:
+  the gate would be a constant of the language, and with 1 a model keeping only some experts (tools/extract.py,
+  whose softmax runs over fewer) computes what the full one does."""
 
   reads_language: ClassVar[bool] = True
+
+  @property
+  def normalize(self) -> bool:
+    return True
 
 
 # the names in the order the config's choices list them, the default first

@@ -125,6 +125,34 @@ def test_selection_bias_chooses_but_does_not_weigh():
   np.testing.assert_allclose(routing.weight[0], chosen / chosen.sum(-1, keepdims=True), rtol=1e-5)
 
 
+def test_top1_keeps_the_softmax_gate_so_the_loss_reaches_the_router_except_languages_weight_1():
+  """A top-1 gate renormalised over itself is 1, and the loss would reach the router only through the balancing
+  losses: top-k and dropless at k = 1 weigh their expert by the softmax gate, as Switch does; the language router,
+  whose gate would be a constant of the language, by 1 (what makes tools/extract.py's smaller model exact)."""
+  logits = jnp.asarray(np.random.default_rng(0).normal(size=(1, 8, 4)), jnp.float32)
+  gates = softmax(np.asarray(logits))
+  switch = routers.Switch().route(logits, 8)
+  np.testing.assert_allclose(switch.weight[..., 0], gates.max(-1), rtol=1e-6)
+  for router in (routers.TopK(1), routers.Dropless(1)):
+    routing = router.route(logits, 8)
+    np.testing.assert_array_equal(routing.weight, switch.weight)
+    pull = jax.grad(lambda x, r=router: jnp.sum(r.route(x, 8).weight * jnp.arange(8.0)[None, :, None]))(logits)
+    assert float(jnp.abs(pull).max()) > 1e-3  # the router learns from what its expert's output is worth
+  np.testing.assert_allclose(routers.Language(1).route(logits, 8).weight, 1.0, rtol=1e-6)
+  assert routers.TopK(2).normalize and routers.Dropless(3).normalize and not routers.Switch().normalize
+
+
+def test_capacity_lets_a_later_first_choice_drop_an_earlier_second_as_gshards_priority_does():
+  """`causal` is about the choice of experts: top-2's choices are each token's own, but with capacity a later
+  token's first choice takes the slot an earlier token's second choice wanted (GShard's priority, section 2.2)."""
+  def token0_kept(last):
+    logits = jnp.asarray([[[2.0, 1.0], [2.0, 1.0], last]])  # S = 3, E = 2
+    return gating.topk_gating(logits, 2, 1).kept[0, 0].tolist()  # C = 1
+
+  assert token0_kept([0.0, 3.0]) == [True, False]  # token 2's first choice, expert 1, takes its one slot
+  assert token0_kept([3.0, 0.0]) == [True, True]  # token 2 wants expert 0 first: expert 1's slot is token 0's
+
+
 def test_every_router_is_one_registered_class_that_carries_its_properties():
   S, E = 64, 8
   names = moe_config.ROUTERS.names()
