@@ -85,11 +85,16 @@ class DevEvaluator:
       self.translator = decode.Translator(setup.model_cfg, params, beam_size=1, max_len=config.data.max_length,
                                           batch_sharding=shardings.batch_sharding(setup.mesh, setup.rules))
 
+  def due(self, step: int, last: bool, *everies: int) -> bool:
+    """Whether an evaluation every `everies` steps (default: the loss's or the BLEU's) is due at `step`."""
+    everies = everies or (self.config.eval_every, self.config.eval_bleu_every)
+    return any(n and (step % n == 0 or last) for n in everies)
+
   def __call__(self, step: int, params, last: bool) -> dict:
     """The dev metrics due at `step` ({} when none is)."""
-    config, due = self.config, lambda every: every and (step % every == 0 or last)
-    dev = evaluate_loss(self.setup, params, self.data, config) if due(config.eval_every) else {}
-    if due(config.eval_bleu_every):
+    config = self.config
+    dev = evaluate_loss(self.setup, params, self.data, config) if self.due(step, last, config.eval_every) else {}
+    if self.due(step, last, config.eval_bleu_every):
       self.translator.params = params
       dev |= evaluate_bleu(self.translator, self.data, self.sample, config.batch_size, config.data.max_length)
     return dev

@@ -68,11 +68,22 @@ class StepLogger:
       self.bar.unpause()  # the bar's rate starts from now, without the compile
       self.bar.initial = self.bar.n + 1  # nor the first step: the rate is (n - initial) / elapsed
 
-  def log_dev(self, step: int, dev: dict, seconds: float):
-    """Writes one evaluation's metrics, its `seconds` left out of the step times and the bar's rate."""
+  def leave_out(self, seconds: float):
+    """Leaves `seconds` (an evaluation, a checkpoint's save) out of the step times and the bar's rate."""
     self.timer += seconds
     if not self.bar.disable:  # tqdm's unpause would also take out the steps since the bar last printed
       self.bar.start_t += seconds
+
+  @contextlib.contextmanager
+  def left_out(self):
+    """Leaves the time of the block out of the step times and the bar's rate."""
+    started = time.perf_counter()
+    yield
+    self.leave_out(time.perf_counter() - started)
+
+  def log_dev(self, step: int, dev: dict, seconds: float):
+    """Writes one evaluation's metrics, its `seconds` left out of the step times and the bar's rate."""
+    self.leave_out(seconds)
     dev = dev | {"dev_seconds": seconds, "wall_s": time.perf_counter() - self.started}
     self.writer.write(step, dev)
     self.last.update(dev)
@@ -214,7 +225,8 @@ def _train(config, workdir) -> dict:
 
   def save(step, next_index):
     logger.flush(step)  # checks for non-finite steps before anything is written
-    ckpts.save(step, state, batches.state(next_index), force=True)
+    with logger.left_out():  # the save's blocking part (its copy, waiting for the last save) is no step's
+      ckpts.save(step, state, batches.state(next_index), force=True)
     logger.last_saved = step
 
   closers = (feed.close, bar.close, ckpts.wait, ckpts.close)
@@ -235,9 +247,10 @@ def _train(config, workdir) -> dict:
           logger.flush(step)
         if ckpts.should_save(step) or last:
           save(step, index + 1)
-        started = time.perf_counter()
-        if dev := evaluate(step, state.params, last):
-          logger.log_dev(step, dev, time.perf_counter() - started)
+        if evaluate.due(step, last):
+          jax.block_until_ready(state.params)  # the steps queued before it keep their time (off a log step)
+          started = time.perf_counter()
+          logger.log_dev(step, evaluate(step, state.params, last), time.perf_counter() - started)
       if preempted:
         log.warning("%s: saving a checkpoint at step %d and exiting", preempted[0], step)
         if logger.last_saved != step:
