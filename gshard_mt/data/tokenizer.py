@@ -69,11 +69,13 @@ class Tokenizer:
     return tokens, lengths
 
   def decode(self, ids) -> str:
-    """Text of one id sequence, cut at the first EOS; PAD and tags are dropped."""
+    """Text of one id sequence, cut at the first EOS; PAD and tags are dropped. One line: the line breaks byte
+    pieces can make become spaces, so a file of translations keeps one per line (eval's hypotheses, translate.py)."""
     ids = [int(i) for i in np.asarray(ids).tolist()]
     if EOS_ID in ids:
       ids = ids[: ids.index(EOS_ID)]
-    return self.sp.decode([i for i in ids if i != PAD_ID and not self.sp.is_control(i)])
+    text = self.sp.decode([i for i in ids if i != PAD_ID and not self.sp.is_control(i)])
+    return text.replace("\r", " ").replace("\n", " ")
 
 
 def tag_pieces(streams: list[str], source_tags: bool) -> list[str]:

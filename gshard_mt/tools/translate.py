@@ -113,9 +113,7 @@ class LineTranslator:
     split = TokenizedSplit.from_lists(["input"], np.zeros(len(ids)), ids, [[] for _ in ids])
     order = np.argsort(split.src_len, kind="stable")
     for batch in pipeline.eval_batches(split, self.rows, self.max_length, order):
-      # One output line per translation: byte pieces can make line breaks.
-      yield {todo[pair]: self.tokenizer.decode(seq).replace("\r", " ").replace("\n", " ")
-             for pair, seq in self.translator.by_pair(batch).items()}
+      yield {todo[pair]: self.tokenizer.decode(seq) for pair, seq in self.translator.by_pair(batch).items()}
 
 
 def translate_stream(raw_lines: Iterable[bytes], sink: TextIO, translator: LineTranslator, *, window: int,

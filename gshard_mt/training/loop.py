@@ -245,12 +245,12 @@ def _train(config, workdir) -> dict:
         last = step == config.num_train_steps
         if step % config.log_every == 0 or last:
           logger.flush(step)
-        if ckpts.should_save(step) or last:
-          save(step, index + 1)
-        if evaluate.due(step, last):
+        if evaluate.due(step, last):  # before the step's checkpoint, so that a step saved has its evaluation
           jax.block_until_ready(state.params)  # the steps queued before it keep their time (off a log step)
           started = time.perf_counter()
           logger.log_dev(step, evaluate(step, state.params, last), time.perf_counter() - started)
+        if ckpts.should_save(step) or last:
+          save(step, index + 1)
       if preempted:
         log.warning("%s: saving a checkpoint at step %d and exiting", preempted[0], step)
         if logger.last_saved != step:

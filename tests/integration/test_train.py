@@ -153,12 +153,18 @@ def test_nonfinite_skip_keeps_the_parameters(workdir):
     np.testing.assert_array_equal(a, b)
 
 
-def test_target_rows_of_their_own_length(workdir):
+def test_target_rows_of_their_own_length(workdir, monkeypatch):
   """Training rows of 24 source / 16 target tokens (data.max_target_length): the encoder and decoder MoE layers
   group 192 and 128 tokens, the step counts each side's real tokens, and the dev loss (one pair per row, both
-  sides data.max_length) runs on the same parameters."""
+  sides data.max_length) runs on the same parameters. A step's evaluation comes before its checkpoint: a run
+  killed between them resumes before that step and evaluates it again (the other way, never)."""
+  order = []
+  evaluate, save = dev_eval.DevEvaluator.__call__, checkpoint_lib.Checkpoints.save
+  monkeypatch.setattr(dev_eval.DevEvaluator, "__call__", lambda *a: order.append("eval") or evaluate(*a))
+  monkeypatch.setattr(checkpoint_lib.Checkpoints, "save", lambda *a, **k: order.append("save") or save(*a, **k))
   config = small_config(num_train_steps=2, checkpoint_every=2, eval_every=2, **{"data.max_target_length": 16})
   result = loop.train_and_evaluate(config, workdir)
+  assert order == ["eval", "save"]
   steps = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
   steps = [r for r in steps if "loss" in r]
   assert [r["step"] for r in steps] == [1, 2] and all(np.isfinite(r["loss"]) for r in steps)

@@ -19,6 +19,15 @@ def test_tokenizer_has_fixed_ids_and_tags(data):
   assert tok.tag_id("zzz") is None
 
 
+def test_a_decoded_text_is_one_line(data):
+  """Byte pieces can decode to line breaks; a hypothesis written one per line (eval's hyp.<lang>.txt, read back as
+  a baseline) would then shift every later line against its reference."""
+  tok = data.tokenizer
+  pieces = ["▁a", "<0x0A>", "▁b", "<0x0D>", "c"]
+  assert tok.sp.decode([tok.sp.piece_to_id(p) for p in pieces]).count("\n") == 1  # what SentencePiece gives
+  assert tok.decode([tok.sp.piece_to_id(p) for p in pieces]) == "a  b c"
+
+
 def test_encode_flat_is_encode_back_to_back(data):
   tok, texts = data.tokenizer, ["Nous sommes de votre avis.", "", "Ça va ? 42"]
   for lang in ("fra", None):
