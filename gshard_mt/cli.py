@@ -16,6 +16,7 @@ from gshard_mt import config as config_lib
 from gshard_mt.errors import UserError
 
 QUIET = ("absl", "jax._src.xla_bridge", "orbax")
+READ_ONLY = "Given directory is read only"  # Orbax's warning on every read-only checkpoint manager (eval.py's)
 
 
 def setup_logging():
@@ -24,6 +25,7 @@ def setup_logging():
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
   for name in QUIET:
     logging.getLogger(name).setLevel(logging.WARNING)
+  logging.getLogger("absl").addFilter(lambda record: not record.getMessage().startswith(READ_ONLY))
   for handler in logging.getLogger().handlers:
     handler.addFilter(lambda record: not (record.exc_info and io.storage_fault(record.exc_info[1])))
   report = threading.excepthook

@@ -36,11 +36,11 @@ class Checkpoints:
                read_only: bool = False):
     self.directory = io.absolute(directory)
     self.every = every
+    # read-only: what Orbax would set itself (with a warning each), and no removal of temporaries
+    mode = (dict(read_only=True, save_interval_steps=0, max_to_keep=None, create=False) if read_only else
+            dict(max_to_keep=keep, create=True, cleanup_tmp_directories=True))
     self.manager = ocp.CheckpointManager(
-        self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only, read_only=read_only,
-                                             enable_async_checkpointing=async_save,
-                                             cleanup_tmp_directories=not read_only),
+        self.directory, options=ocp.CheckpointManagerOptions(enable_async_checkpointing=async_save, **mode),
         item_names=("state", "data"))
 
   def steps(self) -> list[int]:
