@@ -98,3 +98,13 @@ def test_relative_links_lead_to_files(doc):
   links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", path.read_text())
   missing = [link for link in links if "://" not in link and not (path.parent / link).exists()]
   assert missing == []
+
+
+@pytest.mark.parametrize("labels, expected", [
+    ({"runner-up": False, "today's default": True}, "yes"),
+    ({"runner-up, today's default": False}, "no"),  # gshard second: one entry, both labels
+    ({"runner-up": True, "dense twin": True}, "- (gshard is the best)"),
+])
+def test_the_router_tables_lead_over_gshard_wherever_the_study_files_it(labels, expected):
+  verdict = {"best": "x", "against": {label: {"beyond_noise": flag} for label, flag in labels.items()}}
+  assert report.lead_over_default(verdict) == expected
