@@ -10,6 +10,8 @@ only those experts in each MoE layer (E' = the most any layer keeps; a layer tha
 ones too, as the layers of a scanned stack share one shape), its config.json (moe.num_experts = E', the data read
 from the original's prepared corpus) and extracted.json (the experts kept per layer). For its languages it gives
 the same translations as the full model; serving one language then costs what a dense model of k experts costs.
+A run trained with moe.balance='bias' is refused: its experts are the top-k of softmax + bias, which a softmax over
+fewer experts may change.
 """
 
 from __future__ import annotations
@@ -94,6 +96,9 @@ def main(argv):
   if not config.model.moe_interval or routers_used != {"language"}:
     raise WorkdirError(f"{args.workdir}: extraction needs a MoE model routed by language in the encoder and the "
                        f"decoder (moe.router='language'); this one has {sorted(routers_used)}")
+  if config.moe.balance == "bias":
+    raise WorkdirError(f"{args.workdir}: trained with moe.balance='bias', whose experts are the top-k of softmax "
+                       "+ bias: a model of fewer experts may choose others, so extraction would not be exact")
   run = evaluate.restore(args.workdir, step=args.step)
   tags = [run.data.tokenizer.tag_id(lang) for lang in languages]
   if None in tags:

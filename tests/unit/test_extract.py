@@ -6,10 +6,12 @@ import shutil
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from gshard_mt import config as config_lib
 from gshard_mt.batch import SOURCE_KEYS
 from gshard_mt.data import pipeline
+from gshard_mt.errors import WorkdirError
 from gshard_mt.evaluation import evaluate
 from gshard_mt.model import decode
 from gshard_mt.model.transformer import source_tags
@@ -76,6 +78,18 @@ def test_extracted_model_translates_its_languages_as_the_full_model(tmp_path, to
   outputs = [decode.Translator(r.model_cfg, r.params, beam_size=1, max_len=12)(batch) for r in (full, small)]
   np.testing.assert_array_equal(outputs[0], outputs[1])
   assert len({tuple(row) for row in outputs[0]}) > 1  # not one output for every sentence
+
+
+def test_runs_it_cannot_extract_exactly_are_refused_before_anything_is_read(tmp_path):
+  """Only language routing gives each language fixed experts, and with bias balancing the top-k of softmax + bias
+  over fewer experts may differ."""
+  for overrides, reason in (({"moe.router": "gshard"}, "needs a MoE model routed by language"),
+                            ({"moe.balance": "bias", "moe.aux_loss_weight": 0.0}, "trained with moe.balance='bias'")):
+    run = tmp_path / reason[:5]
+    config_lib.save(small_config(**{"moe.router": "language", "moe.dispatch": "grouped", **overrides}), run)
+    with pytest.raises(WorkdirError, match=reason):
+      extract.main(["--workdir", str(run), "--languages", "fra"])
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(reason[:5])) == [reason[:5]]  # no output
 
 
 def decode_batch(tokens, pairs) -> dict:
