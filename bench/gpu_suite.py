@@ -209,7 +209,7 @@ def training_section(prepared: Callable[[str, str], Prepared], name: str, varian
     seconds = (time.perf_counter() - start) / steps
   timed = jax.device_get(timed)
   sides = np.mean([(float(m["source_tokens"]), float(m["target_tokens"])) for m in timed], axis=0)
-  flops = metrics.step_flops(state.params, config.moe.num_experts, *sides)
+  flops = metrics.step_flops(state.params, config.moe, *sides)
   return dict(config=f"configs/{name}.py", steps=steps, step_ms=seconds * 1e3, tokens_per_step=float(sum(sides)),
               tokens_per_s=float(sum(sides)) / seconds, step_tflops=flops * 1e-12,
               mfu=metrics.mfu(flops / seconds, jax.devices()[0], jax.device_count()),

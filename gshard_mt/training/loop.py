@@ -214,8 +214,7 @@ def _train(config, workdir) -> dict:
   writer.keep_until(start)  # the rows a killed run logged past its last checkpoint are logged again
   step_fn = setup.jit_train_step(Transformer(setup.model_cfg, deterministic=False), config)
   bar = progress_bar(config.num_train_steps, start, is_main)
-  k = tuple(setup.model_cfg.moe.experts_per_token(decoder) for decoder in (False, True))
-  flops_per_token = tuple(metrics_lib.step_flops(state.params, config.moe.num_experts, *side, k)
+  flops_per_token = tuple(metrics_lib.step_flops(state.params, config.moe, *side)
                           for side in ((1, 0), (0, 1)))  # per source token, per target token
   logger = StepLogger(config, writer, bar, flops_per_token, ckpts.directory)
   logger.last_saved = ckpts.latest()

@@ -52,7 +52,7 @@ def total_moe_losses(stats: dict) -> tuple[jax.Array, jax.Array]:
                for k in ("aux_loss", "z_loss"))
 
 
-def active_params(params, num_experts: int, experts_per_token: int = 2) -> float:
+def active_params(params, num_experts: int, experts_per_token: int) -> float:
   """Parameters a token uses: everything outside the experts, plus k = `experts_per_token` of the E experts of each
   MoE layer (the shared experts are outside: every token uses them)."""
   total = 0.0
@@ -63,14 +63,14 @@ def active_params(params, num_experts: int, experts_per_token: int = 2) -> float
   return total
 
 
-def step_flops(params, num_experts: int, source_tokens: float, target_tokens: float,
-               experts_per_token: tuple[int, int] = (2, 2)) -> float:
+def step_flops(params, moe_cfg, source_tokens: float, target_tokens: float) -> float:
   """Model FLOPs of a training step, the usual 6N count (attention scores and embedding look-ups left out): 6 per
-  active parameter of the encoder per source token, of the decoder and output projection per target token.
-  `experts_per_token`: the encoder's and the decoder's k."""
+  active parameter of the encoder per source token, of the decoder and output projection per target token, each
+  side's MoE layers with its router's k experts of E (the MoE section `moe_cfg`)."""
   logits = params["logits"] if "logits" in params else params["embed"]["embedding"]
-  encoder = active_params(params["encoder"], num_experts, experts_per_token[0])
-  decoder = active_params(params["decoder"], num_experts, experts_per_token[1]) + logits.size
+  E = moe_cfg.num_experts
+  encoder = active_params(params["encoder"], E, moe_cfg.experts_per_token(decoder=False))
+  decoder = active_params(params["decoder"], E, moe_cfg.experts_per_token(decoder=True)) + logits.size
   return 6 * (encoder * source_tokens + decoder * target_tokens)
 
 

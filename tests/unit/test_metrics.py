@@ -1,5 +1,6 @@
 """Training metrics (MFU: tests/unit/test_chips.py): active parameters, per-layer MoE summaries, the metrics file."""
 
+import dataclasses
 import json
 
 import jax.numpy as jnp
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 
 from gshard_mt import io
+from gshard_mt.config.moe import MoeConfig
 from gshard_mt.errors import WorkdirError
 from gshard_mt.training import metrics
 
@@ -15,7 +17,7 @@ def test_active_params_count_two_of_the_experts():
   params = {"embed": {"embedding": jnp.zeros((10, 4))},  # 40
             "encoder": {"layer_1": {"moe": {"wg": jnp.zeros((4, 8)),  # router: always used, 32
                                             "wi": jnp.zeros((8, 4, 6)), "wo": jnp.zeros((8, 6, 4))}}}}  # 192 each
-  assert metrics.active_params(params, num_experts=8) == pytest.approx(40 + 32 + 2 * (192 + 192) / 8)
+  assert metrics.active_params(params, num_experts=8, experts_per_token=2) == pytest.approx(40 + 32 + 2 * 384 / 8)
 
 
 def test_step_flops_count_each_side_with_its_own_tokens():
@@ -23,9 +25,22 @@ def test_step_flops_count_each_side_with_its_own_tokens():
   embedding look-up is no matmul (with tied logits the table is the projection)."""
   params = {"embed": {"embedding": jnp.zeros((10, 4))}, "logits": jnp.zeros((4, 10)),  # 40 each
             "encoder": {"w": jnp.zeros((3, 4))}, "decoder": {"w": jnp.zeros((5, 4))}}  # 12, 20
-  assert metrics.step_flops(params, 8, source_tokens=100, target_tokens=70) == 6 * (12 * 100 + (20 + 40) * 70)
+  assert metrics.step_flops(params, MoeConfig(), source_tokens=100, target_tokens=70) == 6 * (12 * 100 + 60 * 70)
   del params["logits"]
-  assert metrics.step_flops(params, 8, source_tokens=100, target_tokens=70) == 6 * (12 * 100 + (20 + 40) * 70)
+  assert metrics.step_flops(params, MoeConfig(), source_tokens=100, target_tokens=70) == 6 * (12 * 100 + 60 * 70)
+
+
+@pytest.mark.parametrize("moe, k", [(MoeConfig(router="switch"), (1, 1)), (MoeConfig(router="gshard"), (2, 2)),
+                                    (MoeConfig(router="topk", num_selected=3), (3, 3)),
+                                    (MoeConfig(router="expert_choice", decoder_router="switch"), (2, 1))])
+def test_step_flops_count_each_sides_router_k_experts(moe, k):
+  """The training loop, the dry run and the GPU suite all count k of E experts per token, each side its router's
+  (the dry run and the suite counted 2 whatever the router)."""
+  experts = {"moe": {"wg": jnp.zeros((4, 8)), "wi": jnp.zeros((8, 4, 6)), "wo": jnp.zeros((8, 6, 4))}}  # 32 + 384
+  params = {"embed": {"embedding": jnp.zeros((10, 4))}, "encoder": experts, "decoder": experts}
+  per_side = [32 + n * 384 / 8 for n in k]
+  flops = metrics.step_flops(params, dataclasses.replace(moe, num_experts=8), source_tokens=100, target_tokens=70)
+  assert flops == pytest.approx(6 * (per_side[0] * 100 + (per_side[1] + 40) * 70))
 
 
 def test_moe_summary_per_layer():

@@ -126,7 +126,7 @@ def tpu_estimates(config, devices, program, params, with_time: bool, points: dic
   chip, peak = chips.chip_of(devices[0].device_kind), chips.peak_flops(devices[0])
   est = tpu.estimate(program)
   sides = [config.batch_size * length for length in config_lib.row_lengths(config)]  # token slots per side, all filled
-  tokens, model_flops = sum(sides), metrics.step_flops(params, config.moe.num_experts, *sides)
+  tokens, model_flops = sum(sides), metrics.step_flops(params, config.moe, *sides)
   out = {"chip": chip.name, "peak_flops_per_device": peak, "hbm_bytes_per_device": chips.hbm_bytes(devices[0]),
          "flops_per_device": est["flops"], "bytes_accessed_per_device": est["bytes accessed"],
          "compiler_flops_per_device": est["compiler_flops"], "tokens_per_step": tokens,
