@@ -179,8 +179,8 @@ def score_languages(run: Restored, *, split: str, hyps: dict[str, list[str]], ba
                     bootstrap_samples: int) -> tuple[dict, dict]:
   """(per language: BLEU, chrF++, resource bucket and, against a baseline, ΔBLEU and a bootstrap p-value;
   sacrebleu signatures)."""
-  train_pairs = {lang: len(run.data.text["train"][lang]) for lang in hyps}
-  buckets = resource_buckets(train_pairs)
+  train_pairs = {lang: len(pairs) for lang, pairs in run.data.text["train"].items()}
+  buckets = resource_buckets(train_pairs)  # among all the run's languages, whichever are evaluated
   refs = {lang: run.data.text[split][lang].tgt for lang in hyps}
   per_lang, signatures = scoring.by_language(hyps, refs)
   for lang, lines in hyps.items():

@@ -2,6 +2,7 @@
 paired bootstrap p-value against sacrebleu, checkpoint averaging against numpy."""
 
 import math
+import types
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +29,20 @@ def test_resource_buckets_keep_ties_together():
   buckets = evaluate.resource_buckets({"a": 800, "b": 800, "c": 800, "d": 100, "e": 90, "f": 10})
   assert buckets["a"] == buckets["b"] == buckets["c"] == "high"
   assert buckets["d"] == "medium" and buckets["f"] == "low"
+
+
+def test_a_languages_bucket_is_among_all_the_runs_languages_whichever_are_evaluated():
+  """eval.py --languages c: c, the run's least-trained language, is 'low' (it was 'high', the top of a bucket
+  table of one)."""
+  class Pairs(types.SimpleNamespace):
+    def __len__(self):
+      return len(self.tgt)
+
+  pairs = lambda n: Pairs(tgt=["x"] * n)  # noqa: E731
+  text = {"train": {"a": pairs(800), "b": pairs(100), "c": pairs(10)}, "test": {"c": pairs(2)}}
+  run = types.SimpleNamespace(data=types.SimpleNamespace(text=text))
+  per_lang, _ = evaluate.score_languages(run, split="test", hyps={"c": ["x", "x"]}, base=None, bootstrap_samples=0)
+  assert per_lang["c"]["resource"] == "low" and per_lang["c"]["train_pairs"] == 10
 
 
 def test_bleu_by_hand():
