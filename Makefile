@@ -91,8 +91,8 @@ bench: venv
 bench-gpu: venv  # the accelerator suite: bench/results/<date>-<device>.json (docs/performance.md: python bench/report.py)
 	$(PY) bench/gpu_suite.py $(ARGS)
 
-inspect-data: venv
-	$(PY) -m gshard_mt.tools.inspect_data --config $(CONFIG)
+inspect-data: venv  # the run's prepared corpus in WORKDIR, prepared there when missing
+	$(PY) -m gshard_mt.tools.inspect_data --config $(CONFIG) --workdir $(WORKDIR) $(ARGS)
 
 clean:
 	rm -rf $(VENV) runs

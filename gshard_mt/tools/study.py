@@ -169,16 +169,15 @@ def plot(points: list[dict], table: list[dict], root: epath.Path) -> list[epath.
   return paths
 
 
-def trained(workdir: epath.Path) -> bool:
-  """Whether the point's run has its last checkpoint."""
-  if not (workdir / "config.json").exists():
-    return False
-  return (workdir / checkpoint_lib.FOLDER / str(config_lib.load_saved(workdir).num_train_steps)).exists()
+def trained(workdir: epath.Path, base: str, point: dict, extra: list[str]) -> bool:
+  """Whether the point's run has the checkpoint of its last step, as this command would run it (a
+  `-- --config.num_train_steps=N` given later trains further)."""
+  return (workdir / checkpoint_lib.FOLDER / str(sweep_lib.planned(base, point, extra).num_train_steps)).exists()
 
 
 def run_point(base: str, workdir: epath.Path, point: dict, extra: list[str], log: epath.Path | None = None):
   """Trains the point (resuming where it stopped) and decodes its best checkpoint's test split once."""
-  if not trained(workdir):
+  if not trained(workdir, base, point, extra):
     sweep_lib.run(sweep_lib.command(base, workdir, point, extra), point["name"], log)
   step = best_step(workdir)
   if test_scores(workdir, step) is None:
@@ -191,7 +190,7 @@ def run_and_collect(args, base, points: list[dict], root, extra: list[str], summ
   if not args.report_only:
     sweep_lib.run_points(points, lambda point, log: run_point(base, root / point["name"], point, extra, log), root,
                          args.jobs)
-  done = [summarize(root / point["name"], point) for point in points if trained(root / point["name"])]
+  done = [summarize(root / p["name"], p) for p in points if trained(root / p["name"], base, p, extra)]
   if not done:
     raise WorkdirError(f"{root}: no finished point to report")
   return done

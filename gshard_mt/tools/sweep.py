@@ -57,20 +57,25 @@ def load_sweep(path: pathlib.Path) -> tuple[str, list[dict]]:
     raise ConfigError(f"{path}: every sweep point needs a unique 'name', got {names}")
   for p in points:  # a bad key fails here, before anything runs
     try:
-      config_lib.load(ROOT / module.BASE, {k: _text(v) for k, v in p.items() if k != "name"})
+      planned(module.BASE, p, [])
     except ConfigError as e:
       raise ConfigError(f"{path}, point {p['name']!r}: {e}") from None
   return module.BASE, points
 
 
-def _text(value) -> str:
-  return "inf" if isinstance(value, float) and math.isinf(value) else str(value)
+def overrides(point: dict) -> dict[str, str]:
+  """The point's config keys as `--config.key=value` texts."""
+  return {k: "inf" if isinstance(v, float) and math.isinf(v) else str(v) for k, v in point.items() if k != "name"}
 
 
 def command(base: str, workdir: epath.Path, point: dict, extra: list[str]) -> list[str]:
-  overrides = [f"--config.{k}={_text(v)}" for k, v in point.items() if k != "name"]
   return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / base), "--workdir", str(workdir),
-          *overrides, *extra]
+          *(f"--config.{k}={v}" for k, v in overrides(point).items()), *extra]
+
+
+def planned(base: str, point: dict, extra: list[str]):
+  """The point's config as train.py runs it: the base file, the point's keys, then `extra`'s --config overrides."""
+  return config_lib.load(ROOT / base, overrides(point) | config_lib.split_overrides(extra)[1])
 
 
 def summarize(workdir: epath.Path, point: dict) -> dict:

@@ -72,3 +72,15 @@ def test_moe_layers_names_which_ffns_are_moe():
   assert study.moe_layers({"experts": 8, "moe_interval": 2}) == "1 in 2"
   table = study.markdown([point("e8_all", 8) | {"moe_interval": 1}], [])
   assert "| e8_all | 8 | all | 10 | 2.000 |" in table
+
+
+def test_a_point_is_trained_when_it_has_the_last_step_this_command_would_train(tmp_path):
+  """Rerun with `-- --config.num_train_steps=12`, a point that finished 6 steps is not done: it trains on (it was
+  reported from its old run, unsaid)."""
+  point, run = {"name": "p", "num_train_steps": 6}, tmp_path / "p"
+  assert not study.trained(run, "configs/tiny.py", point, [])
+  (run / "checkpoints" / "6").mkdir(parents=True)
+  assert study.trained(run, "configs/tiny.py", point, [])
+  assert not study.trained(run, "configs/tiny.py", point, ["--config.num_train_steps=12"])
+  (run / "checkpoints" / "12").mkdir()
+  assert study.trained(run, "configs/tiny.py", point, ["--config.num_train_steps", "12", "--other"])
