@@ -28,7 +28,9 @@ class MoeConfig(Section):
   POSITIVE: ClassVar[tuple[str, ...]] = ("num_experts", "hidden_dim", "group_size", "min_capacity")
   NONNEGATIVE: ClassVar[dict[str, str]] = {"shared_experts": "0 = none"}
   RANGES: ClassVar[dict[str, tuple]] = {key: (lambda x: x > 0, "> 0") for key in (
-      "train_capacity_factor", "eval_capacity_factor", "second_expert_threshold", "bias_update_rate")}
+      "train_capacity_factor", "eval_capacity_factor", "second_expert_threshold", "bias_update_rate")} | {
+      key: (lambda x: x >= 0, ">= 0") for key in ("jitter_noise", "router_logit_cap", "aux_loss_weight",
+                                                  "z_loss_weight")}
 
   router: str = "gshard"  # a name in ROUTERS: GShard's top-2 (the default), 'switch', 'topk', 'expert_choice', ...
   decoder_router: str = ""  # the decoder's, '' = moe.router ('expert_choice' is not causal: never the decoder's)

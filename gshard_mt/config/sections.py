@@ -228,16 +228,24 @@ class Config(Section):
     super().check_values()
     if self.batch_size % self.num_microbatches:
       raise ConfigError(f"num_microbatches={self.num_microbatches} does not divide batch_size={self.batch_size}")
+    expert_axis, model_axis = self.mesh.expert * self.dcn_mesh.expert, self.mesh.model * self.dcn_mesh.model
+    model_split = self.partitioning == "expert_model" and model_axis > 1  # mlp, heads, vocab (parallel.rules)
+    model_axis_keys = f"mesh.model={self.mesh.model} x dcn_mesh.model={self.dcn_mesh.model}"
+    sizes = {"model.mlp_dim": self.model.mlp_dim, "model.num_heads": self.model.num_heads,
+             "data.vocab_size": self.data.vocab_size, "moe.hidden_dim": self.moe.hidden_dim}
+    for key, size in sizes.items() if model_split else ():
+      if size % model_axis and (key != "moe.hidden_dim" or self.model.moe_interval):
+        raise ConfigError(f"{key}={size} does not split over the model axis, {model_axis_keys} "
+                          "(partitioning='expert_model')")
     if not self.model.moe_interval:  # a dense model: its moe section is checked as a section only
       return
     moe = self.moe.check_combination()
     if (name := moe.language_router()) and not self.data.source_tags:
       raise ConfigError(f"moe.router={name!r} routes by the source-language tag: it needs data.source_tags=True")
-    expert_axis, model_axis = self.mesh.expert * self.dcn_mesh.expert, self.mesh.model * self.dcn_mesh.model
-    if moe.expert_kernel == "pallas" and self.partitioning == "expert_model" and model_axis > 1:
+    if moe.expert_kernel == "pallas" and model_split:
       raise ConfigError(f"moe.expert_kernel='pallas' needs each expert's H whole on a device: "
-                        f"partitioning='expert_model' splits it over mesh.model={self.mesh.model}; use "
-                        "moe.expert_kernel='xla', or mesh.model=1")
+                        f"partitioning='expert_model' splits it over the model axis, {model_axis_keys}; use "
+                        "moe.expert_kernel='xla', or a model axis of 1")
     if expert_axis > 1 and moe.num_experts % expert_axis:
       raise ConfigError(f"moe.num_experts={moe.num_experts} is not divisible by the expert axis, "
                         f"mesh.expert={self.mesh.expert} x dcn_mesh.expert={self.dcn_mesh.expert}")

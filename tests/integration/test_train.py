@@ -22,6 +22,7 @@ from gshard_mt.evaluation import evaluate
 from gshard_mt.model import decode
 from gshard_mt.training import checkpoint as checkpoint_lib
 from gshard_mt.training import dev_eval, loop
+from gshard_mt.training import metrics as metrics_lib
 from gshard_mt.training.schedules import schedule_of
 from gshard_mt.training.setup import build
 from tests.helpers import ROOT, small_args, small_config
@@ -134,14 +135,20 @@ def test_an_unreadable_checkpoint_is_set_aside_and_the_run_finishes(uninterrupte
   assert losses(workdir) == losses(reference)
 
 
-def test_nonfinite_stop_names_the_step_and_writes_no_checkpoint(workdir):
+@pytest.fixture
+def nan_aux_loss(monkeypatch):
+  """Every step's aux loss NaN, as a diverged router's (the config refuses a NaN weight)."""
+  monkeypatch.setattr(metrics_lib, "total_moe_losses", lambda stats: (jnp.float32(np.nan), jnp.float32(0.0)))
+
+
+def test_nonfinite_stop_names_the_step_and_writes_no_checkpoint(workdir, nan_aux_loss):
   with pytest.raises(loop.NonFiniteError, match=r"at step 1 .*last good checkpoint: .*\(none\)"):
-    loop.train_and_evaluate(small_config(**{"moe.aux_loss_weight": "nan"}), workdir)
+    loop.train_and_evaluate(small_config(), workdir)
   assert not (workdir / "checkpoints").exists() or not os.listdir(workdir / "checkpoints")
 
 
-def test_nonfinite_skip_keeps_the_parameters(workdir):
-  config = small_config(**{"moe.aux_loss_weight": "nan", "nonfinite": "skip", "num_train_steps": 3})
+def test_nonfinite_skip_keeps_the_parameters(workdir, nan_aux_loss):
+  config = small_config(**{"nonfinite": "skip", "num_train_steps": 3})
   result = loop.train_and_evaluate(config, workdir)
   assert result["skipped_updates"] == 1  # per logged step, each skipped
   rates = [row["learning_rate"] for row in io.read_jsonl(workdir / "metrics.jsonl") if "learning_rate" in row]

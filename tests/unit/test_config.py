@@ -58,6 +58,13 @@ def test_split_overrides():
     ({"data.character_coverage": "0"}, r"data.character_coverage=0.0: expected a finite number in \(0, 1\]"),
     ({"optimizer.warmup_steps": "-1"}, r"optimizer.warmup_steps=-1: expected an integer >= 0 \(0 = none\)"),
     ({"eval_every": "-5"}, r"eval_every=-5: expected an integer >= 0 \(0 = never\)"),
+    ({"moe.z_loss_weight": "inf"}, r"moe.z_loss_weight=inf: expected a finite number >= 0"),
+    ({"moe.jitter_noise": "nan"}, r"moe.jitter_noise=nan: expected a finite number >= 0"),
+    ({"moe.router_logit_cap": "-1"}, r"moe.router_logit_cap=-1.0: expected a finite number >= 0"),
+    # partitioning='expert_model' splits mlp, heads, vocabulary and H over the model axis: 256 and 4 over 3 do not
+    ({"partitioning": "expert_model", "mesh.model": "3"}, r"model.mlp_dim=256 does not split over the model axis, "
+                                                          r"mesh.model=3 x dcn_mesh.model=1 \(partitioning="),
+    ({"partitioning": "expert_model", "mesh.model": "8"}, r"model.num_heads=4 does not split over the model axis"),
 ])
 def test_validation_errors(overrides, message):
   with pytest.raises(ConfigError, match=message):

@@ -106,9 +106,10 @@ def test_config_refuses_the_experts_hidden_dim_split_over_model():
   from tests.helpers import small_overrides
 
   with pytest.raises(ConfigError, match=r"moe.expert_kernel='pallas' needs each expert's H whole on a device: "
-                                        r"partitioning='expert_model' splits it over mesh.model=2"):
+                                        r"partitioning='expert_model' splits it over the model axis, "
+                                        r"mesh.model=1 x dcn_mesh.model=2"):
     config_lib.load(ROOT / "configs" / "tiny.py", small_overrides(**{
-        "moe.expert_kernel": "pallas", "partitioning": "expert_model", "mesh.model": "2"}))
+        "moe.expert_kernel": "pallas", "partitioning": "expert_model", "dcn_mesh.model": "2"}))
 
 
 def moe_layer_outputs_and_grads(kernel_name: str):
