@@ -13,6 +13,8 @@ from jax.experimental import multihost_utils
 
 from gshard_mt import io
 from gshard_mt.errors import ConfigError, UserError
+from gshard_mt.parallel import mesh as mesh_lib
+from gshard_mt.parallel import rules as rules_lib
 from gshard_mt.parallel.shardings import batch_sharding
 
 
@@ -31,6 +33,33 @@ def initialize_distributed(config) -> bool:
                                process_id=d.process_id)
     return True
   return False
+
+
+def rows_by_process(indices: dict, rows: int, process_of: Callable = lambda device: device.process_index) -> dict:
+  """{process: the set of rows its devices hold} of a sharding's `devices_indices_map((rows,))`."""
+  held = {}
+  for device, index in indices.items():
+    held.setdefault(process_of(device), set()).update(range(*index[0].indices(rows)))
+  return held
+
+
+def batch_split_error(held: dict[int, set], rows: int) -> str | None:
+  """Why processes holding `held` rows (`rows_by_process`) would not each train on rows of their own, or None: the
+  pipeline gives each process batch_size / processes distinct rows, which the mesh axes the batch is split over
+  must place on that process alone (a model axis across slices copies the batch to each instead)."""
+  if len(held) > 1 and any(len(r) * len(held) != rows for r in held.values()):
+    return (f"the batch's rows do not split over the {len(held)} processes (each would hold "
+            f"{max(map(len, held.values()))} of {rows}): the mesh axes the batch is split over (partitioning) must "
+            "span the processes; put dcn_mesh on data (or expert, with partitioning='expert')")
+  return None
+
+
+def check_batch_split(config):
+  """A ConfigError where the config's mesh would not give each process rows of its own (`batch_split_error`)."""
+  sharding = batch_sharding(mesh_lib.make_mesh(config), rules_lib.rules(config))
+  held = rows_by_process(sharding.devices_indices_map((config.batch_size,)), config.batch_size)
+  if error := batch_split_error(held, config.batch_size):
+    raise ConfigError(error)
 
 
 def process_rows(batch: dict) -> dict:

@@ -177,6 +177,7 @@ def prepare(config, workdir) -> pipeline.Data:
   """Checks and saves the config, then loads the data: process 0 prepares the corpus when it is missing while the
   others wait, then every process memory-maps the same shards."""
   mesh_lib.check(config, jax.device_count())
+  distributed.check_batch_split(config)
   if jax.process_index() == 0:
     config_lib.save(config, workdir, started=any((io.path(workdir) / checkpoint_lib.FOLDER).glob("*")))
   prepared = distributed.checked_on_process_0(lambda: prepare_lib.for_run(config.data, workdir, record=True).name)

@@ -1,6 +1,8 @@
 """Multi-process helpers that one process can check: when the runtime starts, each process's rows of a batch,
 and local rows made into global arrays."""
 
+import collections
+
 import jax
 import numpy as np
 import pytest
@@ -36,3 +38,21 @@ def test_global_batch_is_sharded_as_the_rules_split_the_batch():
   out = distributed.global_batch(local, mesh, RULES["expert"])
   np.testing.assert_array_equal(out["inputs"], local["inputs"])
   assert out["inputs"].sharding.spec == jax.sharding.PartitionSpec(("data", "expert"), None)
+
+
+def test_each_process_must_hold_rows_of_its_own():
+  """The pipeline gives each process batch_size / processes distinct rows: a batch split over the processes is
+  fine, one copied to each (a model axis across slices) is refused, where JAX would build a batch of half the rows
+  whose copies differ."""
+  Device = collections.namedtuple("Device", "process_index id")
+
+  def fake(process, lo, hi):  # (a device of `process`, the rows it holds)
+    return Device(process, lo), (slice(lo, hi),)
+
+  split = dict(fake(p, lo, lo + 2) for p, lo in ((0, 0), (0, 2), (1, 4), (1, 6)))  # 8 rows, 4 a process
+  held = distributed.rows_by_process(split, 8)
+  assert held == {0: {0, 1, 2, 3}, 1: {4, 5, 6, 7}} and distributed.batch_split_error(held, 8) is None
+  copied = dict(fake(p, lo, lo + 4) for p, lo in ((0, 0), (0, 4), (1, 0), (1, 4)))  # every row on both
+  assert "do not split over the 2 processes (each would hold 8 of 8)" in distributed.batch_split_error(
+      distributed.rows_by_process(copied, 8), 8)
+  distributed.check_batch_split(small_config())  # one process: its rows are its own
