@@ -178,11 +178,27 @@ class DistributedConfig(Section):
   reads them from the cluster: TPU pods, SLURM, ...). One process on one host needs none of this."""
 
   KEY: ClassVar[str] = "distributed"
+  POSITIVE: ClassVar[tuple[str, ...]] = ("num_processes",)
+  NONNEGATIVE: ClassVar[dict[str, str]] = {"process_id": "0 = the coordinator"}
 
   auto: bool = False  # jax.distributed.initialize() with the cluster's own settings
   coordinator_address: str = ""  # host:port of process 0
   num_processes: int = 1
   process_id: int = 0
+
+  def check_values(self):  # settings that would be ignored: each host would then train alone
+    super().check_values()
+    settings = {"coordinator_address": self.coordinator_address, "num_processes": self.num_processes != 1,
+                "process_id": self.process_id}
+    given = [f"distributed.{k}" for k, v in settings.items() if v]
+    if self.auto and given:
+      raise ConfigError(f"distributed.auto=True reads the process layout from the cluster: leave {', '.join(given)} "
+                        "unset")
+    if not self.auto and given and self.num_processes == 1:
+      raise ConfigError(f"{', '.join(given)} given for one process: set distributed.num_processes")
+    if self.process_id >= self.num_processes:
+      raise ConfigError(f"distributed.process_id={self.process_id}: expected 0 to num_processes - 1 = "
+                        f"{self.num_processes - 1}")
 
 
 def _default(cls):

@@ -65,6 +65,12 @@ def test_split_overrides():
     ({"partitioning": "expert_model", "mesh.model": "3"}, r"model.mlp_dim=256 does not split over the model axis, "
                                                           r"mesh.model=3 x dcn_mesh.model=1 \(partitioning="),
     ({"partitioning": "expert_model", "mesh.model": "8"}, r"model.num_heads=4 does not split over the model axis"),
+    # a process layout that would be ignored, each host then training alone
+    ({"distributed.coordinator_address": "h0:1234"}, "distributed.coordinator_address given for one process"),
+    ({"distributed.num_processes": "2", "distributed.process_id": "5"},
+     r"distributed.process_id=5: expected 0 to num_processes - 1 = 1"),
+    ({"distributed.auto": "true", "distributed.num_processes": "4"}, "leave distributed.num_processes unset"),
+    ({"distributed.num_processes": "0"}, "distributed.num_processes=0: expected a positive integer"),
 ])
 def test_validation_errors(overrides, message):
   with pytest.raises(ConfigError, match=message):
