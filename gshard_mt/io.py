@@ -26,7 +26,8 @@ BACKENDS = {"gs": (("gcsfs", "google.cloud.storage"), "pip install -e '.[gcs]' (
 STORAGE_ERRNOS = {errno.ENOSPC: "disk full", errno.EDQUOT: "quota exceeded", errno.EROFS: "read-only file system",
                   errno.EACCES: "permission denied", errno.EPERM: "operation not permitted"}
 TENSORSTORE_ERRNOS = {"RESOURCE_EXHAUSTED": errno.ENOSPC, "PERMISSION_DENIED": errno.EACCES}
-TENSORSTORE_FAULT = re.compile(r'(?P<status>RESOURCE_EXHAUSTED|PERMISSION_DENIED): .*? at local file "(?P<file>[^"]+)"')
+# its messages, wrapped or not: '... at local file "/ck/5.tmp/"' (OCDBT), 'Error writing local file "/x/.zarray"'
+TENSORSTORE_FAULT = re.compile(r'(?P<status>RESOURCE_EXHAUSTED|PERMISSION_DENIED): .*?local file "(?P<file>[^"]+)"')
 STORAGE_EXIT_CODE = 74  # sysexits.h EX_IOERR: a fault of the storage, not of the input (which exits 2)
 
 PathLike = str | os.PathLike
@@ -246,7 +247,7 @@ def storage_fault(error: BaseException) -> OSError | None:
     seen.add(id(e))
     if isinstance(e, PathFault) or isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
       found.append(e)
-    elif isinstance(e, ValueError) and (match := TENSORSTORE_FAULT.match(str(e))):
+    elif isinstance(e, ValueError) and (match := TENSORSTORE_FAULT.search(str(e))):
       code = TENSORSTORE_ERRNOS[match["status"]]  # TensorStore, which writes Orbax's arrays, fails with a ValueError
       found.append(OSError(code, os.strerror(code), match["file"]))
     todo += [e.__cause__, e.__context__] + list(getattr(e, "exceptions", ()))

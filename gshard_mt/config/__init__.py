@@ -173,10 +173,12 @@ def save(config: Config, workdir: io.PathLike, *, started: bool = True):
   changed."""
   path = io.path(workdir) / "config.json"
   if path.exists() and started:
-    # a key added since the run started has its default (load_saved); prefetch, remat and the scan's unrolling
-    # change no parameter, nor do the `auto` options, so a run may move between platforms
+    # a key added since the run started has its default (load_saved); prefetch, remat, the scan's unrolling, the
+    # kernels and the evaluation's capacity change no parameter, nor do the `auto` options, so a run may move
+    # between platforms
     old, new = flatten(to_dict(load_saved(workdir))), flatten(to_dict(config))
-    same_run = ("data.prefetch", "model.remat", "model.scan_unroll", *platforms.REFERENCE)
+    same_run = ("data.prefetch", "model.remat", "model.scan_unroll", "moe.expert_kernel", "moe.grouped_kernel",
+                "moe.eval_capacity_factor", *platforms.REFERENCE)
     changed = [k for k in new if k.split(".")[0] in ("model", "moe", "data") and old.get(k) != new[k]
                and k not in same_run]
     if changed:

@@ -112,6 +112,9 @@ def test_saved_config_protects_a_run(tmp_path):
   config_lib.save(small_config(), tmp_path)
   config_lib.save(small_config(**{"num_train_steps": 100}), tmp_path)  # training length may change
   config_lib.save(small_config(**{"model.scan_unroll": 2}), tmp_path)  # the parameters stay as they are
+  config_lib.save(small_config(**{"moe.expert_kernel": "pallas", "moe.eval_capacity_factor": 3.0}), tmp_path)
+  with pytest.raises(ConfigError, match="moe.aux_loss_weight: 0.01 -> 0.1"):  # the objective is the run's
+    config_lib.save(small_config(**{"moe.aux_loss_weight": 0.1}), tmp_path)
   with pytest.raises(ConfigError, match="moe.num_experts: 4 -> 8; use a new --workdir"):
     config_lib.save(small_config(**{"moe.num_experts": 8}), tmp_path)
   assert config_lib.load_saved(tmp_path).moe.num_experts == 4

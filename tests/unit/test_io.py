@@ -88,6 +88,9 @@ def test_storage_faults_behind_wrappers_and_tensorstore():
     fault = io.storage_fault(e)
   assert fault.errno == errno.ENOSPC and fault.filename == "/ck/5.tmp/"
   assert io.storage_fault(ValueError("INVALID_ARGUMENT: bad shape")) is None
+  zarr = ValueError('Opening the checkpoint: PERMISSION_DENIED: Error opening "zarr" driver: Error writing local '
+                    'file "/sys/kernel/x/.zarray": [OS error 13: Permission denied]')  # a file store's, wrapped
+  assert io.storage_fault(zarr).errno == errno.EACCES and io.storage_fault(zarr).filename == "/sys/kernel/x/.zarray"
   assert io.storage_fault(OSError(errno.ENOENT, "missing", "f")) is None  # not a storage fault: a bug or bad input
   assert io.describe_fault(OSError(errno.EROFS, "Read-only file system", "/no/such/dir/f")).startswith(
       "/no/such/dir/f: read-only file system (Read-only file system); ")
