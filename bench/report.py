@@ -198,6 +198,8 @@ def router_table(files) -> list[str]:
              f"{p['dev_loss']['spread']:.3f}"] for p in data["points"]]
     lines += [provenance(name, source) + " Two seeds a point; spread = the difference between them.", ""]
     lines += table(["point", "test BLEU", "spread", "best dev loss", "spread"], body)
+    if "bleu" not in data["verdict"]:  # a study of one point (a rerun) has nothing to compare
+      continue
     leads = [lead_over_default(data["verdict"][key]) for key in ("bleu", "dev_loss")]
     lines += [f"Best test BLEU: `{data['verdict']['bleu']['best']}`; best dev loss: "
               f"`{data['verdict']['dev_loss']['best']}`. Their lead over the default (`gshard`) is beyond the seeds' "
