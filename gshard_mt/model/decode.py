@@ -16,6 +16,7 @@ import numpy as np
 
 from gshard_mt.batch import SOURCE_KEYS
 from gshard_mt.data.tokenizer import EOS_ID, PAD_ID, UNK_ID
+from gshard_mt.errors import ConfigError
 from gshard_mt.model.layers import NEG_INF
 from gshard_mt.model.transformer import Transformer
 from gshard_mt.parallel import distributed
@@ -156,6 +157,9 @@ class Translator:
 
   def __init__(self, model_cfg, params, beam_size: int = 4, alpha: float = 0.6, max_len: int = 64,
                batch_sharding: jax.sharding.NamedSharding | None = None):
+    if model_cfg.positions == "learned" and max_len > model_cfg.max_position:  # beyond the table: NaN embeddings
+      raise ConfigError(f"a decoding length of {max_len} (--max_decode_len) exceeds model.max_position="
+                        f"{model_cfg.max_position}, the learned positions")
     self.model_cfg, self.params = model_cfg, params
     self.model = Transformer(dataclasses.replace(model_cfg, scan_layers=False), deterministic=True, decode=True)
     self.beam_size, self.alpha, self.max_len = beam_size, alpha, max_len

@@ -7,7 +7,7 @@ import jax
 import pytest
 
 from gshard_mt import config as config_lib
-from gshard_mt.config.sections import MeshConfig
+from gshard_mt.config.layout import MeshConfig
 from gshard_mt.errors import ConfigError
 from gshard_mt.parallel import mesh as mesh_lib
 from tests.helpers import ROOT
