@@ -92,10 +92,6 @@ def pct(x) -> str:
   return "n/a" if x is None else f"{x:.1%}"
 
 
-def yes(flag: bool) -> str:
-  return "yes" if flag else "no"
-
-
 def training_tables(files) -> list[str]:
   lines = ["## Training step on an accelerator", "",
            "`make bench-gpu` (bench/gpu_suite.py): the jitted step on packed Tatoeba-112 batches staged on the device; "
@@ -198,20 +194,18 @@ def router_table(files) -> list[str]:
              f"{p['dev_loss']['spread']:.3f}"] for p in data["points"]]
     lines += [provenance(name, source) + " Two seeds a point; spread = the difference between them.", ""]
     lines += table(["point", "test BLEU", "spread", "best dev loss", "spread"], body)
-    if "bleu" not in data["verdict"]:  # a study of one point (a rerun) has nothing to compare
-      continue
-    leads = [lead_over_default(data["verdict"][key]) for key in ("bleu", "dev_loss")]
-    lines += [f"Best test BLEU: `{data['verdict']['bleu']['best']}`; best dev loss: "
-              f"`{data['verdict']['dev_loss']['best']}`. Their lead over the default (`gshard`) is beyond the seeds' "
-              f"spread: {leads[0]} (BLEU), {leads[1]} (dev loss).", ""]
+    if (bleu := data["verdict"].get("bleu")) and (loss := data["verdict"]["dev_loss"]):  # none for one point
+      lines += [f"Best test BLEU: `{bleu['best']}`; best dev loss: `{loss['best']}`. Their lead over the default "
+                f"(`gshard`) is beyond the seeds' spread: {lead_over_default(bleu)} (BLEU), "
+                f"{lead_over_default(loss)} (dev loss).", ""]
   return lines
 
 
 def lead_over_default(verdict: dict) -> str:
-  """Whether the best point's lead over gshard is beyond the seeds' spread ('-' when gshard is the best); the
-  router study files gshard's comparison under each label it has ('runner-up, today's default')."""
-  leads = [v for label, v in verdict["against"].items() if "today's default" in label.split(", ")]
-  return yes(leads[0]["beyond_noise"]) if leads else "- (gshard is the best)"
+  """Whether the best point's lead over gshard is beyond the seeds' spread ('runner-up, today's default': one row)."""
+  if leads := [v for label, v in verdict["against"].items() if "today's default" in label.split(", ")]:
+    return "yes" if leads[0]["beyond_noise"] else "no"
+  return "- (gshard is the best)" if verdict["best"] == "gshard" else "- (no gshard point)"
 
 
 def study_tables(files) -> list[str]:

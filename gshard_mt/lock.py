@@ -88,7 +88,10 @@ def _object_lock(directory, name: str, heartbeat_s: float, settle_s: float):
   stop = threading.Event()
 
   def ours() -> bool:  # a heartbeat that stalled past STALE_S may have let another writer take the lock over
-    holder = _read_json(path.read_text()) if path.exists() else {}
+    try:
+      holder = _read_json(path.read_text()) if path.exists() else {}
+    except OSError:  # a failed read of object storage: beat on, look again at the next beat
+      return True
     if holder.get("token") == me["token"]:
       return True
     log.error("lost the lock of %s to host %s, pid %s (this process's heartbeat stalled for over %.0f s): two "

@@ -191,8 +191,9 @@ class Config(Section):
     model_axis_keys = f"mesh.model={self.mesh.model} x dcn_mesh.model={self.dcn_mesh.model}"
     sizes = {"model.mlp_dim": self.model.mlp_dim, "model.num_heads": self.model.num_heads,
              "data.vocab_size": self.data.vocab_size, "moe.hidden_dim": self.moe.hidden_dim}
+    unused = {"model.mlp_dim": self.model.moe_interval == 1, "moe.hidden_dim": not self.model.moe_interval}
     for key, size in sizes.items() if model_split else ():
-      if size % model_axis and (key != "moe.hidden_dim" or self.model.moe_interval):
+      if size % model_axis and not unused.get(key):
         raise ConfigError(f"{key}={size} does not split over the model axis, {model_axis_keys} "
                           "(partitioning='expert_model')")
     if self.model.positions == "learned" and max(row_lengths(self)) > self.model.max_position:  # NaN beyond it

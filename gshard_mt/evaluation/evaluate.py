@@ -236,7 +236,8 @@ def evaluate(workdir, *, split="test", step=None, beam_size=flags.BEAM_SIZE, alp
   if bootstrap_samples and not baseline:
     raise UserError(f"--bootstrap {bootstrap_samples} tests the difference to a baseline: it needs --baseline")
   base = distributed.checked_on_process_0(lambda: _baseline_scores(io.path(baseline), split) if baseline else None)
-  config_lib.load_saved(workdir)  # a directory that is not a run: refused before anything is created in it
+  config = config_lib.load_saved(workdir)  # a directory that is not a run: refused before anything is created in it
+  decode.check_length(config.model, max_decode_len or config.data.max_length)  # before the data is read
   # A directory that cannot be written is refused before the data is read (and created once the checkpoint restores).
   distributed.checked_on_process_0(
       lambda: io.check_writable(io.path(workdir) / "eval", "eval output directory", create=False))

@@ -147,6 +147,14 @@ def unscanned(params, model_cfg) -> dict:
   return out
 
 
+def check_length(model_cfg, max_len: int):
+  """A ConfigError where decoding `max_len` tokens runs past the learned positions (`jnp.take` beyond the table
+  gives NaN embeddings). model_cfg: the model section or the TransformerConfig."""
+  if model_cfg.positions == "learned" and max_len > model_cfg.max_position:
+    raise ConfigError(f"a decoding length of {max_len} (--max_decode_len) exceeds model.max_position="
+                      f"{model_cfg.max_position}, the learned positions")
+
+
 class Translator:
   """Encodes a padded batch once and decodes it with the model's cache; jitted per shape.
 
@@ -157,9 +165,7 @@ class Translator:
 
   def __init__(self, model_cfg, params, beam_size: int = 4, alpha: float = 0.6, max_len: int = 64,
                batch_sharding: jax.sharding.NamedSharding | None = None):
-    if model_cfg.positions == "learned" and max_len > model_cfg.max_position:  # beyond the table: NaN embeddings
-      raise ConfigError(f"a decoding length of {max_len} (--max_decode_len) exceeds model.max_position="
-                        f"{model_cfg.max_position}, the learned positions")
+    check_length(model_cfg, max_len)
     self.model_cfg, self.params = model_cfg, params
     self.model = Transformer(dataclasses.replace(model_cfg, scan_layers=False), deterministic=True, decode=True)
     self.beam_size, self.alpha, self.max_len = beam_size, alpha, max_len

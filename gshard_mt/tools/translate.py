@@ -22,6 +22,7 @@ from typing import BinaryIO, TextIO
 import jax
 import numpy as np
 
+from gshard_mt import config as config_lib
 from gshard_mt import io
 from gshard_mt.data import pipeline
 from gshard_mt.data.corpus import language_of
@@ -175,6 +176,8 @@ def translate(workdir, *, input_path: str | None = None, output_path: str | None
     source = distributed.checked_on_process_0(open_input)
     if output_path is not None:  # a folder that cannot hold the output is refused before the model is read
       distributed.checked_on_process_0(lambda: io.check_writable(io.path(output_path).parent, "output directory"))
+    config = config_lib.load_saved(workdir)
+    decode.check_length(config.model, max_decode_len or config.data.max_length)  # before the model is read
     run = restore(workdir, step=step, average_last=average_last)
     known = source_languages(run)
     if src_lang is not None:

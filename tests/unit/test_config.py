@@ -65,6 +65,8 @@ def test_split_overrides():
     ({"partitioning": "expert_model", "mesh.model": "3"}, r"model.mlp_dim=256 does not split over the model axis, "
                                                           r"mesh.model=3 x dcn_mesh.model=1 \(partitioning="),
     ({"partitioning": "expert_model", "mesh.model": "8"}, r"model.num_heads=4 does not split over the model axis"),
+    ({"partitioning": "expert_model", "mesh.model": "2", "model.moe_interval": "1", "model.mlp_dim": "255",
+      "moe.hidden_dim": "255"}, r"moe.hidden_dim=255 does not split"),  # the dense FFN's mlp_dim: unused, unchecked
     # a process layout that would be ignored, each host then training alone
     ({"distributed.coordinator_address": "h0:1234"}, "distributed.coordinator_address given for one process"),
     ({"distributed.num_processes": "2", "distributed.process_id": "5"},

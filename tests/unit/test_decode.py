@@ -11,7 +11,6 @@ import pytest
 
 from gshard_mt.batch import SOURCE_KEYS
 from gshard_mt.data.tokenizer import EOS_ID, PAD_ID, UNK_ID
-from gshard_mt.errors import ConfigError
 from gshard_mt.model import decode
 from gshard_mt.model.transformer import Transformer, dummy_batch
 from gshard_mt.training.setup import build
@@ -91,16 +90,6 @@ def test_stops_at_eos_and_respects_max_len():
   assert out.shape == (2, 5) and EOS_ID not in out
   tokens, _ = decode.beam_search(never_eos, toy_cache(6), 2, 3, 5)
   assert tokens.shape == (2, 3, 5) and EOS_ID not in np.asarray(tokens)
-
-
-def test_a_decoding_length_beyond_the_learned_positions_is_refused():
-  """jnp.take past the table gives NaN embeddings, whose argmax is garbage: refused in one line."""
-  cfg = build(small_config(**{"model.positions": "learned", "model.max_position": "128"}), 600,
-              devices=jax.devices()[:1]).model_cfg
-  decode.Translator(cfg, None, max_len=128)
-  with pytest.raises(ConfigError, match=r"a decoding length of 129 \(--max_decode_len\) exceeds model.max_position"
-                                        r"=128, the learned positions"):
-    decode.Translator(cfg, None, max_len=129)
 
 
 def test_length_penalty():

@@ -100,11 +100,12 @@ def test_relative_links_lead_to_files(doc):
   assert missing == []
 
 
-@pytest.mark.parametrize("labels, expected", [
-    ({"runner-up": False, "today's default": True}, "yes"),
-    ({"runner-up, today's default": False}, "no"),  # gshard second: one entry, both labels
-    ({"runner-up": True, "dense twin": True}, "- (gshard is the best)"),
+@pytest.mark.parametrize("best, labels, expected", [
+    ("x", {"runner-up": False, "today's default": True}, "yes"),
+    ("x", {"runner-up, today's default": False}, "no"),  # gshard second: one entry, both labels
+    ("gshard", {"runner-up": True, "dense twin": True}, "- (gshard is the best)"),
+    ("x", {"runner-up": True}, "- (no gshard point)"),
 ])
-def test_the_router_tables_lead_over_gshard_wherever_the_study_files_it(labels, expected):
-  verdict = {"best": "x", "against": {label: {"beyond_noise": flag} for label, flag in labels.items()}}
+def test_the_router_tables_lead_over_gshard_wherever_the_study_files_it(best, labels, expected):
+  verdict = {"best": best, "against": {label: {"beyond_noise": flag} for label, flag in labels.items()}}
   assert report.lead_over_default(verdict) == expected

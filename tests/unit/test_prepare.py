@@ -130,6 +130,26 @@ def test_stages_of_other_hosts_are_left_and_a_finished_preparation_is_never_repl
   assert [p.name for p in target.iterdir()] == [shards.MANIFEST]
 
 
+def test_a_preparation_that_finishes_just_before_ours_is_kept(tmp_path, monkeypatch):
+  """Another run's rename lands between our look at the target and ours: we keep theirs (the check-then-rename
+  before failed on the non-empty directory)."""
+  target, ours, theirs = tmp_path / "spm-400-k", tmp_path / "ours", tmp_path / "theirs"
+  for stage in (ours, theirs):
+    stage.mkdir()
+    (stage / shards.MANIFEST).write_text("{}")
+    (stage / stage.name).write_text("")
+  rename = os.rename
+
+  def others_first(src, dst):
+    if src == ours and not os.path.exists(dst):
+      rename(theirs, dst)
+    rename(src, dst)
+
+  monkeypatch.setattr(prepare_lib.os, "rename", others_first)
+  prepare_lib._publish(ours, target)
+  assert sorted(p.name for p in target.iterdir()) == [shards.MANIFEST, "theirs"]
+
+
 def test_a_run_keeps_its_preparation_when_its_files_change_not_when_its_settings_do(tmp_path, caplog):
   """A run resumed or evaluated after its corpus files changed (edited; copied or cloned anew, which changes their
   times) keeps the tokenizer and batches it trained with; a new run prepares the files as they are now."""

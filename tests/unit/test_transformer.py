@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gshard_mt.errors import ConfigError
+from gshard_mt.model import decode
 from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch
 
 V = 1000
@@ -89,3 +91,14 @@ def test_scan_unroll_computes_the_same_with_fewer_loop_iterations(unroll):
   trips = lambda c: [int(t) for t in re.findall(r'"known_trip_count":\{"n":"(\d+)"', jax.jit(  # noqa: E731
       functools.partial(loss, c)).lower(params).compile().as_text())]
   assert trips(cfg) == [3, 3] and trips(unrolled) == []  # XLA removes a loop of one iteration
+
+
+def test_a_decoding_length_beyond_the_learned_positions_is_refused():
+  """jnp.take past the table gives NaN embeddings, whose argmax is garbage: refused in one line, by eval.py and
+  translate.py before the data is read and by the Translator itself."""
+  cfg = TransformerConfig(vocab_size=V, positions="learned", max_position=128)
+  decode.Translator(cfg, None, max_len=128)
+  with pytest.raises(ConfigError, match=r"a decoding length of 129 \(--max_decode_len\) exceeds model.max_position"
+                                        r"=128, the learned positions"):
+    decode.Translator(cfg, None, max_len=129)
+  decode.check_length(dataclasses.replace(cfg, positions="sinusoidal"), 10_000)
