@@ -186,16 +186,6 @@ class Config(Section):
     super().check_values()
     if self.batch_size % self.num_microbatches:
       raise ConfigError(f"num_microbatches={self.num_microbatches} does not divide batch_size={self.batch_size}")
-    expert_axis, model_axis = self.mesh.expert * self.dcn_mesh.expert, self.mesh.model * self.dcn_mesh.model
-    model_split = self.partitioning == "expert_model" and model_axis > 1  # mlp, heads, vocab (parallel.rules)
-    model_axis_keys = f"mesh.model={self.mesh.model} x dcn_mesh.model={self.dcn_mesh.model}"
-    sizes = {"model.mlp_dim": self.model.mlp_dim, "model.num_heads": self.model.num_heads,
-             "data.vocab_size": self.data.vocab_size, "moe.hidden_dim": self.moe.hidden_dim}
-    unused = {"model.mlp_dim": self.model.moe_interval == 1, "moe.hidden_dim": not self.model.moe_interval}
-    for key, size in sizes.items() if model_split else ():
-      if size % model_axis and not unused.get(key):
-        raise ConfigError(f"{key}={size} does not split over the model axis, {model_axis_keys} "
-                          "(partitioning='expert_model')")
     if self.model.positions == "learned" and max(row_lengths(self)) > self.model.max_position:  # NaN beyond it
       raise ConfigError(f"data.max_length={self.data.max_length} (data.max_target_length="
                         f"{self.data.max_target_length}) exceeds model.max_position={self.model.max_position}, the "
@@ -205,10 +195,11 @@ class Config(Section):
     moe = self.moe.check_combination()
     if (name := moe.language_router()) and not self.data.source_tags:
       raise ConfigError(f"moe.router={name!r} routes by the source-language tag: it needs data.source_tags=True")
-    if moe.expert_kernel == "pallas" and model_split:
+    expert_axis, model_axis = self.mesh.expert * self.dcn_mesh.expert, self.mesh.model * self.dcn_mesh.model
+    if moe.expert_kernel == "pallas" and self.partitioning == "expert_model" and model_axis > 1:
       raise ConfigError(f"moe.expert_kernel='pallas' needs each expert's H whole on a device: "
-                        f"partitioning='expert_model' splits it over the model axis, {model_axis_keys}; use "
-                        "moe.expert_kernel='xla', or a model axis of 1")
+                        f"partitioning='expert_model' splits it over the model axis, mesh.model={self.mesh.model} x "
+                        f"dcn_mesh.model={self.dcn_mesh.model}; use moe.expert_kernel='xla', or a model axis of 1")
     if expert_axis > 1 and moe.num_experts % expert_axis:
       raise ConfigError(f"moe.num_experts={moe.num_experts} is not divisible by the expert axis, "
                         f"mesh.expert={self.mesh.expert} x dcn_mesh.expert={self.dcn_mesh.expert}")

@@ -69,9 +69,27 @@ def devices_of(config, num_devices: int, logical: str) -> int:
   return rules_lib.devices_of(logical, rules_lib.rules(config), sizes)
 
 
+def model_sizes(config) -> dict[str, dict[str, int]]:
+  """{logical axis: {config key: size}} of the parameters' dimensions a rule table may split: the hidden units
+  ('mlp': the dense FFN's unless every FFN is MoE, the experts' unless none is), the heads, the vocabulary."""
+  interval = config.model.moe_interval
+  mlp = {"model.mlp_dim": config.model.mlp_dim} if interval != 1 else {}
+  return {"mlp": mlp | ({"moe.hidden_dim": config.moe.hidden_dim} if interval else {}),
+          "heads": {"model.num_heads": config.model.num_heads}, "vocab": {"data.vocab_size": config.data.vocab_size}}
+
+
 def check(config, num_devices: int):
-  """Raises ConfigError where the config does not fit `num_devices`: the mesh, the rows of a microbatch over the
-  mesh axes the rules give 'batch', the MoE groups over those they give 'group'."""
+  """Raises ConfigError where the config does not fit `num_devices`: the mesh, the dimensions the rules split
+  (`model_sizes`) over their mesh axes, the rows of a microbatch over the mesh axes the rules give 'batch', the MoE
+  groups over those they give 'group'."""
+  for logical, sizes in model_sizes(config).items():
+    axes, devices = rules_lib.mesh_axes_of(logical, rules_lib.rules(config)), devices_of(config, num_devices, logical)
+    for key, size in sizes.items():
+      if size % devices:
+        where = " x ".join(f"mesh.{a}={getattr(config.mesh, a)} x dcn_mesh.{a}={getattr(config.dcn_mesh, a)}"
+                           for a in axes)
+        raise ConfigError(f"{key}={size} does not split over the {'/'.join(axes)} axis, {where} "
+                          f"(partitioning={config.partitioning!r})")
   batch_devices = devices_of(config, num_devices, "batch")
   if config_lib.microbatch_rows(config) % batch_devices:
     rows = f"batch_size={config.batch_size}" + f" / num_microbatches={config.num_microbatches}" * (

@@ -29,10 +29,13 @@ def rules(config) -> list:
   return RULES[config.partitioning]
 
 
-def devices_of(logical: str, axis_rules: list, mesh_sizes: dict[str, int]) -> int:
-  """How many devices a dimension named `logical` is split over: the product of the mesh axes its first rule
-  names (the rule Flax applies to it when no other dimension of the tensor has taken those axes)."""
+def mesh_axes_of(logical: str, axis_rules: list) -> tuple[str, ...]:
+  """The mesh axes a dimension named `logical` is split over: those its first rule names (the rule Flax applies to
+  it when no other dimension of the tensor has taken those axes); () for none."""
   mesh_axes = next((axes for name, axes in axis_rules if name == logical), None)
-  if mesh_axes is None:
-    return 1
-  return math.prod(mesh_sizes[a] for a in ((mesh_axes,) if isinstance(mesh_axes, str) else mesh_axes))
+  return () if mesh_axes is None else (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes)
+
+
+def devices_of(logical: str, axis_rules: list, mesh_sizes: dict[str, int]) -> int:
+  """How many devices a dimension named `logical` is split over: the product of its mesh axes' sizes."""
+  return math.prod(mesh_sizes[a] for a in mesh_axes_of(logical, axis_rules))

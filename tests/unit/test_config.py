@@ -61,12 +61,6 @@ def test_split_overrides():
     ({"moe.z_loss_weight": "inf"}, r"moe.z_loss_weight=inf: expected a finite number >= 0"),
     ({"moe.jitter_noise": "nan"}, r"moe.jitter_noise=nan: expected a finite number >= 0"),
     ({"moe.router_logit_cap": "-1"}, r"moe.router_logit_cap=-1.0: expected a finite number >= 0"),
-    # partitioning='expert_model' splits mlp, heads, vocabulary and H over the model axis: 256 and 4 over 3 do not
-    ({"partitioning": "expert_model", "mesh.model": "3"}, r"model.mlp_dim=256 does not split over the model axis, "
-                                                          r"mesh.model=3 x dcn_mesh.model=1 \(partitioning="),
-    ({"partitioning": "expert_model", "mesh.model": "8"}, r"model.num_heads=4 does not split over the model axis"),
-    ({"partitioning": "expert_model", "mesh.model": "2", "model.moe_interval": "1", "model.mlp_dim": "255",
-      "moe.hidden_dim": "255"}, r"moe.hidden_dim=255 does not split"),  # the dense FFN's mlp_dim: unused, unchecked
     # a process layout that would be ignored, each host then training alone
     ({"distributed.coordinator_address": "h0:1234"}, "distributed.coordinator_address given for one process"),
     ({"distributed.num_processes": "2", "distributed.process_id": "5"},
@@ -79,6 +73,24 @@ def test_split_overrides():
 def test_validation_errors(overrides, message):
   with pytest.raises(ConfigError, match=message):
     config_lib.load(TINY, overrides)
+
+
+@pytest.mark.parametrize("overrides, devices, message", [
+    # partitioning='expert_model' splits mlp, heads and vocab (the dense FFN's and the experts' hidden units, the
+    # heads, the vocabulary) over the model axis: 256 and 4 over 3 and 8 do not
+    ({"mesh.model": "3"}, 6, r"model.mlp_dim=256 does not split over the model axis, mesh.model=3 x dcn_mesh.model=1 "
+                             r"\(partitioning='expert_model'\)"),
+    ({"mesh.model": "8"}, 8, r"model.num_heads=4 does not split over the model axis"),
+    # every FFN MoE: the dense FFN's mlp_dim is no parameter, the experts' H is
+    ({"mesh.model": "2", "model.moe_interval": "1", "model.mlp_dim": "255", "moe.hidden_dim": "255"}, 2,
+     r"moe.hidden_dim=255 does not split"),
+])
+def test_the_dimensions_the_rules_split_must_divide_their_axes(overrides, devices, message):
+  """Derived from the rule table (parallel.rules), checked with the mesh before any data is read."""
+  overrides = {"moe.group_size": "16", **overrides}  # groups that split over any of these meshes
+  with pytest.raises(ConfigError, match=message):
+    mesh_lib.check(config_lib.load(TINY, {"partitioning": "expert_model", **overrides}), devices)
+  mesh_lib.check(config_lib.load(TINY, overrides), devices)  # 'expert' splits none of them
 
 
 def test_batch_and_groups_must_split_over_the_devices():
