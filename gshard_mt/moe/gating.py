@@ -179,7 +179,8 @@ def routing_metrics(gates, valid, wanted, kept, experts) -> tuple[dict, jax.Arra
   [G, S, K]. The metrics, all f32:
     choices_wanted [K], choices_dropped [K]: per choice j, the assignments asked for and those capacity dropped;
     unrouted: the fraction of real tokens with no kept assignment; router_entropy: the gates' mean entropy;
-    expert_load [E]: each expert's share of the kept assignments; requested_load [E]: its share of `requested`.
+    expert_load [E]: each expert's share of the kept assignments; requested_load [E]: its share of `requested`;
+    real_tokens, kept_assignments, asked_assignments: what those means and shares are of (`merge_metrics`).
   """
   total = jnp.maximum(valid.sum(), 1).astype(jnp.float32)
   onehot = jax.nn.one_hot(experts, gates.shape[-1], dtype=jnp.int32)  # GSKE
@@ -193,7 +194,27 @@ def routing_metrics(gates, valid, wanted, kept, experts) -> tuple[dict, jax.Arra
       "router_entropy": jnp.sum(entropy * valid) / total,
       "expert_load": per_expert / jnp.maximum(per_expert.sum(), 1.0),
       "requested_load": requested / jnp.maximum(requested.sum(), 1).astype(jnp.float32),
+      "real_tokens": valid.sum().astype(jnp.float32),
+      "kept_assignments": per_expert.sum(),
+      "asked_assignments": requested.sum().astype(jnp.float32),
   }, requested
+
+
+def merge_metrics(metrics: dict) -> dict:
+  """`routing_metrics`' metrics of K microbatches stacked on a leading axis [K, ...] -> the whole batch's: counts
+  summed, each mean or share weighted by the count it is taken over (a mean of the K means would weigh a
+  microbatch of few real tokens as much as a full one)."""
+  weight_of = {"unrouted": "real_tokens", "router_entropy": "real_tokens", "expert_load": "kept_assignments",
+               "requested_load": "asked_assignments"}
+  merged = {}
+  for name, value in metrics.items():
+    if name in weight_of:
+      weight = metrics[weight_of[name]]
+      weight = weight.reshape(weight.shape + (1,) * (value.ndim - weight.ndim))
+      merged[name] = jnp.sum(value * weight, axis=0) / jnp.maximum(jnp.sum(weight, axis=0), 1.0)
+    else:
+      merged[name] = jnp.sum(value, axis=0)
+  return merged
 
 
 def dropped_fractions(metrics: dict) -> tuple[jax.Array, jax.Array]:

@@ -46,10 +46,28 @@ def moe_summary(stats: dict) -> dict:
   return out
 
 
-def total_moe_losses(stats: dict) -> tuple[jax.Array, jax.Array]:
-  """Sums of the aux losses and of the z-losses over all MoE layers (0 for a dense model)."""
-  return tuple(sum((jnp.sum(s[k]) for s in stats.values() if s), jnp.zeros((), jnp.float32))
-               for k in ("aux_loss", "z_loss"))
+def total_moe_losses(stats: dict, side_tokens: dict) -> tuple[jax.Array, jax.Array]:
+  """(aux, z) summed over all MoE layers (0 for a dense model). A layer's z-loss, a mean over the real tokens it
+  routed, counts by their share of `side_tokens` ({'encoder' | 'decoder': a whole batch's real tokens}), so that
+  microbatches' z-losses add up to the whole batch's (the share is 1 without microbatches)."""
+  zero = jnp.zeros((), jnp.float32)
+  aux = sum((jnp.sum(s["aux_loss"]) for s in stats.values() if s), zero)
+  z = sum((jnp.sum(s["z_loss"] * (s["metrics"]["real_tokens"] / side_tokens[side]))
+           for side, s in stats.items() if s), zero)
+  return aux, z
+
+
+def merge_microbatches(stats: dict) -> dict:
+  """MoE stats of K microbatches stacked on a leading axis -> the whole batch's: the aux loss a mean (every
+  microbatch has as many groups), the z-loss a mean weighted by real tokens, the metrics `gating.merge_metrics`."""
+  merged = {}
+  for side, s in stats.items():
+    if s:
+      tokens = s["metrics"]["real_tokens"]
+      s = {"aux_loss": jnp.mean(s["aux_loss"], axis=0), "metrics": gating.merge_metrics(s["metrics"]),
+           "z_loss": jnp.sum(s["z_loss"] * tokens, axis=0) / jnp.maximum(jnp.sum(tokens, axis=0), 1.0)}
+    merged[side] = s
+  return merged
 
 
 def active_params(params, num_experts: int, experts_per_token: int) -> float:

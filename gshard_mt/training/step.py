@@ -63,10 +63,11 @@ def microbatches(batch: dict, num_microbatches: int) -> dict:
   return jax.tree.map(lambda x: x.reshape(x.shape[0] // K, K, *x.shape[1:]).swapaxes(0, 1), batch)
 
 
-def _microbatch_loss(params, batch, rng, *, model: Transformer, config, num_tokens, num_microbatches: int):
-  """(this microbatch's share of the step's loss, its sums and means): its summed cross entropy / the whole batch's
-  `num_tokens`, plus the MoE losses / K. The sums include the assignments each router asked of each expert
-  (moe.balance='bias'; empty otherwise)."""
+def _microbatch_loss(params, batch, rng, *, model: Transformer, config, side_tokens, num_microbatches: int):
+  """(this microbatch's share of the step's loss, its sums, aux loss and MoE stats): its summed cross entropy / the
+  whole batch's real target tokens (`side_tokens['decoder']`), its z-loss by its share of each side's real tokens,
+  its aux loss / K (every microbatch has as many groups). The sums include the assignments each router asked of
+  each expert (moe.balance='bias'; empty otherwise)."""
   dropout_rng, gating_rng = jax.random.split(rng)
   weights = (batch["targets_segmentation"] > 0).astype(jnp.float32)
   (logits, stats), requested = model.apply({"params": params}, batch, mutable=[balance.COLLECTION],
@@ -74,10 +75,10 @@ def _microbatch_loss(params, batch, rng, *, model: Transformer, config, num_toke
                                               "gating": gating_rng})
   loss, nll, correct = cross_entropy(logits, batch["targets"], weights, config.optimizer.label_smoothing,
                                      loss_stats(config.optimizer.loss_kernel))
-  aux, z = metrics_lib.total_moe_losses(stats)
-  moe_loss = config.moe.aux_loss_weight * aux + config.moe.z_loss_weight * z
-  return loss / num_tokens + moe_loss / num_microbatches, {
-      "sums": (nll, correct, dict(requested.get(balance.COLLECTION, {}))), "means": (aux, z, stats)}
+  aux, z = metrics_lib.total_moe_losses(stats, side_tokens)
+  moe_loss = config.moe.aux_loss_weight * aux / num_microbatches + config.moe.z_loss_weight * z
+  return loss / side_tokens["decoder"] + moe_loss, {
+      "sums": (nll, correct, z, dict(requested.get(balance.COLLECTION, {}))), "aux": aux, "stats": stats}
 
 
 def apply_update(state: TrainState, grads, tx, loss_finite: jax.Array, biases=None):
@@ -106,15 +107,18 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer, tx, config
   With config.num_microbatches = K > 1 the gradients of K microbatches are summed in a scan (in float32) before the
   one update; the MoE layers group tokens within each microbatch, and the selection biases move once, by all
   microbatches' assignments. The loss and gradient are then the whole batch's: the cross entropy is divided by the
-  whole batch's token count, and the aux loss (a mean over equally many groups per microbatch) and the z-loss (a
-  mean over each microbatch's tokens) average over the microbatches.
+  whole batch's token count, the z-loss (a mean over real tokens) is weighted by each microbatch's share of them,
+  and the aux loss (a mean over equally many groups per microbatch) averages over the microbatches; the routing
+  metrics are the whole batch's (`metrics.merge_microbatches`).
   """
   rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
   weights = (batch["targets_segmentation"] > 0).astype(jnp.float32)
   num_tokens = jnp.maximum(weights.sum(), 1.0)
+  side_tokens = {"encoder": jnp.maximum((batch["inputs_segmentation"] > 0).sum().astype(jnp.float32), 1.0),
+                 "decoder": num_tokens}
   K = config.num_microbatches
-  grad_fn = jax.value_and_grad(functools.partial(_microbatch_loss, model=model, config=config, num_tokens=num_tokens,
-                                                 num_microbatches=K), has_aux=True)
+  grad_fn = jax.value_and_grad(functools.partial(_microbatch_loss, model=model, config=config,
+                                                 side_tokens=side_tokens, num_microbatches=K), has_aux=True)
   if K == 1:
     (loss, out), grads = grad_fn(state.params, batch, rng)
   else:
@@ -125,9 +129,9 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer, tx, config
 
     zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, state.params))
     (loss, grads), outs = jax.lax.scan(accumulate, zero, (jnp.arange(K), microbatches(batch, K)))
-    out = {"sums": jax.tree.map(lambda x: x.sum(0), outs["sums"]),
-           "means": jax.tree.map(lambda x: x.mean(0), outs["means"])}
-  (nll, correct, requested), (aux, z, stats) = out["sums"], out["means"]
+    out = {"sums": jax.tree.map(lambda x: x.sum(0), outs["sums"]), "aux": outs["aux"].mean(0),
+           "stats": metrics_lib.merge_microbatches(outs["stats"])}
+  (nll, correct, z, requested), aux, stats = out["sums"], out["aux"], out["stats"]
   biases = balance.moved_biases(state.params, requested, config.moe.bias_update_rate) if requested else None
   new, grad_norm, finite = apply_update(state, grads, tx, jnp.isfinite(loss), biases)
   learning_rate = schedule_of(config.optimizer, config.num_train_steps)(schedule_step(state.opt_state, state.step))

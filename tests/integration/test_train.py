@@ -138,7 +138,7 @@ def test_an_unreadable_checkpoint_is_set_aside_and_the_run_finishes(uninterrupte
 @pytest.fixture
 def nan_aux_loss(monkeypatch):
   """Every step's aux loss NaN, as a diverged router's (the config refuses a NaN weight)."""
-  monkeypatch.setattr(metrics_lib, "total_moe_losses", lambda stats: (jnp.float32(np.nan), jnp.float32(0.0)))
+  monkeypatch.setattr(metrics_lib, "total_moe_losses", lambda *_: (jnp.float32(np.nan), jnp.float32(0.0)))
 
 
 def test_nonfinite_stop_names_the_step_and_writes_no_checkpoint(workdir, nan_aux_loss):

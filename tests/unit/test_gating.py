@@ -210,3 +210,18 @@ def test_cap_logits():
 def test_bad_input_errors(call, message):
   with pytest.raises(ValueError, match=message):
     call()
+
+
+def test_merged_metrics_of_two_halves_are_the_whole_batchs():
+  """Routing two halves of the groups apart and merging their metrics (`merge_metrics`, the microbatches of a step)
+  gives the metrics of routing all the groups at once, although the halves hold different numbers of real tokens."""
+  G, S, E, C = 4, 16, 4, 3
+  logits = jax.random.normal(jax.random.key(2), (G, S, E)) * 3
+  valid = jnp.arange(S)[None, :] < jnp.array([16, 3, 12, 5])[:, None]
+  whole = jit_gating(logits, C, valid)[0].metrics
+  halves = [jit_gating(logits[k::2], C, valid[k::2])[0].metrics for k in (0, 1)]
+  assert float(halves[0]["real_tokens"]) != float(halves[1]["real_tokens"])
+  merged = gating.merge_metrics(jax.tree.map(lambda *x: jnp.stack(x), *halves))
+  assert merged.keys() == whole.keys()
+  for name in whole:
+    np.testing.assert_allclose(merged[name], whole[name], rtol=1e-6, atol=1e-7, err_msg=name)

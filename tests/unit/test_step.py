@@ -54,8 +54,10 @@ def test_microbatches_take_every_kth_row():
 
 def test_accumulated_microbatches_make_the_whole_batchs_step():
   """Two microbatches of 4 rows (MoE groups of 2 rows, capacity short enough to drop tokens, the aux loss weighted
-  heavily, rows of different lengths) against the plain step on the same 8 rows in microbatch order: the same
-  loss, token counts, aux loss and update (plain SGD, so the update is the gradient), in float32."""
+  heavily, rows of different lengths, so the microbatches hold different numbers of real tokens) against the plain
+  step on the same 8 rows in microbatch order: the same loss, token counts, aux and z losses, routing metrics
+  (each expert's load, not a mean of the microbatches' shares) and update (plain SGD, so the update is the
+  gradient), in float32."""
   import flax.linen as nn
   import jax
   import optax
@@ -67,8 +69,8 @@ def test_accumulated_microbatches_make_the_whole_batchs_step():
 
   B, L, V = 8, 8, 32
   overrides = {"moe.group_size": 16, "moe.second_expert_policy": "all", "moe.train_capacity_factor": 0.5,
-               "moe.aux_loss_weight": 0.5, "model.emb_dim": 16, "model.mlp_dim": 32, "moe.hidden_dim": 16,
-               "data.max_length": L, "model.moe_interval": 1, "model.num_encoder_layers": 1,
+               "moe.aux_loss_weight": 0.5, "moe.z_loss_weight": 0.1, "model.emb_dim": 16, "model.mlp_dim": 32,
+               "moe.hidden_dim": 16, "data.max_length": L, "model.moe_interval": 1, "model.num_encoder_layers": 1,
                "model.num_decoder_layers": 1}
   configs = {k: small_config(num_microbatches=k, **overrides) for k in (1, 2)}
   model = Transformer(TransformerConfig.from_config(configs[1], V), deterministic=False)
@@ -90,7 +92,12 @@ def test_accumulated_microbatches_make_the_whole_batchs_step():
 
   plain, plain_metrics = step(in_order, configs[1])
   accumulated, metrics = step(batch, configs[2])
-  for key in ("loss", "nll", "accuracy", "aux_loss", "target_tokens", "source_tokens", "grad_norm"):
-    np.testing.assert_allclose(metrics[key], plain_metrics[key], rtol=2e-6, err_msg=key)
+  halves = [(batch["targets_segmentation"][k::2] > 0).sum() for k in (0, 1)]
+  assert halves[0] != halves[1], halves  # else a mean of the microbatches' means would pass too
+  moe_keys = [key for key in plain_metrics if key.startswith("moe/")]
+  assert "moe/decoder_0/load" in moe_keys and "moe/encoder_0/requested_load" in moe_keys
+  for key in ("loss", "nll", "accuracy", "aux_loss", "z_loss", "target_tokens", "source_tokens", "grad_norm",
+              *moe_keys):
+    np.testing.assert_allclose(metrics[key], plain_metrics[key], rtol=2e-6, atol=1e-7, err_msg=key)
   assert 0 < float(metrics["moe/encoder_0/top1_dropped"]) and float(metrics["aux_loss"]) > 1.0
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), accumulated.params, plain.params)
