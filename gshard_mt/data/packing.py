@@ -123,17 +123,20 @@ def pack(split: TokenizedSplit, ids: np.ndarray, row: np.ndarray, rows: int, len
   return batch, real
 
 
-def pad(split: TokenizedSplit, ids: np.ndarray, rows: int, length: int) -> dict[str, np.ndarray]:
-  """One pair per row, padded to `length` (truncated, keeping EOS); rows beyond len(ids) are empty. Adds `index`
-  int32 [rows]: each row's pair id, -1 for padding rows."""
+def pad(split: TokenizedSplit, ids: np.ndarray, rows: int, length: int,
+        target_length: int | None = None) -> dict[str, np.ndarray]:
+  """One pair per row, padded to `length` tokens (the target side to `target_length`, default `length`; truncated,
+  keeping EOS); rows beyond len(ids) are empty. Adds `index` int32 [rows]: each row's pair id, -1 for padding
+  rows."""
   if len(ids) > rows:
     raise ValueError(f"{len(ids)} pairs do not fit in {rows} rows")
-  batch = _empty_batch(rows, (length, length))
+  lengths = (length, target_length or length)
+  batch = _empty_batch(rows, lengths)
   ids = np.asarray(ids, np.int64)
-  starts = np.arange(len(ids), dtype=np.int64) * length
   ones = np.ones(len(ids), np.int64)
-  sides = zip(FIELDS, (split.src_tokens, split.tgt_tokens), (split.src_offsets, split.tgt_offsets))
-  for field, tokens, offsets in sides:
+  sides = zip(FIELDS, (split.src_tokens, split.tgt_tokens), (split.src_offsets, split.tgt_offsets), lengths)
+  for field, tokens, offsets, length in sides:
+    starts = np.arange(len(ids), dtype=np.int64) * length
     _scatter(batch, field, tokens, offsets, ids, starts, ones, length)
     full = batch[f"{field}_segmentation"][: len(ids), -1] > 0  # a truncated sequence still ends with EOS
     batch[field][: len(ids)][full, -1] = EOS_ID

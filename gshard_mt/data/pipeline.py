@@ -202,11 +202,12 @@ class TrainBatches:
     self.next_index = int(state["next_index"])
 
 
-def eval_batches(split: packing.TokenizedSplit, rows: int, length: int, ids) -> Iterator[dict]:
-  """The pairs `ids` int [n], one per row, in fixed [rows, length] batches; the last batch is padded with empty rows
-  (`index` -1)."""
+def eval_batches(split: packing.TokenizedSplit, rows: int, length: int, ids,
+                 target_length: int | None = None) -> Iterator[dict]:
+  """The pairs `ids` int [n], one per row, in fixed [rows, length] batches (targets [rows, target_length], default
+  `length`); the last batch is padded with empty rows (`index` -1)."""
   for start in range(0, len(ids), rows):
-    yield packing.pad(split, ids[start:start + rows], rows, length)
+    yield packing.pad(split, ids[start:start + rows], rows, length, target_length)
 
 
 def language_ids(split: packing.TokenizedSplit, lang: str) -> np.ndarray:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Iterator
 
 import flax.linen as nn
 import jax
 import numpy as np
 
+from gshard_mt.config import row_lengths
 from gshard_mt.data import packing, pipeline
 from gshard_mt.errors import ConfigError
 from gshard_mt.model import decode
@@ -20,15 +22,24 @@ from gshard_mt.training.setup import Setup
 from gshard_mt.training.step import eval_step
 
 
+def loss_batches(split: packing.TokenizedSplit, config) -> Iterator[dict]:
+  """The pairs of `split` that fit the training rows (`row_lengths`), one per row of [batch_size, row_lengths]
+  batches, in a fixed mix of all languages (so that `eval_batches` caps no language out): the dev loss is taken
+  on them, as the training loss is on the training pairs that fit (a longer pair, cut to fit, would be scored
+  against an EOS its reference does not have)."""
+  lengths = row_lengths(config)
+  ids = pipeline.eligible(split, lengths).ids
+  ids = ids[np.random.default_rng(0).permutation(len(ids))]
+  return pipeline.eval_batches(split, config.batch_size, lengths[0], ids, lengths[1])
+
+
 def evaluate_loss(setup: Setup, params, data: pipeline.Data, config) -> dict:
-  """Token-level nll, perplexity and accuracy on (up to `config.eval_batches` batches of) the dev split."""
+  """Token-level nll, perplexity and accuracy on (up to `config.eval_batches` batches of) the dev pairs that fit
+  the training rows (`loss_batches`)."""
   step = jax.jit(functools.partial(eval_step, model=Transformer(setup.model_cfg, deterministic=True)))
   totals = np.zeros(3)
-  tokens = data.tokens["dev"]
-  ids = np.random.default_rng(0).permutation(len(tokens))  # a fixed mix of all languages, even when capped
-  batches = pipeline.eval_batches(tokens, config.batch_size, config.data.max_length, ids)
   with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
-    for batch in itertools.islice(batches, config.eval_batches or None):
+    for batch in itertools.islice(loss_batches(data.tokens["dev"], config), config.eval_batches or None):
       batch.pop("index")
       local = distributed.process_rows(batch)
       totals += np.array(jax.device_get(step(params, distributed.global_batch(local, setup.mesh, setup.rules))))

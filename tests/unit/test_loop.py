@@ -107,3 +107,25 @@ def test_a_run_that_failed_before_its_first_checkpoint_starts_again_changed(tmp_
   (workdir / checkpoint_lib.FOLDER / "3").mkdir(parents=True)
   with pytest.raises(ConfigError, match="written for a different run: data.path"):
     loop.prepare(small_config(**{"data.source": "folder", "data.path": str(tmp_path)}), workdir)
+
+
+def test_the_dev_loss_takes_every_dev_pair_that_fits_the_training_rows_whole(data):
+  """Each pair whose sides fit (max_length, max_target_length) lies whole in a row of those lengths, once; a longer
+  one is left out rather than cut and scored against an EOS its reference lacks."""
+  config = small_config(**{"data.max_length": 12, "data.max_target_length": 8, "batch_size": 16})
+  dev = data.tokens["dev"]
+  side = lambda tokens, offsets, k: tokens[offsets[k]:offsets[k + 1]].tolist()  # noqa: E731
+  fits = {k for k in range(len(dev)) if len(side(dev.src_tokens, dev.src_offsets, k)) <= 12
+          and len(side(dev.tgt_tokens, dev.tgt_offsets, k)) <= 8}
+  assert 0 < len(fits) < len(dev)
+  seen = []
+  for batch in dev_eval.loss_batches(dev, config):
+    assert batch["inputs"].shape == (16, 12) and batch["targets"].shape == (16, 8)
+    for row, k in enumerate(batch["index"]):
+      if k >= 0:
+        seen.append(int(k))
+        for field, tokens, offsets in (("inputs", dev.src_tokens, dev.src_offsets),
+                                       ("targets", dev.tgt_tokens, dev.tgt_offsets)):
+          real = batch[f"{field}_segmentation"][row] > 0
+          assert batch[field][row][real].tolist() == side(tokens, offsets, k)
+  assert sorted(seen) == sorted(fits)
