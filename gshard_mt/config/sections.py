@@ -106,6 +106,9 @@ class ModelConfig(Section):
     if self.attention not in ("xla", "auto") and self.attention_dropout_rate:
       raise ConfigError(f"model.attention={self.attention!r} has no attention dropout: it needs "
                         f"model.attention_dropout_rate=0, not {self.attention_dropout_rate}")
+    if self.positions == "sinusoidal" and self.emb_dim % 2:
+      raise ConfigError(f"model.emb_dim={self.emb_dim}: sinusoidal positions (model.positions) pair a sine with a "
+                        "cosine, so they need an even width")
     for key in ("num_encoder_layers", "num_decoder_layers"):
       if self.moe_interval and getattr(self, key) % self.moe_interval:
         raise ConfigError(f"model.{key}={getattr(self, key)} is not a multiple of "

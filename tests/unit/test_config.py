@@ -42,6 +42,7 @@ def test_split_overrides():
                                 r"\(batch_size=8 / num_microbatches=2 x data.max_target_length=80\)"),
     ({"moe.dispatch": "scatter"}, "moe.dispatch='scatter': expected one of"),
     ({"model.num_encoder_layers": "3"}, "not a multiple of model.moe_interval=2"),
+    ({"model.emb_dim": "33"}, "model.emb_dim=33: sinusoidal positions .* need an even width"),
     ({"moe.group_size": "100"}, r"moe.group_size=100 does not divide the 1024 tokens .*data.max_length=128\)"),
     ({"moe.group_size": "256"}, r"moe.group_size=256 does not divide the 640 tokens .*data.max_target_length=80\)"),
     ({"data.max_target_length": "-1"}, r"data.max_target_length=-1: expected an integer >= 0 \(0 = data.max_length"),
