@@ -13,8 +13,9 @@ from gshard_mt.config import defaults
 from gshard_mt.errors import ConfigError, UserError
 
 BEAM_SIZE, ALPHA = 4, 0.6  # the standard evaluation's decoding (eval/<split>-<step>/, `evaluate.output_name`)
-# The smallest value of each integer flag (a flag left at its default, None, is not checked).
-MINIMUM = {"beam_size": 1, "max_decode_len": 1, "batch_size": 1, "average_last": 1, "bootstrap": 0}
+# The smallest value of each numeric flag (a flag left at its default, None, is not checked). A negative alpha
+# would reward length, and the beam search's early stop bounds a live beam's score only for alpha >= 0.
+MINIMUM = {"beam_size": 1, "max_decode_len": 1, "batch_size": 1, "average_last": 1, "bootstrap": 0, "alpha": 0}
 DISTRIBUTED = "distributed."
 
 
@@ -33,7 +34,7 @@ def add_decoding_flags(p: argparse.ArgumentParser, verb: str):
 def check(**values):
   """A UserError naming the first flag below its minimum (`MINIMUM`), before anything is loaded."""
   for name, value in values.items():
-    if value is not None and value < MINIMUM[name]:
+    if value is not None and not value >= MINIMUM[name]:  # NaN too
       raise UserError(f"--{name} must be at least {MINIMUM[name]}, got {value}")
 
 

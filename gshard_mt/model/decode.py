@@ -21,7 +21,9 @@ from gshard_mt.model.layers import NEG_INF
 from gshard_mt.model.transformer import Transformer
 from gshard_mt.parallel import distributed
 
-# step_fn(tokens [N] int32, position int32, cache) -> (log_probs [N, V] float32, cache)
+# step_fn(tokens [N] int32, position int32, cache, live bool [N]) -> (log_probs [N, V] float32, cache); `live` marks
+# the rows whose output the search may still use (an MoE layer routes only those, so that a beam not yet opened, a
+# finished row or sentence, or a padding row takes no expert capacity from the others)
 StepFn = Callable
 
 
@@ -36,7 +38,7 @@ def greedy_search(step_fn: StepFn, cache, batch_size: int, max_len: int):
   def body(state):
     i, tokens, done, cache = state
     prev = jnp.where(i == 0, PAD_ID, tokens[:, jnp.maximum(i - 1, 0)])
-    log_probs, cache = step_fn(prev, i, cache)
+    log_probs, cache = step_fn(prev, i, cache, ~done)
     nxt = jnp.where(done, PAD_ID, jnp.argmax(log_probs, -1).astype(jnp.int32))
     return i + 1, tokens.at[:, i].set(nxt), done | (nxt == EOS_ID), cache
 
@@ -86,17 +88,24 @@ def beam_search(step_fn: StepFn, cache, batch_size: int, beam_size: int, max_len
   """Beam search with GNMT length penalty -> (tokens int32 [B, K, max_len], scores [B, K]), best first.
 
   Finished hypotheses score logprob / length_penalty(length); the search stops when no live beam can beat the
-  n_best-th finished one (default: the K-th) of every sentence, so the first n_best are the full search's.
+  n_best-th finished one (default: the K-th) of every sentence, so the first n_best are the full search's (for
+  alpha >= 0: the bound on a live beam's score takes the penalty at most length_penalty(max_len)).
   `reorder(cache, rows [N])` gives row n the state of row rows[n].
   """
   B, K, L = batch_size, beam_size, max_len
   n = K if n_best is None else n_best
   max_penalty = length_penalty(L, alpha)
 
+  def settled(live_lp, fin_score, fin_flag):
+    """bool [B]: no live beam of the sentence can beat its n-th finished hypothesis."""
+    best_possible = live_lp[:, 0] / max_penalty  # log-probs only fall; the penalty is at most max_penalty
+    return jnp.where(fin_flag[:, n - 1], fin_score[:, n - 1], NEG_INF) >= best_possible  # fin: best first
+
   def body(state):
     i, live, live_lp, fin, fin_score, fin_flag, cache = state
     prev = jnp.where(i == 0, PAD_ID, live[:, :, jnp.maximum(i - 1, 0)]).reshape(B * K)
-    log_probs, cache = step_fn(prev, i, cache)
+    opened = (live_lp > NEG_INF / 2) & ~settled(live_lp, fin_score, fin_flag)[:, None]  # [B, K]
+    log_probs, cache = step_fn(prev, i, cache, opened.reshape(B * K))
     # The best 2K candidates: at least K of them do not end here.
     top_lp, beam, token = best_candidates(live_lp[:, :, None] + log_probs.reshape(B, K, -1), 2 * K)
     seqs = jnp.take_along_axis(live, beam[:, :, None], axis=1).at[:, :, i].set(token)  # [B, 2K, L]
@@ -118,9 +127,7 @@ def beam_search(step_fn: StepFn, cache, batch_size: int, beam_size: int, max_len
 
   def cond(state):
     i, _, live_lp, _, fin_score, fin_flag, _ = state
-    best_possible = live_lp[:, 0] / max_penalty  # log-probs only fall; the penalty is at most max_penalty
-    kept = jnp.where(fin_flag[:, n - 1], fin_score[:, n - 1], NEG_INF)  # fin is sorted, best first
-    return (i < L) & ~jnp.all(kept >= best_possible)
+    return (i < L) & ~jnp.all(settled(live_lp, fin_score, fin_flag))
 
   live_lp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (K - 1), jnp.float32), (B, 1))
   init = (jnp.int32(0), jnp.zeros((B, K, L), jnp.int32), live_lp, jnp.zeros((B, K, L), jnp.int32),
@@ -182,9 +189,12 @@ class Translator:
     memory, _ = self.model.apply({"params": params}, batch["inputs"], src_segments, batch["inputs_position"],
                                  method=Transformer.encode)
 
-    def decoder(variables, tokens, step, slots, mutable):
+    real = jnp.repeat((src_segments > 0).any(axis=1), K)  # [N]: the rows of real sentences, not padding rows
+
+    def decoder(variables, tokens, step, slots, mutable, live=None):
       tokens = tokens[:, None]
-      return self.model.apply(variables, memory, src_segments, tokens, jnp.ones_like(tokens),
+      segments = (real if live is None else real & live)[:, None].astype(jnp.int32)  # what the MoE layers route
+      return self.model.apply(variables, memory, src_segments, tokens, segments,
                               jnp.full((N, 1), step, jnp.int32), decode_step=step,
                               self_bias=beam_bias(slots, step, K), src_tokens=batch["inputs"],
                               method=Transformer.decode_logits, mutable=mutable)
@@ -196,11 +206,11 @@ class Translator:
     source_kv = variables["memory"]
     own_slot = jnp.arange(N, dtype=jnp.int32) % K
 
-    def step_fn(tokens, i, state):
+    def step_fn(tokens, i, state, live):
       cache, slots = state
       slots = slots.at[:, i].set(own_slot)
       (logits, _), variables = decoder({"params": params, "cache": cache, "memory": source_kv}, tokens, i, slots,
-                                       ["cache"])
+                                       ["cache"], live)
       # PAD and UNK are never outputs: PAD starts a sentence, and every character has a byte piece.
       logits = logits[:, 0].astype(jnp.float32).at[:, (PAD_ID, UNK_ID)].set(NEG_INF)
       return jax.nn.log_softmax(logits), (variables["cache"], slots)

@@ -35,6 +35,9 @@ def test_parse_takes_only_the_process_layout():
     flags.parse(p, ["--workdir", "w", "--config.model.emb_dim=8"])
   with pytest.raises(UserError, match="--average_last must be at least 1, got 0"):
     flags.parse(p, ["--workdir", "w", "--average_last", "0"])
+  for alpha in ("-2", "nan"):  # a reward for length, under which the early stop would miss the best hypothesis
+    with pytest.raises(UserError, match=f"--alpha must be at least 0, got {float(alpha)}"):
+      flags.parse(p, ["--workdir", "w", "--alpha", alpha])
 
 
 @pytest.mark.slow

@@ -1,9 +1,11 @@
 """Decoding: incremental decoding equals the full forward pass, beam 1 equals greedy, EOS and max length, the
 beam-slot bias, the candidates' top-k, the early stop for the best hypothesis."""
 
+import dataclasses
 import functools
 import itertools
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,7 +26,7 @@ def table_step_fn(seed, eos_bias=0.0):
   table = jax.random.normal(jax.random.key(seed), (V, L, V)) * 3.0
   table = table.at[:, :, EOS_ID].add(eos_bias).at[:, :, PAD_ID].set(-1e9)
 
-  def step_fn(tokens, i, cache):
+  def step_fn(tokens, i, cache, live=None):
     return jax.nn.log_softmax(table[tokens, i]), jax.tree.map(lambda c: c + 1, cache)
 
   return step_fn
@@ -123,7 +125,7 @@ def test_beam_search_with_length_penalty_equals_exhaustive_search():
   table = jax.random.normal(jax.random.key(3), (B, V5, L5, V5)) * 2.0
   log_probs = jax.nn.log_softmax(table.at[..., EOS_ID].add(-1.0).at[..., PAD_ID].set(-1e9))
 
-  def step_fn(tokens, i, cache):
+  def step_fn(tokens, i, cache, live=None):
     return log_probs[jnp.arange(B * K) // K, tokens, i], cache
 
   tokens, scores = jax.jit(lambda: decode.beam_search(step_fn, toy_cache(B * K), B, K, L5, alpha=alpha))()
@@ -144,7 +146,7 @@ def test_length_penalty_changes_the_winner_by_hand():
   probs[a, 2, EOS_ID] = 1.0  # [a, a, EOS]: 0.216 / ((5 + 3) / 6) ** 0.6, ln -1.289
   log_probs = jnp.asarray(np.log(probs), jnp.float32).at[:, :, PAD_ID].set(-1e9)
 
-  def step_fn(tokens, i, cache):
+  def step_fn(tokens, i, cache, live=None):
     return log_probs[tokens, i], cache
 
   search = jax.jit(lambda alpha: decode.beam_search(step_fn, toy_cache(4), 2, 2, 4, alpha=alpha), static_argnums=0)
@@ -252,7 +254,7 @@ def full_forward_step_fn(cfg, params, batch, rows, T):
   model = Transformer(cfg)
   src = {k: jnp.repeat(batch[k], rows // batch["inputs"].shape[0], axis=0) for k in SOURCE_KEYS}
 
-  def step_fn(tokens, i, prefix):
+  def step_fn(tokens, i, prefix, live=None):
     prefix = prefix.at[:, i, 0, 0].set(tokens)
     targets = jnp.concatenate([prefix[:, 1:, 0, 0], jnp.zeros((rows, 1), jnp.int32)], axis=1)  # shifted back
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (rows, T))
@@ -295,3 +297,22 @@ def test_translator_shapes_and_determinism(model_and_params):
     out = translator(batch)
     assert out.shape == (5, 7) and (out != PAD_ID).any()
     np.testing.assert_array_equal(out, translator(batch))
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_rows_not_decoding_take_no_expert_capacity(model_and_params, beam):
+  """With one slot per expert (capacity drops most assignments, and does not grow with the padded group) and
+  experts weighted enough to change the output, a sentence decodes the same alone as beside empty rows (the
+  padding of a split's last batch, or of a batch split over devices): only rows still decoding (not padding, not
+  a beam yet unopened) are routed."""
+  cfg, params = model_and_params
+  cfg = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, eval_capacity_factor=0.01, min_capacity=1))
+  params = flax.traverse_util.unflatten_dict({k: v * 20 if "moe" in k and k[-1] == "wo" else v
+                                              for k, v in flax.traverse_util.flatten_dict(params).items()})
+  batch = {k: np.array(v) for k, v in dummy_batch(4, 8).items()}
+  batch["inputs"] = np.random.default_rng(3).integers(3, 600, (4, 8)).astype(np.int32)
+  alone = {k: v[:1] for k, v in batch.items()}
+  for key in ("inputs", "inputs_segmentation", "inputs_position"):
+    batch[key][1:] = 0
+  translator = decode.Translator(cfg, params, beam_size=beam, max_len=7)
+  np.testing.assert_array_equal(translator(batch)[0], translator(alone)[0])

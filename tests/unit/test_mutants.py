@@ -398,7 +398,7 @@ class TestDecode:
     table = jax.random.normal(jax.random.key(5), (B, V, L, V)) * 3.0
     log_probs = jax.nn.log_softmax(table.at[..., 1].add(-6.0).at[..., 0].set(-1e9))  # EOS 1 rare, PAD 0 never
 
-    def step_fn(tokens, i, cache):
+    def step_fn(tokens, i, cache, live=None):
       return log_probs[jnp.arange(B), tokens, i], cache
 
     want = np.zeros((B, L), np.int32)
@@ -416,9 +416,9 @@ class TestDecode:
   def counted(step_fn, calls: list):
     """step_fn, appending to `calls` each time the compiled loop runs it."""
 
-    def counting(tokens, i, cache):
+    def counting(tokens, i, cache, live=None):
       jax.debug.callback(lambda: calls.append(1))
-      return step_fn(tokens, i, cache)
+      return step_fn(tokens, i, cache, live)
 
     return counting
 
@@ -426,7 +426,7 @@ class TestDecode:
     # x_greedy_search__mutmut_46 (`i < max_len` -> `i <= max_len`: one more step, its token written out of bounds
     # and dropped, so only the count of steps shows it).
     calls = []
-    never_eos = self.counted(lambda tokens, i, cache: (jnp.zeros((2, 5)).at[:, 3].set(1.0), cache), calls)
+    never_eos = self.counted(lambda tokens, i, cache, live=None: (jnp.zeros((2, 5)).at[:, 3].set(1.0), cache), calls)
     out = jax.jit(lambda: decode.greedy_search(never_eos, {}, 2, 6))()
     jax.effects_barrier()
     assert np.asarray(out).tolist() == [[3] * 6] * 2 and len(calls) == 6
@@ -440,14 +440,15 @@ class TestDecode:
     steps = {}
     for n in (1, K):
       steps[n] = []
-      step_fn = self.counted(lambda tokens, i, cache: (log_probs[tokens, i], cache), steps[n])
+      step_fn = self.counted(lambda tokens, i, cache, live=None: (log_probs[tokens, i], cache), steps[n])
       jax.jit(lambda f=step_fn, n=n: decode.beam_search(f, {}, B, K, L, n_best=n))()
       jax.effects_barrier()
     assert len(steps[1]) < len(steps[K])
 
   def test_beam_search_default_alpha_is_gnmts_0_6(self):
     # x_beam_search__mutmut_1 (the default alpha 0.6 -> 1.6): test_decode passes alpha wherever it matters.
-    step_fn = lambda tokens, i, cache: (jax.nn.log_softmax(jnp.sin(tokens[:, None] + i + jnp.arange(6.0))), cache)  # noqa: E731
+    def step_fn(tokens, i, cache, live=None):
+      return jax.nn.log_softmax(jnp.sin(tokens[:, None] + i + jnp.arange(6.0))), cache
     search = jax.jit(lambda **alpha: decode.beam_search(step_fn, {}, 2, 3, 6, **alpha))
     (tokens, scores), (want_tokens, want_scores) = search(), search(alpha=0.6)
     np.testing.assert_array_equal(tokens, want_tokens)
@@ -496,7 +497,7 @@ class TestDecode:
     table = jax.random.normal(jax.random.key(11), (B, V, L, V)) * 2.0
     log_probs = jax.nn.log_softmax(table.at[..., 1].add(2.0).at[..., 0].set(-1e9))  # EOS 1, PAD 0 never
 
-    def step_fn(tokens, i, cache):
+    def step_fn(tokens, i, cache, live=None):
       return log_probs[jnp.arange(B * K) // K, tokens, i], cache
 
     tokens, scores = jax.jit(lambda: decode.beam_search(step_fn, {}, B, K, L, alpha=alpha, n_best=n_best))()
@@ -512,7 +513,7 @@ class TestDecode:
     table = jax.random.normal(jax.random.key(13), (B, V, L, V)) * 2.0
     log_probs = jax.nn.log_softmax(table.at[..., 1].set(-1e9).at[..., 0].set(-1e9))  # neither EOS nor PAD
 
-    def step_fn(tokens, i, cache):
+    def step_fn(tokens, i, cache, live=None):
       return log_probs[jnp.arange(B * K) // K, tokens, i], cache
 
     tokens, scores = jax.jit(lambda: decode.beam_search(step_fn, {}, B, K, L, alpha=alpha))()
