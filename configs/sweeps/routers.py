@@ -4,9 +4,11 @@ equal FLOPs per token, on Multi30k (configs/routers.py), two seeds per point.
   make router-study   # = python -m gshard_mt.tools.router_study --sweep configs/sweeps/routers.py
 
 Every MoE layer computes 1,024 expert hidden units per token, as the dense twin's FFN of 768 in every layer does
-on average beside the other layers' 512: top-2 of experts of hidden 512 (gshard, topk, expert_choice with 2
-experts per token on average, dropless, language, bias), top-1 of hidden 1,024 (switch), or one shared expert of
-512 plus top-1 of 512 (shared). Capacity routers use the index path, the dropless ones the grouped path.
+on average beside the other layers' 512: top-2 of experts of hidden 512 (gshard, topk, dropless, language, bias),
+top-1 of hidden 1,024 (switch), or one shared expert of 512 plus top-1 of 512 (shared). expert_choice, with k = 2
+and capacity buffers of the same size as gshard's, fills every slot: 2.5 experts per token in training and 4 in
+evaluation (the capacity factors 1.25 and 2.0 times k), so its encoder computes more per token than the others.
+Capacity routers use the index path, the dropless ones the grouped path.
 expert_choice routes the encoder only: it is not causal, so its decoder uses topk. A seed sets the initialisation,
 the dropout and routing noise, and the data order (`seed`, `data.seed`); the spread between a point's seeds is
 what a difference between points must beat. Finished runs are not trained again, so the study may be run in

@@ -62,8 +62,7 @@ class MoeConfig(Section):
     return ROUTERS.get(self.router_of(decoder))
 
   def experts_per_token(self, decoder: bool = False) -> int:
-    """k of the encoder's (or decoder's) router: 2 for 'gshard', 1 for 'switch', else num_selected (the mean for
-    'expert_choice')."""
+    """k of the encoder's (or decoder's) router: 2 for 'gshard', 1 for 'switch', else num_selected."""
     return self.router_class(decoder).experts_per_token(self.num_selected)
 
   def language_router(self) -> str | None:

@@ -5,7 +5,8 @@ Class attributes tell the config and the model: `causal` (a token's choice of ex
 False: encoder only. Capacity may still drop a choice for a later token's: with k >= 2 a later token's first choice
 takes its slot before an earlier token's second, GShard's priority), `uses_capacity` (False: C = S, nothing dropped;
 moe.dispatch='grouped' only), `reads_language` (logits from the source-language tag, not the token),
-`experts_per_token(num_selected)` (k, for the FLOPs count and checks). An instance has `needs_rng`, `capacity(S, E,
+`experts_per_token(num_selected)` (k, for the checks), `active_experts(cfg)` (the experts a token runs through on
+average while training, for the FLOPs count). An instance has `needs_rng`, `capacity(S, E,
 factor, min_capacity)` and `route(logits, C, padding_mask=, rng=, bias=)`; `bias` [E] is DeepSeek-V3's selection-only
 bias (moe.balance='bias'). A new router is `@ROUTERS.register("name")` over a subclass of `Router`, in any module
 imported before the config is read.
@@ -32,6 +33,10 @@ class Router:
   @classmethod
   def experts_per_token(cls, num_selected: int) -> int:
     return num_selected
+
+  @classmethod
+  def active_experts(cls, cfg: MoeConfig) -> float:
+    return cls.experts_per_token(cfg.num_selected)
 
   @classmethod
   def from_config(cls, cfg: MoeConfig, *, deterministic: bool = True) -> Router:
@@ -110,6 +115,12 @@ class ExpertChoice(Router):
 
   k: int = 2
   causal: ClassVar[bool] = False
+
+  @classmethod
+  def active_experts(cls, cfg: MoeConfig) -> float:
+    """Every slot holds a token, so a token runs through C * E / S = cf * k experts on average (at most E; the
+    min_capacity floor left out): 2.5 for k = 2 at the training capacity factor 1.25."""
+    return min(cfg.num_experts, cfg.train_capacity_factor * cfg.num_selected)
 
   def capacity(self, group_size: int, num_experts: int, factor: float, min_capacity: int) -> int:
     return min(group_size, super().capacity(group_size, num_experts, factor, min_capacity))

@@ -70,8 +70,8 @@ def merge_microbatches(stats: dict) -> dict:
   return merged
 
 
-def active_params(params, num_experts: int, experts_per_token: int) -> float:
-  """Parameters a token uses: everything outside the experts, plus k = `experts_per_token` of the E experts of each
+def active_params(params, num_experts: int, experts_per_token: float) -> float:
+  """Parameters a token uses: everything outside the experts, plus `experts_per_token` of the E experts of each
   MoE layer (the shared experts are outside: every token uses them)."""
   total = 0.0
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
@@ -84,11 +84,13 @@ def active_params(params, num_experts: int, experts_per_token: int) -> float:
 def step_flops(params, moe_cfg, source_tokens: float, target_tokens: float) -> float:
   """Model FLOPs of a training step, the usual 6N count (attention scores and embedding look-ups left out): 6 per
   active parameter of the encoder per source token, of the decoder and output projection per target token, each
-  side's MoE layers with its router's k experts of E (the MoE section `moe_cfg`)."""
+  side's MoE layers with the experts its router runs a token through (`Router.active_experts`; the MoE section
+  `moe_cfg`)."""
   logits = params["logits"] if "logits" in params else params["embed"]["embedding"]
   E = moe_cfg.num_experts
-  encoder = active_params(params["encoder"], E, moe_cfg.experts_per_token(decoder=False))
-  decoder = active_params(params["decoder"], E, moe_cfg.experts_per_token(decoder=True)) + logits.size
+  experts = [moe_cfg.router_class(decoder).active_experts(moe_cfg) for decoder in (False, True)]
+  encoder = active_params(params["encoder"], E, experts[0])
+  decoder = active_params(params["decoder"], E, experts[1]) + logits.size
   return 6 * (encoder * source_tokens + decoder * target_tokens)
 
 

@@ -32,10 +32,13 @@ def test_step_flops_count_each_side_with_its_own_tokens():
 
 @pytest.mark.parametrize("moe, k", [(MoeConfig(router="switch"), (1, 1)), (MoeConfig(router="gshard"), (2, 2)),
                                     (MoeConfig(router="topk", num_selected=3), (3, 3)),
-                                    (MoeConfig(router="expert_choice", decoder_router="switch"), (2, 1))])
+                                    (MoeConfig(router="expert_choice", decoder_router="switch"), (2.5, 1)),
+                                    (MoeConfig(router="expert_choice", decoder_router="topk",
+                                               train_capacity_factor=5.0), (8, 2))])
 def test_step_flops_count_each_sides_router_k_experts(moe, k):
-  """The training loop, the dry run and the GPU suite all count k of E experts per token, each side its router's
-  (the dry run and the suite counted 2 whatever the router)."""
+  """The training loop, the dry run and the GPU suite all count the experts a token runs through, each side its
+  router's (the dry run and the suite counted 2 whatever the router): k of E, or for expert choice, whose every
+  slot holds a token, cf * k (at most E)."""
   experts = {"moe": {"wg": jnp.zeros((4, 8)), "wi": jnp.zeros((8, 4, 6)), "wo": jnp.zeros((8, 6, 4))}}  # 32 + 384
   params = {"embed": {"embedding": jnp.zeros((10, 4))}, "encoder": experts, "decoder": experts}
   per_side = [32 + n * 384 / 8 for n in k]
