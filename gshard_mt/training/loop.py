@@ -179,7 +179,9 @@ def prepare(config, workdir) -> pipeline.Data:
   mesh_lib.check(config, jax.device_count())
   distributed.check_batch_split(config)
   if jax.process_index() == 0:
-    config_lib.save(config, workdir, started=any((io.path(workdir) / checkpoint_lib.FOLDER).glob("*")))
+    saved = [p.name for p in (io.path(workdir) / checkpoint_lib.FOLDER).glob("*")]
+    config_lib.save(config, workdir, started=bool(saved),
+                    finished=max((int(n) for n in saved if n.isdigit()), default=0) >= config.num_train_steps)
   prepared = distributed.checked_on_process_0(lambda: prepare_lib.for_run(config.data, workdir, record=True).name)
   return pipeline.load(config, workdir, distributed.broadcast_object(prepared))
 
