@@ -232,7 +232,7 @@ def evaluate(workdir, *, split="test", step=None, beam_size=flags.BEAM_SIZE, alp
   """Decodes `split` with the checkpoint of `step` (default: the newest), or with the mean parameters of the last
   `average_last` checkpoints up to it, and writes the scores; returns them on process 0 (None on the others)."""
   flags.check(beam_size=beam_size, max_decode_len=max_decode_len, batch_size=batch_size, average_last=average_last,
-              bootstrap=bootstrap_samples)
+              bootstrap=bootstrap_samples, alpha=alpha)
   if bootstrap_samples and not baseline:
     raise UserError(f"--bootstrap {bootstrap_samples} tests the difference to a baseline: it needs --baseline")
   base = distributed.checked_on_process_0(lambda: _baseline_scores(io.path(baseline), split) if baseline else None)

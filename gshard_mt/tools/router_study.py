@@ -46,15 +46,16 @@ def spread(values: list[float]) -> dict:
 
 
 def aggregate(runs: list[dict]) -> list[dict]:
-  """Per point, in the sweep's order: its runs' average test BLEU, BLEU per language and best dev loss (mean,
-  spread = max - min over seeds, each seed's value), tokens/s, and per MoE layer the routing statistics averaged
-  over seeds."""
+  """Per point, in the sweep's order: its runs' average test BLEU and BLEU per language (None until every seed is
+  decoded), best dev loss (mean, spread = max - min over seeds, each seed's value), tokens/s, and per MoE layer the
+  routing statistics averaged over seeds."""
   points = {}
   for r in runs:
     points.setdefault(point_of(r["name"]), []).append(r)
   out = []
   for name, rs in points.items():
-    decoded = [r for r in rs if r["average_bleu"] is not None]
+    # BLEU only once every seed is decoded: one seed's alone would have a spread of 0
+    decoded = rs if all(r["average_bleu"] is not None for r in rs) else []
     languages = sorted(decoded[0]["bleu"]) if decoded else []
     layers = sorted(rs[0]["routing"])
     out.append({
@@ -86,7 +87,7 @@ def verdict(points: list[dict]) -> dict:
       continue
     best, labels = ranked[0], {ranked[1]["point"]: ["runner-up"]}
     for p in points:
-      if p["point"] in (DENSE, DEFAULT) and p is not best:
+      if p["point"] in (DENSE, DEFAULT) and p is not best and p[key]:
         labels.setdefault(p["point"], []).append({DENSE: "dense twin", DEFAULT: "today's default"}[p["point"]])
     by_name = {p["point"]: p for p in points}
     out[key] = {"best": best["point"], "against": {

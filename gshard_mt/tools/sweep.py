@@ -79,7 +79,8 @@ def planned(base: str, point: dict, extra: list[str]):
 
 
 def summarize(workdir: epath.Path, point: dict) -> dict:
-  """Parameters, final dev loss, tokens/s and (if evaluated) average BLEU of one finished point."""
+  """Parameters, final dev loss, tokens/s and (if its final step is evaluated) average BLEU of one finished
+  point."""
   row = {"name": point["name"], **{k: v for k, v in point.items() if k != "name"}}
   config = config_lib.load_saved(workdir)
   row["parameters"] = count_params(config)
@@ -89,8 +90,8 @@ def summarize(workdir: epath.Path, point: dict) -> dict:
   row["step"] = max((m["step"] for m in metrics), default=0)
   row["dev_loss"] = dev[-1]["dev_loss"] if dev else None
   row["tokens_per_s"] = train_rows[-1]["tokens_per_s"] if train_rows else None
-  scores = list(evaluate.standard_evaluations(workdir, "test").values())  # the newest: eval/test-<step>/
-  row["bleu"] = json.loads(scores[-1].read_text())["average"]["bleu"] if scores else None
+  scores = evaluate.standard_evaluations(workdir, "test").get(row["step"])  # of the final step, not an earlier one
+  row["bleu"] = json.loads(scores.read_text())["average"]["bleu"] if scores else None
   return row
 
 

@@ -28,3 +28,20 @@ def test_points_spreads_and_verdict():
   assert ("**average test BLEU**: switch is best, ahead of gshard (runner-up, today's default) by +1.9 BLEU "
           "(beyond") in text
   assert "| switch | 32.50 ± 0.50 | 33.0 / 32.0 |" in text
+
+
+def test_points_not_yet_decoded_on_every_seed_have_no_bleu_and_no_verdict_label():
+  """A point with one seed decoded would show a spread of 0 and a lead beyond it; dense not decoded at all made the
+  verdict fail."""
+  runs = [run("dense_s0", 0.0, 2.0), run("dense_s1", 0.0, 2.1), run("gshard_s0", 30.5, 1.95),
+          run("gshard_s1", 30.7, 1.97), run("switch_s0", 33.0, 1.9), run("switch_s1", 0.0, 1.92)]
+  for r in runs:
+    if r["average_bleu"] == 0.0:  # trained, not decoded
+      r["average_bleu"] = r["bleu"] = None
+  points = router_study.aggregate(runs)
+  assert points[0]["bleu"] is None and points[2]["bleu"] is None and points[2]["bleu_by_language"] == {}
+  assert points[1]["bleu"]["seeds"] == [30.5, 30.7]
+  v = router_study.verdict(points)
+  assert "bleu" not in v  # gshard alone is decoded: nothing to rank it against
+  assert v["dev_loss"]["best"] == "switch" and "dense twin" in v["dev_loss"]["against"]
+  router_study.markdown(points, v)

@@ -125,3 +125,24 @@ def test_a_sweep_without_base_or_with_a_bad_key_names_the_file_and_the_point(tmp
   bad.write_text("BASE = 'configs/tiny.py'\ndef get_sweep():\n  return [{'name': 'b', 'moe.num_expert': 8}]\n")
   with pytest.raises(ConfigError, match=r"bad.py, point 'b': unknown config key 'moe.num_expert'; did you mean"):
     sweep.load_sweep(bad)
+
+
+def test_a_points_bleu_is_its_final_steps(tmp_path):
+  """A point evaluated at step 10, then trained on to 20, has no BLEU of step 20 yet: not step 10's."""
+  import json
+
+  from gshard_mt import config as config_lib
+  from tests.helpers import small_config
+
+  config_lib.save(small_config(), tmp_path)
+  rows = [{"step": 10, "tokens_per_s": 100.0}, {"step": 10, "dev_loss": 5.0},
+          {"step": 20, "tokens_per_s": 100.0}, {"step": 20, "dev_loss": 4.0}]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  for step, bleu in ((10, 1.5), (20, 2.5)):
+    (tmp_path / f"eval/test-{step}").mkdir(parents=True)
+    if step == 10:
+      (tmp_path / f"eval/test-{step}/scores.json").write_text(json.dumps({"average": {"bleu": bleu}}))
+  summary = sweep.summarize(epath.Path(tmp_path), {"name": "e4"})
+  assert summary["step"] == 20 and summary["dev_loss"] == 4.0 and summary["bleu"] is None
+  (tmp_path / "eval/test-20/scores.json").write_text(json.dumps({"average": {"bleu": 2.5}}))
+  assert sweep.summarize(epath.Path(tmp_path), {"name": "e4"})["bleu"] == 2.5
