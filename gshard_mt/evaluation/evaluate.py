@@ -72,6 +72,20 @@ def _baseline_scores(baseline: epath.Path, split: str) -> dict:
   return json.loads(runs[-1].read_text()) | {"path": str(runs[-1].parent)}
 
 
+def references_digest(refs: list[str]) -> str:
+  return hashlib.sha256("\n".join(refs).encode()).hexdigest()[:16]
+
+
+def check_baseline(base: dict, refs: dict[str, list[str]], split: str):
+  """A WorkdirError unless the baseline scored each language it shares with `refs` on the same references (their
+  digest, or their number in older scores): ΔBLEU and its bootstrap over other sentences would mean nothing."""
+  for lang, lines in refs.items():
+    theirs, digest = base["languages"].get(lang), references_digest(lines)
+    if theirs and (theirs["sentences"], theirs.get("references", digest)) != (len(lines), digest):
+      raise WorkdirError(f"--baseline {base['path']}: its {lang} scores are over other {split} references than this "
+                         f"run's ({theirs['sentences']} sentences against {len(lines)}): the corpora or splits differ")
+
+
 @dataclasses.dataclass
 class Restored:
   """A trained work directory ready to decode: its config, data, model and parameters, on the config's mesh."""
@@ -184,7 +198,8 @@ def score_languages(run: Restored, *, split: str, hyps: dict[str, list[str]], ba
   refs = {lang: run.data.text[split][lang].tgt for lang in hyps}
   per_lang, signatures = scoring.by_language(hyps, refs)
   for lang, lines in hyps.items():
-    per_lang[lang] |= {"train_pairs": train_pairs[lang], "resource": buckets[lang]}
+    per_lang[lang] |= {"train_pairs": train_pairs[lang], "resource": buckets[lang],
+                       "references": references_digest(refs[lang])}
     if base and lang in base["languages"]:
       base_hyp_file = io.path(base["path"]) / f"hyp.{lang}.txt"
       read = bootstrap_samples and base_hyp_file.exists()
@@ -247,6 +262,8 @@ def evaluate(workdir, *, split="test", step=None, beam_size=flags.BEAM_SIZE, alp
   unknown = sorted(set(wanted) - set(tokens.languages))
   if unknown:
     raise WorkdirError(f"unknown language code(s) {unknown} for --languages; {workdir} has {tokens.languages}")
+  if base:  # before decoding
+    check_baseline(base, {lang: run.data.text[split][lang].tgt for lang in wanted}, split)
   max_len = max_decode_len or run.config.data.max_length
   rows = batch_size or run.config.batch_size
   subset = sorted(set(wanted)) if set(wanted) != set(run.data.text[split]) else None

@@ -133,3 +133,17 @@ def test_steps_to_average_takes_the_last_count_up_to_the_step_and_refuses_what_i
   for count in (0, -1):  # restore() is called without flags.check too (tools, bench): upto[-0:] would take them all
     with pytest.raises(evaluate.WorkdirError, match=f"--average_last must be at least 1, got {count}"):
       evaluate.steps_to_average([2, 4, 6, 8], None, count, "w")
+
+
+def test_a_baseline_over_other_references_is_refused():
+  """Its digest (or, in scores written before the digest, its number of sentences) must match each shared
+  language's references: ΔBLEU and the bootstrap's line-by-line pairing over other sentences mean nothing."""
+  refs = {"deu": ["a b", "c d"], "fra": ["e f"]}
+  base = {"path": "runs/dense/eval/test-600",
+          "languages": {"deu": {"sentences": 2, "references": evaluate.references_digest(["a b", "c d"])},
+                        "fra": {"sentences": 1}, "spa": {"sentences": 9}}}  # fra: an older scores.json
+  evaluate.check_baseline(base, refs, "test")
+  for changed in ({"deu": ["a b", "x y"]}, {"fra": ["e f", "g h"]}):
+    with pytest.raises(evaluate.WorkdirError, match=r"--baseline runs/dense/eval/test-600: its (deu|fra) scores are "
+                                                    r"over other test references than this run's \((2|1) sentences"):
+      evaluate.check_baseline(base, refs | changed, "test")
