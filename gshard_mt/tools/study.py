@@ -176,9 +176,13 @@ def trained(workdir: epath.Path, base: str, point: dict, extra: list[str]) -> bo
 
 
 def run_point(base: str, workdir: epath.Path, point: dict, extra: list[str], log: epath.Path | None = None):
-  """Trains the point (resuming where it stopped) and decodes its best checkpoint's test split once."""
+  """Trains the point (resuming where it stopped), keeping every checkpoint whatever --config.num_train_steps
+  (early stopping may pick any), and decodes its best checkpoint's test split once."""
   if not trained(workdir, base, point, extra):
-    sweep_lib.run(sweep_lib.command(base, workdir, point, extra), point["name"], log)
+    planned = sweep_lib.planned(base, point, extra)
+    saves = -(-planned.num_train_steps // planned.checkpoint_every)  # every checkpoint_every steps, and the last
+    keep = [f"--config.keep_checkpoints={saves}"] if planned.keep_checkpoints < saves else []
+    sweep_lib.run(sweep_lib.command(base, workdir, point, extra + keep), point["name"], log)
   step = best_step(workdir)
   if test_scores(workdir, step) is None:
     sweep_lib.run(sweep_lib.eval_command(workdir, "--step", str(step)), point["name"], log)

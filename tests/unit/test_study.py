@@ -84,3 +84,27 @@ def test_a_point_is_trained_when_it_has_the_last_step_this_command_would_train(t
   assert not study.trained(run, "configs/tiny.py", point, ["--config.num_train_steps=12"])
   (run / "checkpoints" / "12").mkdir()
   assert study.trained(run, "configs/tiny.py", point, ["--config.num_train_steps", "12", "--other"])
+
+
+@pytest.mark.parametrize("steps, kept", [(200, None), (300, 12)])
+def test_a_point_keeps_every_checkpoint_whatever_its_length(tmp_path, monkeypatch, steps, kept):
+  """Early stopping may pick any checkpoint: a point trained longer (-- --config.num_train_steps=300, with one every
+  25 steps and 8 kept by the study's sweep) keeps all 12 rather than decoding the best of the last 8."""
+  from etils import epath
+
+  from gshard_mt.tools import sweep
+  from tests.helpers import ROOT
+
+  commands = []
+
+  def run(command, *_):
+    commands.append(command)
+    raise InterruptedError  # stop before decoding: only the training command matters here
+
+  monkeypatch.setattr(sweep, "run", run)
+  point = {"name": "dense", "num_train_steps": 200, "eval_every": 25, "checkpoint_every": 25, "keep_checkpoints": 8}
+  with pytest.raises(InterruptedError):
+    study.run_point(str(ROOT / "configs" / "study.py"), epath.Path(tmp_path), point,
+                    [f"--config.num_train_steps={steps}"])
+  assert sum(arg.startswith("--config.keep_checkpoints=") for arg in commands[0]) == 1 + (kept is not None)
+  assert (commands[0][-1] == f"--config.keep_checkpoints={kept}") == (kept is not None)
