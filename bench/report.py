@@ -192,7 +192,9 @@ def router_table(files) -> list[str]:
   for name, data, source in files:
     body = [[p["point"], f"{p['bleu']['mean']:.2f}", f"{p['bleu']['spread']:.2f}", f"{p['dev_loss']['mean']:.3f}",
              f"{p['dev_loss']['spread']:.3f}"] for p in data["points"]]
-    lines += [provenance(name, source) + " Two seeds a point; spread = the difference between them.", ""]
+    seeds = sorted({len(p["runs"]) for p in data["points"]})
+    lines += [provenance(name, source) + f" {'/'.join(map(str, seeds))} seeds a point; spread = max - min over "
+              "them.", ""]
     lines += table(["point", "test BLEU", "spread", "best dev loss", "spread"], body)
     if (bleu := data["verdict"].get("bleu")) and (loss := data["verdict"]["dev_loss"]):  # none for one point
       lines += [f"Best test BLEU: `{bleu['best']}`; best dev loss: `{loss['best']}`. Their lead over the default "

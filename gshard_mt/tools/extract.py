@@ -92,6 +92,8 @@ def main(argv):
   output = io.path(args.output or f"{str(args.workdir).rstrip('/')}-{'-'.join(languages)}")
   config = config_lib.load_saved(args.workdir)
   io.check_writable(output, "output work directory", create=False)  # before the checkpoint and data are read
+  if (output / checkpoint_lib.FOLDER).is_dir() and any((output / checkpoint_lib.FOLDER).iterdir()):
+    raise WorkdirError(f"{output}: holds checkpoints already (an earlier extraction?); remove it or pass --output")
   routers_used = {config.moe.router, config.moe.decoder_router or config.moe.router}
   if not config.model.moe_interval or routers_used != {"language"}:
     raise WorkdirError(f"{args.workdir}: extraction needs a MoE model routed by language in the encoder and the "

@@ -90,6 +90,12 @@ def test_runs_it_cannot_extract_exactly_are_refused_before_anything_is_read(tmp_
     with pytest.raises(WorkdirError, match=reason):
       extract.main(["--workdir", str(run), "--languages", "fra"])
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(reason[:5])) == [reason[:5]]  # no output
+  # An output holding an earlier extraction's checkpoints: one line, not Orbax's StepAlreadyExistsError at the end.
+  run, output = tmp_path / "lang", tmp_path / "lang-fra"
+  config_lib.save(small_config(**{"moe.router": "language", "moe.dispatch": "grouped"}), run)
+  (output / checkpoint_lib.FOLDER / "600").mkdir(parents=True)
+  with pytest.raises(WorkdirError, match=f"{output}: holds checkpoints already"):
+    extract.main(["--workdir", str(run), "--languages", "fra"])
 
 
 def decode_batch(tokens, pairs) -> dict:
