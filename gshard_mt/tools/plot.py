@@ -118,11 +118,14 @@ def routing_figure(rows: list[dict], loads: list[dict]):
   matrices = [np.array([r[f"{layer}/load"] for r in loads]).T * len(loads[0][f"{layer}/load"])  # [E, steps]
               for layer in layers]
   norm = load_norm(matrices)
-  half = (steps[-1] - steps[0]) / (2 * (len(steps) - 1)) if len(steps) > 1 else 0.5  # each column centred on its step
+  # each column spans halfway to its neighbours' steps, so logged steps at uneven intervals (a preemption's save, a
+  # changed log_every) are drawn where they were
+  middles = [(a + b) / 2 for a, b in zip(steps, steps[1:])]
+  edges = [2 * steps[0] - middles[0], *middles, 2 * steps[-1] - middles[-1]] if middles else [steps[0] - 0.5,
+                                                                                               steps[0] + 0.5]
   for (heat, drops), layer, matrix in zip(axes, layers, matrices):
     E = matrix.shape[0]
-    image = heat.imshow(matrix, aspect="auto", origin="lower", cmap="RdBu_r", norm=norm, interpolation="nearest",
-                        extent=(steps[0] - half, steps[-1] + half, -0.5, E - 0.5))
+    image = heat.pcolormesh(edges, np.arange(E + 1) - 0.5, matrix, cmap="RdBu_r", norm=norm)
     heat.set(xlabel="step", ylabel="expert", title=f"{layer.removeprefix('moe/')}: expert load")
     heat.set_yticks(range(E) if E <= 16 else np.linspace(0, E - 1, 9).astype(int))
     for key, label in (("top1_dropped", "top-1 dropped"), ("top2_dropped", "top-2 dropped")):

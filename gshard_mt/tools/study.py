@@ -83,10 +83,10 @@ def baseline_stream(bilingual: dict, streams) -> str | None:
 
 
 def compare(points: list[dict]) -> list[dict]:
-  """Per baselined stream, sorted by training pairs (most first): the bilingual BLEU and chrF++, each multilingual
-  model's BLEU and chrF++ and their differences from the bilingual's."""
+  """Per baselined stream that every multilingual model was tested on, sorted by training pairs (most first): the
+  bilingual BLEU and chrF++, each multilingual model's BLEU and chrF++ and their differences from the bilingual's."""
   multi = [p for p in points if not p["bilingual"] and p["test"]]
-  streams = multi[0]["test"] if multi else {}
+  streams = {s: v for s, v in (multi[0]["test"] if multi else {}).items() if all(s in m["test"] for m in multi)}
   out = []
   for b in (p for p in points if p["bilingual"] and p["test"]):
     stream = baseline_stream(b, streams)

@@ -86,6 +86,15 @@ def test_the_greedy_sample_is_named_with_its_size():
   assert plot.greedy_sample(old) == ("dev_bleu", "dev_chrf", "112-sentence sample")
 
 
+def heatmaps(fig) -> list:
+  """The load heatmaps of a routing figure (the colour bar draws its own mesh)."""
+  return [mesh for ax in fig.axes if ax.get_title().endswith("expert load") for mesh in ax.collections]
+
+
+def column_edges(mesh) -> list[float]:
+  return mesh.get_coordinates()[0, :, 0].tolist()
+
+
 def test_every_layer_shares_one_colour_scale_for_the_load():
   """Layers whose loads span different ranges (0-1.2 and 0-3 times balanced) draw them on one scale: one colour
   bar, and the same colour for 'balanced' (load x E = 1) and for any other load in every layer."""
@@ -95,7 +104,7 @@ def test_every_layer_shares_one_colour_scale_for_the_load():
   rows = [{"step": r["step"]} | {f"{layer}/{k}": 0.1 for layer in layers for k in ("top1_dropped", "top2_dropped")}
           for r in loads]
   fig = plot.routing_figure(rows, loads)
-  images = [image for ax in fig.axes for image in ax.get_images()]
+  images = heatmaps(fig)
   assert len(images) == 2 and len(fig.axes) == 2 * 2 + 1  # two rows of (heatmap, drops), one colour bar
   colour = {value: {tuple(image.cmap(image.norm(value))) for image in images} for value in (0.0, 1.0, 1.2, 3.0)}
   assert all(len(colours) == 1 for colours in colour.values()), colour
@@ -108,7 +117,18 @@ def test_a_run_of_one_logged_step_shows_its_points(recwarn):
   layer = "moe/encoder_0"
   rows = [{"step": 1, "loss": 8.9, f"{layer}/top1_dropped": 0.2, f"{layer}/top2_dropped": 0.4}]
   fig = plot.routing_figure(rows, [{"step": 1, f"{layer}/load": [0.5, 0.3, 0.1, 0.1]}])
-  left, right, _, _ = fig.axes[0].get_images()[0].get_extent()
-  assert (left, right) == (0.5, 1.5)
+  assert column_edges(heatmaps(fig)[0]) == [0.5, 1.5]
   assert [line.get_marker() for line in fig.axes[1].get_lines()] == ["o", "o"]
   assert not [w for w in recwarn if "singular" in str(w.message)]
+
+
+def test_heatmap_columns_stand_at_their_steps_when_logged_unevenly():
+  """A preemption's save or a changed log_every logs steps at uneven intervals: each column spans halfway to its
+  neighbours, so it is drawn at its own step (evenly spread columns put step 1000's at 1000 and step 100's at 240)."""
+  layer = "moe/encoder_0"
+  steps = [50, 100, 137, 150, 200, 1000]
+  rows = [{"step": s, f"{layer}/top1_dropped": 0.0, f"{layer}/top2_dropped": 0.0} for s in steps]
+  fig = plot.routing_figure(rows, [{"step": s, f"{layer}/load": [0.5, 0.5]} for s in steps])
+  edges = column_edges(heatmaps(fig)[0])
+  assert edges == [25.0, 75.0, 118.5, 143.5, 175.0, 600.0, 1400.0]
+  assert all(a < s < b for a, s, b in zip(edges, steps, edges[1:]))

@@ -44,6 +44,9 @@ def test_compare_gives_delta_bleu_sorted_by_training_pairs(tmp_path):
   assert table[1]["delta_chrf_e4"] == pytest.approx(14.0) and "fry dense +12.0, e4 +14.0" in text
   pictures = study.plot(points, table, tmp_path)
   assert [p.name for p in pictures] == ["delta_bleu.png", "experts.png"] and all(p.stat().st_size for p in pictures)
+  # A multilingual model on fewer languages (no fry): the streams all of them share, not a KeyError.
+  points.append(point("e8_no_fry", 8, test={k: v for k, v in points[1]["test"].items() if k != "fry"}))
+  assert [r["stream"] for r in study.compare(points)] == ["deu.multi30k"]
 
 
 def test_routing_averages_the_last_quarter_of_each_layer():
