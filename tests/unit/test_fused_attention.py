@@ -106,7 +106,8 @@ def transformer_loss_and_grads(config, attention: str, batch: dict):
   params = Transformer(dataclasses.replace(model_cfg, attention="xla")).init(jax.random.key(0), batch)["params"]
   model = Transformer(model_cfg, deterministic=False)
   loss = lambda p: step._microbatch_loss(  # noqa: E731
-      p, batch, jax.random.key(1), model=model, config=config, num_tokens=100.0, num_microbatches=1)[0]
+      p, batch, jax.random.key(1), model=model, config=config, side_tokens={"encoder": 100.0, "decoder": 100.0},
+      num_microbatches=1)[0]
   return jax.jit(jax.value_and_grad(loss))(params)
 
 
