@@ -57,7 +57,7 @@ def read_lines(path: io.PathLike) -> list[str]:
     raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
   except (OSError, EOFError, zlib.error) as e:  # a truncated or corrupt .gz
     raise DataError(f"{path}: cannot decompress ({e})") from None
-  lines = raw.split(b"\n")
+  lines = raw.removeprefix(b"\xef\xbb\xbf").split(b"\n")  # a UTF-8 byte-order mark is no text
   if lines and lines[-1] == b"":
     lines.pop()
   out = []
@@ -100,6 +100,9 @@ def folder_files(path: io.PathLike) -> dict[str, tuple[io.epath.Path, io.epath.P
   files = {}
   for src_path in sorted(folder.iterdir()):
     m = _PAIR_FILE.match(src_path.name)
+    if not m and "-eng." in src_path.name:  # its pairs would be left out unsaid
+      raise DataError(f"{src_path}: not a `<prefix>.xx-eng.xx` or `.xx-eng.eng` name (xx: 2-3 lower-case letters, "
+                      "e.g. por, not pt_BR); rename it, or move it out of data.path")
     if not m or m["side"] != m["src"] or m["src"] == "eng":
       continue
     tgt_path = src_path.with_name(src_path.name.replace(f"-eng.{m['src']}", "-eng.eng"))

@@ -3,9 +3,9 @@
   python -m gshard_mt.tools.prepare_data --config configs/tiny.py --workdir runs/tiny    (or make prepare)
 
 A prepared directory (`gshard_mt.data.shards`) is named `spm-<V>-<key>`, the key hashing the corpus's files (names,
-sizes, modification times) and every setting that changes what is prepared: runs with the same data and settings
-share one preparation (`data.prepared_dir`), a changed file is prepared anew, and the key reads no corpus. A run
-keeps the preparation it started with (`for_run`), whatever happens to the files after.
+sizes, times) and every setting that changes what is prepared: runs with the same data and settings share one
+preparation (`data.prepared_dir`), a changed file is prepared anew, and the key reads no corpus. A run keeps the
+preparation it started with (`for_run`), whatever happens to the files after.
 The steps, in a pool of processes (one per core) for a corpus of more than SERIAL_BELOW bytes:
   1. read: one process reads, cleans and splits each `sources.Part`, and stages its text;
   2. assemble: the streams are named and selected, and their text laid out split by split, streams sorted;
@@ -55,9 +55,9 @@ def root(data_config, workdir: io.PathLike) -> io.epath.Path:
 
 def key(data_config) -> tuple[str, int]:
   """(the prepared directory's name `spm-<V>-<hash>`, bytes of the corpus's files), from the files' names, sizes
-  and modification times and the settings; the corpus itself is not read."""
+  and times (`io.stamp`) and the settings; the corpus itself is not read."""
   parts = sources.parts(data_config)
-  files = [(os.fspath(f), s.length, s.mtime) for part in parts for f in part.source.files(part) for s in [f.stat()]]
+  files = [(os.fspath(f), *io.stamp(f)) for part in parts for f in part.source.files(part)]
   settings = {"format": FORMAT, "parts": [p.key() for p in parts], "files": files,
               "languages": data_config.languages, "split": sources.split_settings(data_config),
               "vocab_size": data_config.vocab_size, "character_coverage": data_config.character_coverage,

@@ -102,7 +102,7 @@ class Tsv(Source):
     given = str(arg or data_config.path)  # as written: it keys the prepared data
     if not io.path(given).is_file():
       raise DataError(f"{io.path(given)}: TSV file not found (data.path)")
-    return [Part(self.name, type(self), (given,))]
+    return [Part(self.name, type(self), (given, *sorted(languages)))]  # the languages wanted ('' = all)
 
   @staticmethod
   def files(part):
@@ -111,7 +111,8 @@ class Tsv(Source):
   @staticmethod
   def read(part, settings):
     pairs, empty = corpus.load_tsv(part.args[0])
-    return corpus.split_corpus(pairs, *settings), empty
+    wanted = set(part.args[1:])  # before splitting: a language left out may be too small to split
+    return corpus.split_corpus({k: v for k, v in pairs.items() if not wanted or k in wanted}, *settings), empty
 
 
 @SOURCES.register("multi30k")

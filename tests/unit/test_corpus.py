@@ -161,3 +161,31 @@ def test_a_corrupt_gz_an_empty_or_missing_tsv_and_a_source_without_its_path_are_
     with pytest.raises(ConfigError, match=r"data.source='(folder|tsv)' reads data.path \(or '\w+:PATH'\)"):
       small_config(**{"data.source": source})
   small_config(**{"data.source": f"folder:{tmp_path}"})  # the path after the colon
+
+
+def test_a_byte_order_mark_is_no_text(tmp_path):
+  """Editors on Windows start UTF-8 files with U+FEFF: it made the first TSV row's language '\\ufeffdeu' (a stream
+  of one pair) and went into the first folder pair's text."""
+  (tmp_path / "pairs.tsv").write_bytes("\ufeffdeu\thallo\thello\ndeu\tja\tyes\n".encode())
+  data, _ = corpus.load_tsv(tmp_path / "pairs.tsv")
+  assert list(data) == ["deu"] and data["deu"].src == ["hallo", "ja"]
+  write_pair(tmp_path, "xx", ["\ufeffa", "b"], ["A", "B"])
+  assert corpus.load_folder(tmp_path)[0]["xx"].src == ["a", "b"]
+
+
+def test_a_pair_file_the_folder_cannot_name_is_refused(tmp_path):
+  """A region or upper-case code (pt_BR, POR) was skipped without a word: its pairs were left out of training."""
+  write_pair(tmp_path, "deu", ["a"], ["A"])
+  write_pair(tmp_path, "pt_BR", ["b"], ["B"])
+  with pytest.raises(DataError, match=r"corpus.pt_BR-eng.(eng|pt_BR): not a `<prefix>.xx-eng.xx` .* e.g. por"):
+    corpus.load_folder(tmp_path)
+
+
+def test_a_tsv_language_left_out_is_not_split(tmp_path):
+  """data.languages=deu on a file whose xyz has 3 pairs: xyz is too small to split, and is not wanted anyway."""
+  path = tmp_path / "pairs.tsv"
+  path.write_text("".join(f"deu\ts{i}\tt{i}\n" for i in range(30)) + "xyz\ta\tA\nxyz\tb\tB\nxyz\tc\tC\n")
+  config = small_config(**{"data.source": "tsv", "data.path": str(path), "data.languages": "deu"})
+  (part,) = sources.parts(config.data)
+  splits, _ = part.source.read(part, sources.split_settings(config.data))
+  assert list(splits["train"]) == ["deu"] and len(splits["test"]["deu"].src) == 5
