@@ -175,6 +175,9 @@ class Tfds(Source):
       raise DataError(f"TFDS dataset {name!r} needs a Translation feature with 'en' and one source language, got "
                       f"languages {languages}")
     lang = source_key or next(lang for lang in languages if lang != "en")
+    if lang not in languages or lang == "en":
+      raise DataError(f"data.tfds_source_key={lang!r}: TFDS dataset {name!r} translates {languages}; the source "
+                      "is the one that is not 'en' ('' picks it)")
     splits, empty = {}, 0
     for ours, theirs in (("train", "train"), ("dev", "validation"), ("test", "test")):
       if theirs not in info.splits:

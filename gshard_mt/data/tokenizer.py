@@ -4,8 +4,9 @@ corpus is prepared (`gshard_mt.data.prepare`).
 Fixed ids: PAD = 0, EOS = 1, UNK = 2 (no BOS: the decoder starts from PAD, as in Flax's wmt example). With
 `data.source_tags`, each source language gets a reserved piece `<xx>` that is prepended to its sentences.
 
-Every text comes back out unchanged: no normalisation, digits split one by one (so numbers are never rare), and
-characters outside the vocabulary fall back to their UTF-8 bytes (256 byte pieces), so UNK never appears.
+Every text comes back out unchanged (but U+2581, SentencePiece's own word boundary, which comes back as a space):
+no normalisation, digits split one by one (so numbers are never rare), and characters outside the vocabulary fall
+back to their UTF-8 bytes (256 byte pieces), so UNK never appears.
 """
 
 from __future__ import annotations

@@ -127,6 +127,12 @@ def test_tfds_datasets_without_tensorflow_one_stream_each(tmp_path):
   assert sorted(splits["train"]) == ["de", "fr"] and splits["train"]["fr"].origin == "tfds:tiny_fr_en_translate/train"
   i = splits["train"]["fr"].src.index("bonjour 3")
   assert splits["train"]["fr"].tgt[i] == "hello 3"
+  for key in ("xx", "en"):  # a KeyError, or English to English
+    config = small_config(**{"data.source": "tfds", "data.tfds_name": "tiny_de_en_translate", "data.languages": "",
+                             "data.tfds_data_dir": tmp_path, "data.tfds_source_key": key})
+    with pytest.raises(DataError, match=f"data.tfds_source_key='{key}': TFDS dataset 'tiny_de_en_translate' "
+                                        r"translates \['de', 'en'\]"):
+      sources.load_corpus(config.data)
 
 
 MULTI30K = corpus.SHIPPED / "multi30k"
