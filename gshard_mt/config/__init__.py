@@ -167,11 +167,10 @@ def split_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:
   return rest, overrides
 
 
-def save(config: Config, workdir: io.PathLike, *, started: bool = True, finished: bool = False):
-  """Writes workdir/config.json atomically; a resumed run must have the same model, moe and data keys. `started`:
+def check_same_run(config: Config, workdir: io.PathLike, *, started: bool = True):
+  """A ConfigError unless a resumed run has the same model, moe and data keys as its config.json. `started`:
   whether the run has checkpoints; before the first, a run that failed (a wrong data.path) may start again
-  changed. `finished`: whether a checkpoint at config.num_train_steps or later exists; no step will run, so the
-  file keeps the settings the run was trained with (a sweep point rerun with another learning rate says so)."""
+  changed."""
   path = io.path(workdir) / "config.json"
   if path.exists() and started:
     # a key added since the run started has its default (load_saved); prefetch, remat, the scan's unrolling, the
@@ -185,8 +184,12 @@ def save(config: Config, workdir: io.PathLike, *, started: bool = True, finished
     if changed:
       raise ConfigError(f"{path} was written for a different run: " + ", ".join(
           f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in changed) + "; use a new --workdir")
-  if path.exists() and finished:
-    return
+
+
+def save(config: Config, workdir: io.PathLike, *, started: bool = True):
+  """Writes workdir/config.json atomically, after `check_same_run`."""
+  check_same_run(config, workdir, started=started)
+  path = io.path(workdir) / "config.json"
   path.parent.mkdir(parents=True, exist_ok=True)
   io.write_atomically(path, json.dumps(to_dict(config), indent=2))
 

@@ -174,27 +174,29 @@ def close_all(*closers):
 
 
 def prepare(config, workdir) -> pipeline.Data:
-  """Checks and saves the config, then loads the data: process 0 prepares the corpus when it is missing while the
-  others wait, then every process memory-maps the same shards."""
+  """Checks the config, then loads the data: process 0 prepares the corpus when it is missing while the others
+  wait, then every process memory-maps the same shards."""
   mesh_lib.check(config, jax.device_count())
   distributed.check_batch_split(config)
   if jax.process_index() == 0:
-    saved = [p.name for p in (io.path(workdir) / checkpoint_lib.FOLDER).glob("*")]
-    config_lib.save(config, workdir, started=bool(saved),
-                    finished=max((int(n) for n in saved if n.isdigit()), default=0) >= config.num_train_steps)
+    config_lib.check_same_run(config, workdir, started=any((io.path(workdir) / checkpoint_lib.FOLDER).glob("*")))
   prepared = distributed.checked_on_process_0(lambda: prepare_lib.for_run(config.data, workdir, record=True).name)
   return pipeline.load(config, workdir, distributed.broadcast_object(prepared))
 
 
-def restore_or_init(setup: Setup, ckpts: checkpoint_lib.Checkpoints, batches, seed: int):
+def restore_or_init(config, workdir, setup: Setup, ckpts: checkpoint_lib.Checkpoints, batches):
   """The newest readable checkpoint (the batches moved to where it stopped, unreadable newer ones set aside), or a
-  fresh state."""
+  fresh state; then config.json, if steps are to run: a resume that fails leaves the file as it was, and a finished
+  run keeps the settings it was trained with (a sweep point rerun with another learning rate trains nothing)."""
   restored = ckpts.restore(setup.abstract_target(), set_aside=True)
-  if not restored:
-    return setup.init_state(seed)
-  step, state, data_state = restored
-  batches.set_state(data_state)
-  log.info("resumed from %s at step %d", ckpts.directory, step)
+  if restored:
+    step, state, data_state = restored
+    batches.set_state(data_state)
+    log.info("resumed from %s at step %d", ckpts.directory, step)
+  else:
+    step, state = 0, setup.init_state(config.seed)
+  if jax.process_index() == 0 and step < config.num_train_steps:
+    config_lib.save(config, workdir)
   return state
 
 
@@ -210,7 +212,7 @@ def _train(config, workdir) -> dict:
   setup = build(config, data.tokenizer.vocab_size)
   ckpts = checkpoint_lib.Checkpoints(workdir / checkpoint_lib.FOLDER, config.checkpoint_every, config.keep_checkpoints)
   batches = data.train_batches(config, jax.process_index(), jax.process_count())
-  state = restore_or_init(setup, ckpts, batches, config.seed)
+  state = restore_or_init(config, workdir, setup, ckpts, batches)
   step = start = int(jax.device_get(state.step))
   is_main = jax.process_index() == 0
   writer = metrics_lib.Writer(workdir, enabled=is_main)

@@ -15,6 +15,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from gshard_mt import config as config_lib
 from gshard_mt import io
 from gshard_mt.data import pipeline
 from gshard_mt.errors import WorkdirError
@@ -117,6 +118,22 @@ def test_resume_is_exact(uninterrupted, workdir):
   assert losses(workdir) == losses(reference)  # bit for bit
   for a, b in zip(jax.tree.leaves(restore_params(workdir, 6)), jax.tree.leaves(restore_params(reference, 6))):
     np.testing.assert_array_equal(a, b)
+
+
+def test_config_json_is_written_only_when_steps_run_from_a_restored_state(uninterrupted, tmp_path):
+  """A resume whose checkpoint does not restore (another optimizer's state) ends with config.json as it was; so
+  does rerunning a finished run with other settings (no step runs). Before, the first left config.json describing
+  a run no checkpoint matches, which the original command then counted as finished and eval.py could not read."""
+  reference, _ = uninterrupted
+  workdir = tmp_path / "copy"
+  shutil.copytree(reference, workdir)
+  before = (workdir / "config.json").read_text()
+  other = "adam" if config_lib.load_saved(workdir).optimizer.name == "adafactor" else "adafactor"
+  with pytest.raises(WorkdirError, match="no checkpoint in .* restores"):
+    loop.train_and_evaluate(small_config(eval_every=6, num_train_steps=12, **{"optimizer.name": other}), workdir)
+  assert (workdir / "config.json").read_text() == before
+  loop.train_and_evaluate(small_config(eval_every=6, **{"optimizer.learning_rate": 0.5}), workdir)  # finished
+  assert (workdir / "config.json").read_text() == before
 
 
 def test_an_unreadable_checkpoint_is_set_aside_and_the_run_finishes(uninterrupted, tmp_path, caplog):

@@ -125,16 +125,6 @@ def test_remat_true_and_false_of_older_runs_are_full_and_none(tmp_path):
   assert config_lib.load_saved(tmp_path).model.remat == "full"
 
 
-def test_a_finished_run_keeps_the_config_it_was_trained_with(tmp_path):
-  config_lib.save(small_config(**{"optimizer.learning_rate": 0.003}), tmp_path)
-  config_lib.save(small_config(**{"optimizer.learning_rate": 0.05}), tmp_path, finished=True)  # no step will run
-  assert config_lib.load_saved(tmp_path).optimizer.learning_rate == 0.003
-  with pytest.raises(ConfigError, match="written for a different run: moe.num_experts"):  # still checked
-    config_lib.save(small_config(**{"moe.num_experts": 8}), tmp_path, finished=True)
-  config_lib.save(small_config(**{"optimizer.learning_rate": 0.05}), tmp_path)  # more steps to run: the new one
-  assert config_lib.load_saved(tmp_path).optimizer.learning_rate == 0.05
-
-
 def test_saved_config_protects_a_run(tmp_path):
   config_lib.save(small_config(), tmp_path)
   config_lib.save(small_config(**{"num_train_steps": 100}), tmp_path)  # training length may change

@@ -96,14 +96,16 @@ def test_bad_bleu_keys_are_config_errors():
 
 
 def test_a_run_that_failed_before_its_first_checkpoint_starts_again_changed(tmp_path):
-  """A wrong data.path fails before any step; the corrected command is the same run, not one 'written for a
-  different run'. Once a checkpoint exists, the config.json protects it."""
+  """A wrong data.path fails before any step and writes no config.json (the file is written once the state is
+  restored or initialised); the corrected command is the same run, not one 'written for a different run'. Once a
+  checkpoint exists, the config.json protects it."""
   workdir = tmp_path / "run"
+  config_lib.save(small_config(**{"data.source": "folder", "data.path": str(tmp_path / "first")}), workdir)
   for path in (tmp_path / "empty", tmp_path / "missing"):
     (tmp_path / "empty").mkdir(exist_ok=True)
     with pytest.raises(DataError):
       loop.prepare(small_config(**{"data.source": "folder", "data.path": str(path)}), workdir)
-  assert config_lib.load_saved(workdir).data.path == str(tmp_path / "missing")
+  assert config_lib.load_saved(workdir).data.path == str(tmp_path / "first")
   (workdir / checkpoint_lib.FOLDER / "3").mkdir(parents=True)
   with pytest.raises(ConfigError, match="written for a different run: data.path"):
     loop.prepare(small_config(**{"data.source": "folder", "data.path": str(tmp_path)}), workdir)
