@@ -116,6 +116,11 @@ class EventLog:
     values += [summary.histogram(k, np.asarray(v), "auto") for k, v in (histograms or {}).items()]
     self._write([event_pb2.Event(wall_time=time.time(), step=int(step), summary=v) for v in values])
 
+  def resume_at(self, step: int):
+    """A restart marker: TensorBoard drops the earlier files' events from step + 1 on, which this run logs again."""
+    start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+    self._write([event_pb2.Event(wall_time=time.time(), step=int(step) + 1, session_log=start)])
+
   def _write(self, events):
     records = []
     for event in events:
@@ -137,9 +142,11 @@ class Writer:
 
   def keep_until(self, step: int):
     """Drops the rows past `step`, which a run resumed at `step` logs again, and a last row cut short by a kill;
-    each file is replaced atomically."""
+    each file is replaced atomically. TensorBoard's files are marked instead (`EventLog.resume_at`)."""
     if not self.enabled:
       return
+    if step:
+      self.events.resume_at(step)
     for path in (self.path, self.vectors_path):
       rows = io.read_jsonl(path)
       kept = [r for r in rows if r["step"] <= step]

@@ -6,6 +6,7 @@ import json
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tensorboardX.proto import event_pb2
 
 from gshard_mt import io
 from gshard_mt.config.moe import MoeConfig
@@ -113,6 +114,9 @@ def test_keep_until_drops_the_rows_past_a_step(tmp_path):
   writer.keep_until(2)
   assert [r["step"] for r in io.read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 2]
   assert [r["step"] for r in io.read_jsonl(tmp_path / "expert_load.jsonl")] == [1, 2]
+  # TensorBoard's files are appended to, not rewritten: a restart marker at step 3 makes it drop steps 3 and 4
+  restarts = [e for e in read_events(tmp_path / "tensorboard") if e.HasField("session_log")]
+  assert [(e.step, e.session_log.status) for e in restarts] == [(3, event_pb2.SessionLog.START)]
   writer.keep_until(0)  # a run that starts afresh
   assert io.read_jsonl(tmp_path / "metrics.jsonl") == [] and sorted(p.name for p in tmp_path.iterdir()) == [
       "expert_load.jsonl", "metrics.jsonl", "tensorboard"]
