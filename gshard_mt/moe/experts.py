@@ -91,10 +91,11 @@ class Grouped(ExpertPath):
 
 
 class ShardMap(ExpertPath):
-  """Dispatch, experts and combine per device under shard_map (`manual.moe_shard_map`), the weights cast to dtype."""
+  """Dispatch, experts and combine per device under shard_map (`manual.moe_shard_map`); the weights stay float32,
+  as in `Buffers` (weight_einsum casts them, and their gradients, summed over the data axis, stay float32)."""
 
   def __call__(self, x, routing, wi, wo):
-    return manual.moe_shard_map(x, routing, wi.astype(self.dtype), wo.astype(self.dtype),
+    return manual.moe_shard_map(x, routing, wi, wo,
                                 functools.partial(expert_ffn, activation=self.cfg.activation, constrain=False),
                                 group_spec=nn.logical_to_mesh_axes(GSM), expert_spec=nn.logical_to_mesh_axes(EMH))
 

@@ -49,8 +49,8 @@ def moe_shard_map(x: jax.Array, routing: Routing, wi: jax.Array, wo: jax.Array,
     if expert_axis:  # E split, G gathered: [E/n_e, G'·n_e, C, M]
       buffers = jax.lax.all_to_all(buffers, expert_axis, split_axis=0, concat_axis=1, tiled=True)
     out = ffn(buffers, wi, wo)
-    if model_axis:  # each device summed over its H/n_m hidden units
-      out = jax.lax.psum(out, model_axis)
+    if model_axis:  # each device summed over its H/n_m hidden units; their sum in float32 (XLA's CPU compiler
+      out = jax.lax.psum(out.astype(jnp.float32), model_axis).astype(out.dtype)  # aborts on this bf16 all-reduce)
     if expert_axis:  # back to [E, G', C, M]
       out = jax.lax.all_to_all(out, expert_axis, split_axis=1, concat_axis=0, tiled=True)
     return dispatcher.combine(out)

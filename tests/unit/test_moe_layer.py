@@ -187,3 +187,35 @@ def test_every_dispatch_is_one_expert_path_behind_one_interface():
     outputs[name] = jax.jit(path)(x, routing, wi, wo)
   for name, y in outputs.items():
     np.testing.assert_allclose(y, outputs["einsum"], atol=1e-5, err_msg=name)
+
+
+def bfloat16_shard_map_check():
+  """On 4 CPU devices, bfloat16: the shard_map dispatch's gradients equal the index dispatch's (its weights were
+  cast to bf16 before shard_map, so their gradients came out rounded to bf16), on meshes that split the groups, the
+  experts and the hidden units (XLA's CPU compiler aborted on the bf16 all-reduces there)."""
+  import dataclasses
+
+  from gshard_mt.parallel import mesh as mesh_lib
+  from gshard_mt.parallel import rules as rules_lib
+
+  cfg = MoeConfig(num_experts=4, hidden_dim=16, group_size=8, second_expert_policy="all", activation="gelu")
+  x = jax.random.normal(jax.random.key(0), (4, 8, 8))
+  params = nn.unbox(MoeFeedForward(cfg).init(jax.random.key(1), x))
+  for shape in ((2, 2, 1), (4, 1, 1), (1, 2, 2)):
+    mesh = jax.make_mesh(shape, mesh_lib.MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3)
+    grads = {}
+    for dispatch in ("index", "shard_map"):
+      layer = MoeFeedForward(dataclasses.replace(cfg, dispatch=dispatch), dtype=jnp.bfloat16)
+      loss = lambda p, layer=layer: jnp.sum(layer.apply(p, x, deterministic=False)[0].astype(jnp.float32) * x)  # noqa: E731
+      with jax.set_mesh(mesh), nn.logical_axis_rules(rules_lib.RULES["expert_model" if shape[2] > 1 else "expert"]):
+        grads[dispatch] = jax.jit(jax.grad(loss))(params)["params"]
+    for name in ("wi", "wo", "wg"):
+      np.testing.assert_allclose(grads["shard_map"][name], grads["index"][name], rtol=1e-5, atol=1e-6,
+                                 err_msg=f"{shape} {name}")
+  print("OK")
+
+
+def test_shard_map_in_bfloat16_keeps_float32_weight_gradients_on_several_devices():
+  from tests.helpers import run_on_cpu_devices
+
+  run_on_cpu_devices("tests.unit.test_moe_layer", "bfloat16_shard_map_check")
