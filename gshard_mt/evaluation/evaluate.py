@@ -30,6 +30,7 @@ from gshard_mt import io, lock
 from gshard_mt.data import pipeline
 from gshard_mt.errors import UserError, WorkdirError, one_line
 from gshard_mt.evaluation import flags, report
+from gshard_mt.evaluation.outputs import output_name, standard_evaluations
 from gshard_mt.model import decode
 from gshard_mt.parallel import distributed
 from gshard_mt.parallel.shardings import batch_sharding
@@ -219,29 +220,6 @@ def averages(per_lang: dict, base: dict | None) -> tuple[dict, dict]:
   return overall, by_resource
 
 
-def output_name(split: str, step: int, *, averaged: int = 0, beam_size: int = flags.BEAM_SIZE,
-                alpha: float = flags.ALPHA, max_decode_len: int | None = None,
-                languages: list[str] | None = None) -> str:
-  """The evaluation's folder in eval/: `<split>-<step>` for the standard one (one checkpoint, beam 4, alpha 0.6, the
-  config's length, every language), and a part for each setting that differs (`test-600-beam1-fra`), so that no
-  evaluation replaces one of other settings. `languages`: a subset, else None."""
-  parts = [split, str(step)]
-  for differs, part in ((averaged, f"avg{averaged}"), (beam_size != flags.BEAM_SIZE, f"beam{beam_size}"),
-                        (alpha != flags.ALPHA, f"alpha{alpha:g}"), (max_decode_len, f"len{max_decode_len}")):
-    parts += [part] if differs else []
-  if languages:
-    joined = "+".join(sorted(languages))
-    digest = hashlib.sha1(joined.encode()).hexdigest()[:6]
-    parts.append(joined if len(joined) <= 24 else f"{len(languages)}langs-{digest}")
-  return "-".join(parts)
-
-
-def standard_evaluations(workdir: epath.Path, split: str) -> dict[int, epath.Path]:
-  """{step: its scores.json} of the standard evaluations of `split` in `workdir` (eval/<split>-<step>/)."""
-  found = {p.parent.name.removeprefix(f"{split}-"): p for p in (workdir / "eval").glob(f"{split}-*/scores.json")}
-  return dict(sorted((int(step), p) for step, p in found.items() if step.isdigit()))
-
-
 def evaluate(workdir, *, split="test", step=None, beam_size=flags.BEAM_SIZE, alpha=flags.ALPHA, max_decode_len=None,
              languages=None, baseline=None, batch_size=None, bootstrap_samples=0, average_last=None) -> dict | None:
   """Decodes `split` with the checkpoint of `step` (default: the newest), or with the mean parameters of the last
@@ -269,7 +247,8 @@ def evaluate(workdir, *, split="test", step=None, beam_size=flags.BEAM_SIZE, alp
   subset = sorted(set(wanted)) if set(wanted) != set(run.data.text[split]) else None
   out_dir = run.workdir / "eval" / output_name(
       split, run.step, averaged=len(run.averaged), beam_size=beam_size, alpha=alpha, languages=subset,
-      max_decode_len=max_len if max_len != run.config.data.max_length else None)
+      max_decode_len=max_len if max_len != run.config.data.max_length else None,
+      batch_size=rows if rows != run.config.batch_size else None)
   distributed.checked_on_process_0(lambda: io.check_writable(out_dir.parent, "eval output directory"))
   with contextlib.ExitStack() as held:
     # One writer per output: a second eval.py of the same split and step is refused before it decodes.

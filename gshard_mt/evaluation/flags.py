@@ -12,7 +12,7 @@ from gshard_mt import config as config_lib
 from gshard_mt.config import defaults
 from gshard_mt.errors import ConfigError, UserError
 
-BEAM_SIZE, ALPHA = 4, 0.6  # the standard evaluation's decoding (eval/<split>-<step>/, `evaluate.output_name`)
+BEAM_SIZE, ALPHA = 4, 0.6  # the standard evaluation's decoding (eval/<split>-<step>/, `outputs.output_name`)
 # The smallest value of each numeric flag (a flag left at its default, None, is not checked). A negative alpha
 # would reward length, and the beam search's early stop bounds a live beam's score only for alpha >= 0.
 MINIMUM = {"beam_size": 1, "max_decode_len": 1, "batch_size": 1, "average_last": 1, "bootstrap": 0, "alpha": 0}

@@ -29,7 +29,7 @@ from gshard_mt import cli, figures, io
 from gshard_mt import config as config_lib
 from gshard_mt.config import defaults
 from gshard_mt.errors import WorkdirError
-from gshard_mt.evaluation import evaluate
+from gshard_mt.evaluation import outputs
 
 
 def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -46,7 +46,7 @@ def curve(ax, rows: list[dict], key: str, **style) -> None:
 
 def dev_bleu(workdir: epath.Path) -> tuple[list[int], list[float]]:
   """(steps, average BLEU) of the standard dev evaluations (eval/dev-<step>/scores.json)."""
-  scores = evaluate.standard_evaluations(workdir, "dev")
+  scores = outputs.standard_evaluations(workdir, "dev")
   return list(scores), [json.loads(p.read_text())["average"]["bleu"] for p in scores.values()]
 
 

@@ -32,7 +32,7 @@ from etils import epath
 from gshard_mt import cli, io
 from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError
-from gshard_mt.evaluation import evaluate
+from gshard_mt.evaluation import outputs
 from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch
 from gshard_mt.tools import plot
 
@@ -90,7 +90,7 @@ def summarize(workdir: epath.Path, point: dict) -> dict:
   row["step"] = max((m["step"] for m in metrics), default=0)
   row["dev_loss"] = dev[-1]["dev_loss"] if dev else None
   row["tokens_per_s"] = train_rows[-1]["tokens_per_s"] if train_rows else None
-  scores = evaluate.standard_evaluations(workdir, "test").get(row["step"])  # of the final step, not an earlier one
+  scores = outputs.standard_evaluations(workdir, "test").get(row["step"])  # of the final step, not an earlier one
   row["bleu"] = json.loads(scores.read_text())["average"]["bleu"] if scores else None
   return row
 

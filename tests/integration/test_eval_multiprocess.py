@@ -72,7 +72,7 @@ def one_process(saved, tmp_path_factory):
   workdir = tmp_path_factory.mktemp("one_process") / "run"
   shutil.copytree(saved, workdir)
   [output] = finish(launch("eval.py", [workdir], EVAL_ARGS, b"", workdir.parent))
-  return workdir / "eval" / "test-1-beam2-len8-fra", output
+  return workdir / "eval" / "test-1-beam2-len8-bs14-fra", output
 
 
 def test_eval_on_two_processes_writes_what_one_writes(saved, one_process, tmp_path):
@@ -81,7 +81,7 @@ def test_eval_on_two_processes_writes_what_one_writes(saved, one_process, tmp_pa
   for name in ("two0", "two1"):
     shutil.copytree(saved, tmp_path / name)
   outputs = finish(launch("eval.py", [tmp_path / "two0", tmp_path / "two1"], EVAL_ARGS, b"", tmp_path))
-  single, double = one_process[0], tmp_path / "two0" / "eval" / "test-1-beam2-len8-fra"
+  single, double = one_process[0], tmp_path / "two0" / "eval" / "test-1-beam2-len8-bs14-fra"
   assert "wrote" in one_process[1] and "wrote" in outputs[0] and outputs[1] == ""
   assert not (tmp_path / "two1" / "eval").exists()
   assert sorted(p.name for p in single.iterdir()) == sorted(p.name for p in double.iterdir())

@@ -11,7 +11,7 @@ import pytest
 import sacrebleu
 from sacrebleu.metrics import BLEU, CHRF
 
-from gshard_mt.evaluation import evaluate
+from gshard_mt.evaluation import evaluate, outputs
 from gshard_mt.training import scoring
 
 
@@ -109,7 +109,7 @@ def test_delta_bleu_and_bootstrap_p_against_sacrebleu(monkeypatch):
 def test_each_setting_names_its_own_output_and_only_the_standard_one_is_plain(tmp_path):
   """eval/<split>-<step>/ is the standard evaluation; any other setting adds a part, so a quick check of one
   language with beam 1 never replaces the full evaluation of the same step (it used to)."""
-  name = evaluate.output_name
+  name = outputs.output_name
   assert name("test", 600) == "test-600"
   assert name("test", 600, beam_size=1, languages=["fra"]) == "test-600-beam1-fra"
   assert name("dev", 5, averaged=3, alpha=1.0, max_decode_len=8, languages=["ell", "fra"]) == (
@@ -117,12 +117,14 @@ def test_each_setting_names_its_own_output_and_only_the_standard_one_is_plain(tm
   many = [f"l{i:02d}" for i in range(20)]
   assert name("test", 1, languages=many).startswith("test-1-20langs-")
   assert name("test", 1, languages=many) != name("test", 1, languages=many[1:] + ["l99"])
-  settings = [{}, {"beam_size": 1}, {"alpha": 0.8}, {"max_decode_len": 8}, {"averaged": 2}, {"languages": ["fra"]}]
+  assert name("test", 600, batch_size=6) == "test-600-bs6"  # a batch's sentences share the experts' capacity
+  settings = [{}, {"beam_size": 1}, {"alpha": 0.8}, {"max_decode_len": 8}, {"averaged": 2}, {"languages": ["fra"]},
+              {"batch_size": 6}]
   assert len({name("test", 600, **s) for s in settings}) == len(settings)
   for folder in ("test-600", "test-600-beam1-fra", "test-1000", "test-1000-avg2", "dev-1200"):
     (tmp_path / "eval" / folder).mkdir(parents=True)
     (tmp_path / "eval" / folder / "scores.json").write_text("{}")
-  assert list(evaluate.standard_evaluations(tmp_path, "test")) == [600, 1000]
+  assert list(outputs.standard_evaluations(tmp_path, "test")) == [600, 1000]
 
 
 def test_steps_to_average_takes_the_last_count_up_to_the_step_and_refuses_what_it_cannot_take():
