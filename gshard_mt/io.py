@@ -74,8 +74,11 @@ def stamp(file: PathLike) -> tuple[int, list[int]]:
   """(size, times) of a file, which change when its content may have: a local file's modification and change times
   in ns (an edit within a second, or a copy keeping the modification time, changes them); an object's time (object
   storage rewrites an object whole)."""
-  stat = os.stat(file) if is_local(file) else path(file).stat()
-  return (stat.st_size, [stat.st_mtime_ns, stat.st_ctime_ns]) if is_local(file) else (stat.length, [stat.mtime])
+  if is_local(file):
+    stat = os.stat(file)
+    return stat.st_size, [stat.st_mtime_ns, stat.st_ctime_ns]
+  stat = path(file).stat()
+  return stat.length, [stat.mtime]
 
 
 def _temporary(target: epath.Path, kind: str) -> epath.Path:

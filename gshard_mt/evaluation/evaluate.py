@@ -87,6 +87,13 @@ def check_baseline(base: dict, refs: dict[str, list[str]], split: str):
                          f"run's ({theirs['sentences']} sentences against {len(lines)}): the corpora or splits differ")
 
 
+def check_decoding_length(workdir, max_decode_len: int | None):
+  """Reads the run's config.json (a directory that is not a run is refused here, before anything is created in it)
+  and checks the decoding length against its positions (`decode.check_length`), before the data is read."""
+  config = config_lib.load_saved(workdir)
+  decode.check_length(config.model, max_decode_len or config.data.max_length)
+
+
 @dataclasses.dataclass
 class Restored:
   """A trained work directory ready to decode: its config, data, model and parameters, on the config's mesh."""
@@ -229,8 +236,7 @@ def evaluate(workdir, *, split="test", step=None, beam_size=flags.BEAM_SIZE, alp
   if bootstrap_samples and not baseline:
     raise UserError(f"--bootstrap {bootstrap_samples} tests the difference to a baseline: it needs --baseline")
   base = distributed.checked_on_process_0(lambda: _baseline_scores(io.path(baseline), split) if baseline else None)
-  config = config_lib.load_saved(workdir)  # a directory that is not a run: refused before anything is created in it
-  decode.check_length(config.model, max_decode_len or config.data.max_length)  # before the data is read
+  check_decoding_length(workdir, max_decode_len)
   # A directory that cannot be written is refused before the data is read (and created once the checkpoint restores).
   distributed.checked_on_process_0(
       lambda: io.check_writable(io.path(workdir) / "eval", "eval output directory", create=False))

@@ -206,15 +206,14 @@ def merge_metrics(metrics: dict) -> dict:
   microbatch of few real tokens as much as a full one)."""
   weight_of = {"unrouted": "real_tokens", "router_entropy": "real_tokens", "expert_load": "kept_assignments",
                "requested_load": "asked_assignments"}
-  merged = {}
-  for name, value in metrics.items():
-    if name in weight_of:
-      weight = metrics[weight_of[name]]
-      weight = weight.reshape(weight.shape + (1,) * (value.ndim - weight.ndim))
-      merged[name] = jnp.sum(value * weight, axis=0) / jnp.maximum(jnp.sum(weight, axis=0), 1.0)
-    else:
-      merged[name] = jnp.sum(value, axis=0)
-  return merged
+  return {name: weighted_mean(value, metrics[weight_of[name]]) if name in weight_of else jnp.sum(value, axis=0)
+          for name, value in metrics.items()}
+
+
+def weighted_mean(values: jax.Array, weights: jax.Array) -> jax.Array:
+  """values [K, ...] averaged over K, weighted by weights [K, ...] (their leading dimensions; 0 where all are 0)."""
+  weights = weights.reshape(weights.shape + (1,) * (values.ndim - weights.ndim))
+  return jnp.sum(values * weights, axis=0) / jnp.maximum(jnp.sum(weights, axis=0), 1.0)
 
 
 def dropped_fractions(metrics: dict) -> tuple[jax.Array, jax.Array]:

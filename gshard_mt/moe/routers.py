@@ -6,10 +6,10 @@ False: encoder only. Capacity may still drop a choice for a later token's: with 
 takes its slot before an earlier token's second, GShard's priority), `uses_capacity` (False: C = S, nothing dropped;
 moe.dispatch='grouped' only), `reads_language` (logits from the source-language tag, not the token),
 `experts_per_token(num_selected)` (k, for the checks), `active_experts(cfg)` (the experts a token runs through on
-average while training, for the FLOPs count). An instance has `needs_rng`, `capacity(S, E,
-factor, min_capacity)` and `route(logits, C, padding_mask=, rng=, bias=)`; `bias` [E] is DeepSeek-V3's selection-only
-bias (moe.balance='bias'). A new router is `@ROUTERS.register("name")` over a subclass of `Router`, in any module
-imported before the config is read.
+average while training, for the FLOPs count). An instance has `needs_rng`, `capacity(S, E, factor, min_capacity)`
+and `route(logits, C, padding_mask=, rng=, bias=)`; `bias` [E] is DeepSeek-V3's selection-only bias
+(moe.balance='bias'). A new router is `@ROUTERS.register("name")` over a subclass of `Router`, in any module imported
+before the config is read.
 """
 
 from __future__ import annotations

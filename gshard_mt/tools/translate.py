@@ -22,14 +22,13 @@ from typing import BinaryIO, TextIO
 import jax
 import numpy as np
 
-from gshard_mt import config as config_lib
 from gshard_mt import io
 from gshard_mt.data import pipeline
 from gshard_mt.data.corpus import language_of
 from gshard_mt.data.packing import TokenizedSplit
 from gshard_mt.errors import DataError, WorkdirError
 from gshard_mt.evaluation import flags
-from gshard_mt.evaluation.evaluate import Restored, restore
+from gshard_mt.evaluation.evaluate import Restored, check_decoding_length, restore
 from gshard_mt.model import decode
 from gshard_mt.parallel import distributed
 
@@ -176,8 +175,7 @@ def translate(workdir, *, input_path: str | None = None, output_path: str | None
     source = distributed.checked_on_process_0(open_input)
     if output_path is not None:  # a folder that cannot hold the output is refused before the model is read
       distributed.checked_on_process_0(lambda: io.check_writable(io.path(output_path).parent, "output directory"))
-    config = config_lib.load_saved(workdir)
-    decode.check_length(config.model, max_decode_len or config.data.max_length)  # before the model is read
+    check_decoding_length(workdir, max_decode_len)  # before the model is read
     run = restore(workdir, step=step, average_last=average_last)
     known = source_languages(run)
     if src_lang is not None:

@@ -63,9 +63,8 @@ def merge_microbatches(stats: dict) -> dict:
   merged = {}
   for side, s in stats.items():
     if s:
-      tokens = s["metrics"]["real_tokens"]
       s = {"aux_loss": jnp.mean(s["aux_loss"], axis=0), "metrics": gating.merge_metrics(s["metrics"]),
-           "z_loss": jnp.sum(s["z_loss"] * tokens, axis=0) / jnp.maximum(jnp.sum(tokens, axis=0), 1.0)}
+           "z_loss": gating.weighted_mean(s["z_loss"], s["metrics"]["real_tokens"])}
     merged[side] = s
   return merged
 

@@ -113,9 +113,9 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer, tx, config
   """
   rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
   weights = (batch["targets_segmentation"] > 0).astype(jnp.float32)
-  num_tokens = jnp.maximum(weights.sum(), 1.0)
-  side_tokens = {"encoder": jnp.maximum((batch["inputs_segmentation"] > 0).sum().astype(jnp.float32), 1.0),
-                 "decoder": num_tokens}
+  target_tokens, source_tokens = weights.sum(), (batch["inputs_segmentation"] > 0).sum().astype(jnp.float32)
+  num_tokens = jnp.maximum(target_tokens, 1.0)
+  side_tokens = {"encoder": jnp.maximum(source_tokens, 1.0), "decoder": num_tokens}
   K = config.num_microbatches
   grad_fn = jax.value_and_grad(functools.partial(_microbatch_loss, model=model, config=config,
                                                  side_tokens=side_tokens, num_microbatches=K), has_aux=True)
@@ -137,9 +137,7 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer, tx, config
   learning_rate = schedule_of(config.optimizer, config.num_train_steps)(schedule_step(state.opt_state, state.step))
   metrics = {"loss": loss, "nll": nll / num_tokens, "accuracy": correct / num_tokens, "aux_loss": aux,
              "z_loss": z, "grad_norm": grad_norm, "learning_rate": learning_rate, "finite": finite,
-             "target_tokens": weights.sum(),
-             "source_tokens": (batch["inputs_segmentation"] > 0).sum().astype(jnp.float32),
-             **metrics_lib.moe_summary(stats)}
+             "target_tokens": target_tokens, "source_tokens": source_tokens, **metrics_lib.moe_summary(stats)}
   return new, metrics
 
 
