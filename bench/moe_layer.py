@@ -38,7 +38,7 @@ import numpy as np
 from gshard_mt import cli
 from gshard_mt.config.moe import MoeConfig
 from gshard_mt.errors import one_line
-from gshard_mt.moe import grouped
+from gshard_mt.moe import ffn, grouped
 from gshard_mt.moe.layer import MoeFeedForward
 from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.parallel import rules as rules_lib
@@ -110,7 +110,8 @@ def grouped_kernel_rows(rows: int, M: int, H: int, E: int, kernels: list, repeat
 
   def value_and_grads(kernel):
     def loss(rows, wi, wo):
-      out = grouped.grouped_expert_ffn(rows, jnp.asarray(sizes), wi, wo, jax.nn.relu, kernel).astype(jnp.float32)
+      layout = grouped.RowLayout(jnp.asarray(sizes), R, kernel)
+      out = ffn.apply_experts(rows, ffn.ExpertWeights(wi, wo), layout, ffn.relu).astype(jnp.float32)
       return jnp.sum(out ** 2) * 1e-6, out
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
 

@@ -1,6 +1,6 @@
 """The experts' half of the MoE layer (GShard Algorithm 2 after gating), one class per `moe.dispatch` behind one
-interface: `path(x [G, S, M], routing, wi [E, M, H], wo [E, H, M]) -> y [G, S, M]`: dispatch, the experts' FFN
-(each path casts the weights as it needs), combine weighted by the gates.
+interface: `path(x [G, S, M], routing, weights: ffn.ExpertWeights) -> y [G, S, M]`: dispatch, the experts' FFN
+(`ffn.apply_experts`, the same function on every path, in the path's layout), combine weighted by the gates.
 
 - `Buffers` ('einsum', 'index', 'index_gather'): capacity buffers [E, G, C, M], whose sharding constraints are
   the G -> E and E -> G all-to-alls; the FFN by XLA's einsums or (moe.expert_kernel='pallas') the TPU kernels;
@@ -11,7 +11,6 @@ interface: `path(x [G, S, M], routing, wi [E, M, H], wo [E, H, M]) -> y [G, S, M
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, ClassVar
 
 import flax.linen as nn
@@ -20,24 +19,11 @@ import jax.numpy as jnp
 
 from gshard_mt.config import choices, platforms
 from gshard_mt.config.moe import MoeConfig
-from gshard_mt.moe import dispatch, grouped, manual
-from gshard_mt.moe.axes import EGCH, EGCM, EGCM_BY_GROUP, EMH, GSM
+from gshard_mt.moe import dispatch, ffn, grouped, manual
+from gshard_mt.moe.axes import EGCM, EGCM_BY_GROUP, EMH, GSM
 from gshard_mt.moe.gating import Routing
-from gshard_mt.parallel.einsum import weight_einsum
 
-ACTIVATIONS = choices.ACTIVATIONS.add({"relu": jax.nn.relu, "gelu": jax.nn.gelu})
-
-
-def expert_ffn(expert_in: jax.Array, wi: jax.Array, wo: jax.Array, activation: str = "relu",
-               constrain: bool = True) -> jax.Array:
-  """Each expert's FFN on its buffers: [E, G, C, M] x wi [E, M, H] x wo [E, H, M] -> [E, G, C, M].
-
-  The output stays E-sharded: the caller's constraint to EGCM_BY_GROUP is the E -> G all-to-all (G-sharded output
-  here would let XLA all-gather wo instead). constrain=False: no constraints (inside shard_map).
-  """
-  h = ACTIVATIONS[activation](weight_einsum("EGCM,EMH->EGCH", expert_in, wi))
-  h = nn.with_logical_constraint(h, EGCH if constrain else None)
-  return nn.with_logical_constraint(weight_einsum("EGCH,EHM->EGCM", h, wo), EGCM if constrain else None)
+ACTIVATIONS = choices.ACTIVATIONS.add({"relu": ffn.relu, "gelu": jax.nn.gelu})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +36,7 @@ class ExpertPath:
   kernel_vmem: int | None = None
   capacity_buffers: ClassVar[bool] = False  # fills [E, G, C, M] buffers (what moe.expert_kernel='pallas' runs on)
 
-  def __call__(self, x: jax.Array, routing: Routing, wi: jax.Array, wo: jax.Array) -> jax.Array:
+  def __call__(self, x: jax.Array, routing: Routing, weights: ffn.ExpertWeights) -> jax.Array:
     raise NotImplementedError
 
 
@@ -61,20 +47,20 @@ class Buffers(ExpertPath):
 
   capacity_buffers: ClassVar[bool] = True
 
-  def experts(self, buffers: jax.Array, wi: jax.Array, wo: jax.Array) -> jax.Array:
+  def experts(self, buffers: jax.Array, weights: ffn.ExpertWeights) -> jax.Array:
     """The experts' FFN on the dispatched buffers [E, G, C, M] -> [E, G, C, M]."""
     if self.cfg.expert_kernel == "pallas":
       # optional: the TPU kernels, only when moe.expert_kernel='pallas' asks for them
       from gshard_mt.tpu.kernels import expert_ffn as kernel
 
       buffers = nn.with_logical_constraint(buffers, EGCM_BY_GROUP)
-      return kernel.expert_ffn(buffers, wi, wo, EGCM_BY_GROUP, EMH, self.kernel_vmem)
+      return kernel.expert_ffn(buffers, weights.wi, weights.wo, EGCM_BY_GROUP, EMH, self.kernel_vmem)
     buffers = nn.with_logical_constraint(buffers, EGCM)  # G -> E reshard: an all-to-all
-    return expert_ffn(buffers, wi, wo, self.cfg.activation)
+    return ffn.apply_experts(buffers, weights, ffn.BufferLayout(), ACTIVATIONS[self.cfg.activation])
 
-  def __call__(self, x, routing, wi, wo):
+  def __call__(self, x, routing, weights):
     dispatcher = dispatch.make_dispatcher(self.cfg.dispatch, routing)
-    out = nn.with_logical_constraint(self.experts(dispatcher.dispatch(x), wi, wo), EGCM_BY_GROUP)  # E -> G
+    out = nn.with_logical_constraint(self.experts(dispatcher.dispatch(x), weights), EGCM_BY_GROUP)  # E -> G
     return nn.with_logical_constraint(dispatcher.combine(out), GSM)
 
 
@@ -82,11 +68,12 @@ class Grouped(ExpertPath):
   """Rows in blocks by expert, the grouped matmuls of moe.grouped_kernel; the weights in their own dtype (their
   gradients stay in it)."""
 
-  def __call__(self, x, routing, wi, wo):
+  def __call__(self, x, routing, weights):
     dispatcher = dispatch.GroupedDispatcher(routing)
-    kernels = grouped.kernels_for(self.cfg.grouped_kernel, wi.shape[1], wi.shape[2], self.dtype)
-    rows = grouped.grouped_expert_ffn(dispatcher.dispatch(x), dispatcher.group_sizes, wi, wo,
-                                      ACTIVATIONS[self.cfg.activation], kernels)
+    _, M, H = weights.wi.shape
+    layout = grouped.RowLayout(dispatcher.group_sizes, dispatcher.num_rows,
+                               grouped.kernels_for(self.cfg.grouped_kernel, M, H, self.dtype))
+    rows = ffn.apply_experts(dispatcher.dispatch(x), weights, layout, ACTIVATIONS[self.cfg.activation])
     return nn.with_logical_constraint(dispatcher.combine(rows), GSM)
 
 
@@ -94,10 +81,8 @@ class ShardMap(ExpertPath):
   """Dispatch, experts and combine per device under shard_map (`manual.moe_shard_map`); the weights stay float32,
   as in `Buffers` (weight_einsum casts them, and their gradients, summed over the data axis, stay float32)."""
 
-  def __call__(self, x, routing, wi, wo):
-    return manual.moe_shard_map(x, routing, wi, wo,
-                                functools.partial(expert_ffn, activation=self.cfg.activation, constrain=False),
-                                group_spec=nn.logical_to_mesh_axes(GSM), expert_spec=nn.logical_to_mesh_axes(EMH))
+  def __call__(self, x, routing, weights):
+    return manual.moe_shard_map(x, routing, weights, ACTIVATIONS[self.cfg.activation], group_spec=nn.logical_to_mesh_axes(GSM), expert_spec=nn.logical_to_mesh_axes(EMH))
 
 
 # moe.dispatch -> its path; all automatic (XLA places the all-to-alls) but shard_map

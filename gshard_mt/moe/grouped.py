@@ -1,9 +1,9 @@
 """The experts' FFNs on rows in blocks by expert (moe.dispatch='grouped'), by grouped matmuls.
 
 rows [R, M] hold expert 0's rows, then expert 1's, ... (group_sizes [E], summing to R); wi [E, M, H], wo [E, H, M].
-`grouped_expert_ffn` has its own backward (a custom VJP), so no kernel needs a transpose rule: six grouped matmuls
-in all, x W, x W^T and x^T y (the weight gradients). `moe.grouped_kernel` picks who computes them (measured in
-docs/decisions.md):
+`RowLayout` is `ffn.apply_experts`'s layout for them; its `grouped_matmul` has its own backward (a custom VJP), so
+no kernel needs a transpose rule: six grouped matmuls in all, x W, x W^T and x^T y (the weight gradients).
+`moe.grouped_kernel` picks who computes them (measured in docs/decisions.md):
 
 - 'ragged_dot': `jax.lax.ragged_dot`; on TPU a Mosaic kernel handed the float32 master weights as they are (no cast
   pass over the E matrices), elsewhere the weights cast to the rows' dtype first.
@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -130,32 +129,46 @@ def _check_hopper() -> None:
                       f"{device.device_kind} has {capability or 'none'}: use moe.grouped_kernel='ragged_dot'")
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def grouped_expert_ffn(rows: jax.Array, group_sizes: jax.Array, wi: jax.Array, wo: jax.Array,
-                       activation: Callable = jax.nn.relu, kernels: RaggedDot | MosaicGpu = RaggedDot()) -> jax.Array:
-  """Each expert's FFN on its rows: rows [R, M] in blocks by expert, group_sizes [E] (summing to R: the Mosaic GPU
-  kernel leaves rows past the groups unwritten), wi [E, M, H], wo [E, H, M] -> [R, M] in the rows' dtype; the
-  weight gradients in the weights' dtype."""
-  return _forward(rows, group_sizes, wi, wo, activation, kernels)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, kernels: RaggedDot | MosaicGpu) -> jax.Array:
+  """x [R, X] in blocks by expert (group_sizes [E], summing to R: the Mosaic GPU kernel leaves rows past the
+  groups unwritten) by each block's expert weights w [E, X, Y] -> [R, Y] in x's dtype; w's gradient in w's dtype.
+  Its own backward, so no kernel needs a transpose rule: x W^T and x^T y (the weight gradient)."""
+  return kernels.by_weights(x, w, group_sizes)
 
 
-def _forward(rows, group_sizes, wi, wo, activation, kernels):
-  pre = kernels.by_weights(rows, wi, group_sizes)  # [R, H]
-  h = activation(pre)
-  saved = None if activation is jax.nn.relu else pre  # relu's gradient needs only where h > 0: keep no [R, H] more
-  return kernels.by_weights(h, wo, group_sizes), (rows, group_sizes, saved, h, wi, wo)
+def _matmul_forward(x, w, group_sizes, kernels):
+  return kernels.by_weights(x, w, group_sizes), (x, w, group_sizes)
 
 
-def _backward(activation, kernels, residuals, d_out):
-  rows, group_sizes, saved, h, wi, wo = residuals
-  d_wo = kernels.by_rows(h, d_out, group_sizes, wo.dtype)  # [E, H, M]
-  d_h = kernels.by_weights(d_out, wo, group_sizes, transpose=True)  # [R, H]
-  if saved is None:
-    d_pre = jnp.where(h > 0, d_h, 0)
-  else:
-    d_pre = jax.vjp(activation, saved)[1](d_h)[0]
-  d_wi = kernels.by_rows(rows, d_pre, group_sizes, wi.dtype)  # [E, M, H]
-  return kernels.by_weights(d_pre, wi, group_sizes, transpose=True), None, d_wi, d_wo
+def _matmul_backward(kernels, residuals, dy):
+  x, w, group_sizes = residuals
+  return (kernels.by_weights(dy, w, group_sizes, transpose=True), kernels.by_rows(x, dy, group_sizes, w.dtype),
+          None)
 
 
-grouped_expert_ffn.defvjp(_forward, _backward)
+grouped_matmul.defvjp(_matmul_forward, _matmul_backward)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowLayout:
+  """Rows [R, .] in blocks by expert (`ffn.apply_experts`'s layout for moe.dispatch='grouped'): its matmuls are
+  the grouped matmuls of `kernels`."""
+
+  group_sizes: jax.Array  # [E], summing to R
+  num_rows: int  # R
+  kernels: RaggedDot | MosaicGpu = RaggedDot()
+
+  def matmul(self, x: jax.Array, w: jax.Array) -> jax.Array:
+    """[R, X] x [E, X, Y] -> [R, Y]."""
+    return grouped_matmul(x, w, self.group_sizes, self.kernels)
+
+  def per_expert(self, b: jax.Array) -> jax.Array:
+    """[E, Y] -> [R, Y]: each row its expert's."""
+    return b[jnp.repeat(jnp.arange(b.shape[0]), self.group_sizes, total_repeat_length=self.num_rows)]
+
+  def hidden(self, h: jax.Array) -> jax.Array:
+    return h
+
+  def output(self, y: jax.Array) -> jax.Array:
+    return y

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from gshard_mt.config.moe import MoeConfig
-from gshard_mt.moe import balance, experts, gating, routers
+from gshard_mt.moe import balance, experts, ffn, gating, routers
 from gshard_mt.moe.axes import EHM, EMH, GSM, ME, ZHM, ZMH
 from gshard_mt.moe.experts import ACTIVATIONS
 
@@ -85,7 +85,7 @@ class MoeFeedForward(nn.Module):
     router_in = in_groups(language, G, S) if router.reads_language else x
     routing = self._route(router, router_in, wg, group_mask(padding_mask, B * L, G, S), deterministic)
     x = x.astype(self.dtype)
-    y = experts.expert_path(cfg, self.dtype, self.kernel_vmem)(x, routing, wi, wo)
+    y = experts.expert_path(cfg, self.dtype, self.kernel_vmem)(x, routing, ffn.ExpertWeights(wi, wo))
     if cfg.shared_experts:
       Z = cfg.shared_experts
       shared_wi = self.param("shared_wi", nn.with_logical_partitioning(EXPERT_INIT, ZMH), (Z, M, H), self.param_dtype)

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from gshard_mt.moe.dispatch import IndexDispatcher
+from gshard_mt.moe.ffn import BufferLayout, ExpertWeights, apply_experts
 from gshard_mt.moe.gating import Routing
 
 
@@ -27,12 +28,11 @@ def axes_of(entry) -> tuple[str, ...]:
   return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def moe_shard_map(x: jax.Array, routing: Routing, wi: jax.Array, wo: jax.Array,
-                  ffn: Callable[[jax.Array, jax.Array, jax.Array], jax.Array], *,
+def moe_shard_map(x: jax.Array, routing: Routing, weights: ExpertWeights, activation: Callable, *,
                   group_spec: P, expert_spec: P, check_vma: bool = True) -> jax.Array:
-  """x [G, S, M], its routing ([G, S, K] fields), wi [E, M, H], wo [E, H, M] (global shapes) -> y [G, S, M], placed
-  like x and equal to the automatic path's. ffn: (buffers [E', G', C, M], wi [E', M, H'], wo [E', H', M]) -> [E',
-  G', C, M] on one device's shards (a partial sum when H is split). group_spec: the mesh placement of [G, S, M];
+  """x [G, S, M], its routing ([G, S, K] fields), the experts' weights (wi [E, M, H], global shapes) -> y [G, S, M],
+  placed like x and equal to the automatic path's: `ffn.apply_experts` on each device's buffers [E', G', C, M] and
+  weights [E', M, H'], summed over the model axis when H is split. group_spec: the mesh placement of [G, S, M];
   expert_spec: that of wi. check_vma: track device variance (off only to show what it saves).
   """
   mesh = jax.sharding.get_abstract_mesh()
@@ -42,15 +42,13 @@ def moe_shard_map(x: jax.Array, routing: Routing, wi: jax.Array, wo: jax.Array,
   expert_axis = expert_axes[0] if expert_axes and sizes.get(expert_axes[0], 1) > 1 else None
   model_axis = model_axes[0] if model_axes and sizes.get(model_axes[0], 1) > 1 else None
 
-  def per_device(x, routing, wi, wo):
-    """One device's shards: x [G', S, M], routing [G', S, K], wi [E', M, H'], wo [E', H', M] -> [G', S, M]."""
+  def per_device(x, routing, weights):
+    """One device's shards: x [G', S, M], routing [G', S, K], weights (wi [E', M, H']) -> [G', S, M]."""
     dispatcher = IndexDispatcher(routing)
     buffers = dispatcher.dispatch(x)  # [E, G', C, M], this device's groups
     if expert_axis:  # E split, G gathered: [E/n_e, G'·n_e, C, M]
       buffers = jax.lax.all_to_all(buffers, expert_axis, split_axis=0, concat_axis=1, tiled=True)
-    out = ffn(buffers, wi, wo)
-    if model_axis:  # each device summed over its H/n_m hidden units; their sum in float32 (XLA's CPU compiler
-      out = jax.lax.psum(out.astype(jnp.float32), model_axis).astype(out.dtype)  # aborts on this bf16 all-reduce)
+    out = apply_experts(buffers, weights, BufferLayout(constrain=False, model_axis=model_axis), activation)
     if expert_axis:  # back to [E, G', C, M]
       out = jax.lax.all_to_all(out, expert_axis, split_axis=1, concat_axis=0, tiled=True)
     return dispatcher.combine(out)
@@ -58,7 +56,7 @@ def moe_shard_map(x: jax.Array, routing: Routing, wi: jax.Array, wo: jax.Array,
   routing = routing.replace(aux_loss=None, z_loss=None, metrics={}, requested=None)  # the [G, S, K] fields only
   manual_axes = {a for a, n in sizes.items() if n > 1}
   if not manual_axes:  # one device (or no mesh): the per-device program is the whole program
-    return per_device(x, routing, wi, wo)
+    return per_device(x, routing, weights)
 
   def spec(*entries):
     """A PartitionSpec over the manual axes only: size-1 axes stay automatic (a psum over one device is still an
@@ -71,9 +69,12 @@ def moe_shard_map(x: jax.Array, routing: Routing, wi: jax.Array, wo: jax.Array,
   if pad:
     x, routing = jax.tree.map(lambda a: jnp.pad(a, ((0, pad), (0, 0), (0, 0))), (x, routing))
   gsm = spec(group_spec[0], None, None)
+  weight_specs = weights.replace(
+      wi=spec(*expert_spec), wo=spec(expert_spec[0], expert_spec[2], None),
+      bi=None if weights.bi is None else spec(expert_spec[0], expert_spec[2]),
+      bo=None if weights.bo is None else spec(expert_spec[0], None))
   y = jax.shard_map(per_device, mesh=mesh, axis_names=manual_axes, check_vma=check_vma,
-                    in_specs=(gsm, gsm, spec(*expert_spec), spec(expert_spec[0], expert_spec[2], None)),
-                    out_specs=gsm)(x, routing, wi, wo)
+                    in_specs=(gsm, gsm, weight_specs), out_specs=gsm)(x, routing, weights)
   return y[:G]
 
 

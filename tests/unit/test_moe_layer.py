@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 from gshard_mt.config.moe import MoeConfig
 from gshard_mt.errors import ConfigError
-from gshard_mt.moe import gating, manual
+from gshard_mt.moe import ffn, gating, manual
 from gshard_mt.moe.gating import expert_capacity
 from gshard_mt.moe.layer import MoeFeedForward
 
@@ -167,26 +167,81 @@ def test_shard_map_rejects_layouts_it_cannot_run(group_spec, expert_spec, messag
   routing = gating.top2_gating(jnp.zeros((4, 16, E)), 8)
   mesh = jax.sharding.AbstractMesh((2, 4), ("data", "expert"))
   with jax.sharding.use_abstract_mesh(mesh), pytest.raises(ValueError, match=message):
-    manual.moe_shard_map(x.reshape(4, 16, M), routing, params["params"]["wi"], params["params"]["wo"], None,
+    manual.moe_shard_map(x.reshape(4, 16, M), routing, ffn.ExpertWeights(params["params"]["wi"],
+                                                                          params["params"]["wo"]), ffn.relu,
                          group_spec=group_spec, expert_spec=expert_spec)
 
 
-def test_every_dispatch_is_one_expert_path_behind_one_interface():
+def biased_weights(params, seed=6) -> ffn.ExpertWeights:
+  """The layer's experts with a bias on each of their two matmuls, as a change to the experts would add them."""
+  k1, k2 = jax.random.split(jax.random.key(seed))
+  return ffn.ExpertWeights(params["params"]["wi"], params["params"]["wo"], bi=jax.random.normal(k1, (E, H)),
+                           bo=jax.random.normal(k2, (E, M)))
+
+
+def plain_experts(x, routing, weights) -> np.ndarray:
+  """A loop over tokens and their kept assignments: y[g, s] = sum_k weight * (relu(x wi_e + bi_e) wo_e + bo_e)."""
+  x, w = np.asarray(x, np.float64), jax.tree.map(lambda a: np.asarray(a, np.float64), weights)
+  y = np.zeros_like(x)
+  G, S, K = routing.expert_index.shape
+  for g, s, k in np.ndindex(G, S, K):
+    if routing.kept[g, s, k]:
+      e = int(routing.expert_index[g, s, k])
+      h = np.maximum(x[g, s] @ w.wi[e] + w.bi[e], 0)
+      y[g, s] += float(routing.weight[g, s, k]) * (h @ w.wo[e] + w.bo[e])
+  return y
+
+
+def test_every_dispatch_applies_the_same_experts_behind_one_interface():
+  """Every moe.dispatch path, given experts with biases (added in one place, `ffn.ExpertWeights`), equals a plain
+  loop over the tokens' kept assignments, some dropped for capacity."""
   from gshard_mt.config.choices import DISPATCHES
   from gshard_mt.moe import experts
 
   _, _, params = inputs()
-  wi, wo = params["params"]["wi"], params["params"]["wo"]
+  weights = biased_weights(params)
   routing = gating.top2_gating(jax.random.normal(jax.random.key(3), (2, 16, E)) * 2, 4)  # C = 4: some dropped
   assert not np.asarray(routing.kept).all()
   x = jax.random.normal(jax.random.key(4), (2, 16, M))
-  outputs = {}
+  want = plain_experts(x, routing, weights)
   for name in DISPATCHES:
     path = experts.expert_path(MoeConfig(num_experts=E, hidden_dim=H, dispatch=name), jnp.float32)
     assert isinstance(path, experts.ExpertPath)
-    outputs[name] = jax.jit(path)(x, routing, wi, wo)
-  for name, y in outputs.items():
-    np.testing.assert_allclose(y, outputs["einsum"], atol=1e-5, err_msg=name)
+    np.testing.assert_allclose(jax.jit(path)(x, routing, weights), want, atol=1e-4, err_msg=name)
+
+
+def biased_shard_map_check():
+  """On 4 CPU devices: with biased experts, the shard_map path's output and gradients (the biases' too) equal the
+  index path's on meshes that split the groups, the experts and the hidden units (the output bias is added once,
+  after the sum over the model axis)."""
+  import dataclasses
+
+  from gshard_mt.moe import experts
+  from gshard_mt.parallel import mesh as mesh_lib
+  from gshard_mt.parallel import rules as rules_lib
+
+  _, _, params = inputs()
+  weights = biased_weights(params)
+  routing = gating.top2_gating(jax.random.normal(jax.random.key(3), (4, 16, E)) * 2, 6)
+  x = jax.random.normal(jax.random.key(4), (4, 16, M))
+  cfg = MoeConfig(num_experts=E, hidden_dim=H)
+  for shape in ((2, 2, 1), (1, 2, 2)):
+    mesh = jax.make_mesh(shape, mesh_lib.MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3)
+    got = {}
+    for dispatch in ("index", "shard_map"):
+      path = experts.expert_path(dataclasses.replace(cfg, dispatch=dispatch), jnp.float32)
+      loss = lambda x, w, path=path: jnp.sum(jnp.sin(path(x, routing, w)) * x)  # noqa: E731
+      with jax.set_mesh(mesh), nn.logical_axis_rules(rules_lib.RULES["expert_model" if shape[2] > 1 else "expert"]):
+        got[dispatch] = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, weights)
+    for a, b in zip(jax.tree.leaves(got["shard_map"]), jax.tree.leaves(got["index"])):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=str(shape))
+  print("OK")
+
+
+def test_shard_map_applies_biased_experts_as_the_automatic_path_on_several_devices():
+  from tests.helpers import run_on_cpu_devices
+
+  run_on_cpu_devices("tests.unit.test_moe_layer", "biased_shard_map_check")
 
 
 def bfloat16_shard_map_check():
