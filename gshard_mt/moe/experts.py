@@ -82,7 +82,8 @@ class ShardMap(ExpertPath):
   as in `Buffers` (weight_einsum casts them, and their gradients, summed over the data axis, stay float32)."""
 
   def __call__(self, x, routing, weights):
-    return manual.moe_shard_map(x, routing, weights, ACTIVATIONS[self.cfg.activation], group_spec=nn.logical_to_mesh_axes(GSM), expert_spec=nn.logical_to_mesh_axes(EMH))
+    return manual.moe_shard_map(x, routing, weights, ACTIVATIONS[self.cfg.activation],
+                                group_spec=nn.logical_to_mesh_axes(GSM), expert_spec=nn.logical_to_mesh_axes(EMH))
 
 
 # moe.dispatch -> its path; all automatic (XLA places the all-to-alls) but shard_map

@@ -22,9 +22,10 @@ SIZES = jnp.array([3, 0, 5, 4], jnp.int32)  # an expert with no rows too
 BF16 = jnp.bfloat16
 
 
-def grouped_expert_ffn(rows, sizes, wi, wo, activation=ffn.relu, kernels=grouped.RaggedDot()):
+def grouped_expert_ffn(rows, sizes, wi, wo, activation=ffn.relu, kernels=None):
   """The experts' FFN (`ffn.apply_experts`) on rows in blocks by expert, by the grouped matmuls of `kernels`."""
-  return ffn.apply_experts(rows, ffn.ExpertWeights(wi, wo), grouped.RowLayout(sizes, rows.shape[0], kernels),
+  layout = grouped.RowLayout(sizes, rows.shape[0], kernels or grouped.RaggedDot())
+  return ffn.apply_experts(rows, ffn.ExpertWeights(wi, wo), layout,
                            activation)
 
 
