@@ -75,10 +75,12 @@ from gshard_mt.config.moe import MoeConfig  # noqa: E402
 from gshard_mt.data import pipeline  # noqa: E402
 from gshard_mt.errors import UserError  # noqa: E402
 from gshard_mt.evaluation import evaluate  # noqa: E402
+from gshard_mt.kernels import mosaic_gpu, seam  # noqa: E402
 from gshard_mt.model import decode  # noqa: E402
-from gshard_mt.model.transformer import Transformer  # noqa: E402
+from gshard_mt.model.transformer import Transformer, TransformerConfig  # noqa: E402
 from gshard_mt.moe import grouped  # noqa: E402
 from gshard_mt.moe.layer import MoeFeedForward  # noqa: E402
+from gshard_mt.ops import Ops  # noqa: E402
 from gshard_mt.parallel import distributed  # noqa: E402
 from gshard_mt.parallel import mesh as mesh_lib  # noqa: E402
 from gshard_mt.training import metrics  # noqa: E402
@@ -128,8 +130,8 @@ RUNS = {False: [("dense_base", "defaults"), ("base", "defaults"), ("dense_base",
         True: [(c, v) for c in CONFIGS for v in ("defaults", "all")]}
 # Tiles of the Mosaic GPU grouped matmuls that the MoE section tries (the first is the layer's own), from the
 # space that JAX's own tuning of these kernels searches.
-MOSAIC_TILES = (grouped.MosaicGpu(), grouped.MosaicGpu(grid_block_n=4), grouped.MosaicGpu(block_m=64),
-                grouped.MosaicGpu(max_concurrent_steps=6, grid_block_n=2))
+MOSAIC_TILES = (mosaic_gpu.MosaicGpu(), mosaic_gpu.MosaicGpu(grid_block_n=4), mosaic_gpu.MosaicGpu(block_m=64),
+                mosaic_gpu.MosaicGpu(max_concurrent_steps=6, grid_block_n=2))
 SECTIONS = ("moe_layer", "decoding", "training", "profile")  # in the order they run
 SIZES = {False: dict(moe_repeats=20, train_warmup=3, train_steps=30, profile_steps=5, sentences=0),
          True: dict(moe_repeats=3, train_warmup=1, train_steps=3, profile_steps=2, sentences=24)}
@@ -152,10 +154,14 @@ def moe_layer_section(small: bool, repeats: int) -> dict:
                     second_expert_policy="all", dispatch=dispatch, grouped_kernel=kernel)
     row = dict(variant=f"MoE {dispatch} dispatch", dispatch=dispatch)
     try:
-      if dispatch == "grouped":  # the kernels it gets here (the Mosaic GPU ones on a GPU only)
-        row |= dict(kernels=repr(grouped.kernels_for(kernel, M, H, jnp.bfloat16)))
+      # the kernels the seam picks here (the Mosaic GPU ones on a Hopper GPU only; None: ragged_dot)
+      model_cfg = TransformerConfig(vocab_size=8, emb_dim=M, dtype=jnp.bfloat16, moe=cfg)
+      ops = Ops(grouped_matmuls=seam.grouped_matmuls(model_cfg, jax.devices()[0]))
+      if dispatch == "grouped":
+        row |= dict(kernels=repr(ops.grouped_matmuls or "RaggedDot()"))
         row["variant"] += f", {row['kernels']}"
-      rows.append(row | dict(ms=moe_layer.time_fwd_bwd(MoeFeedForward(cfg, dtype=jnp.bfloat16), x, repeats)))
+      layer = MoeFeedForward(cfg, dtype=jnp.bfloat16, ops=ops)
+      rows.append(row | dict(ms=moe_layer.time_fwd_bwd(layer, x, repeats)))
     except Exception as e:  # noqa: BLE001 - one dispatch failing leaves the others' figures
       rows.append(row | dict(error=_error(e)))
   kernels = [grouped.RaggedDot()] + list(MOSAIC_TILES) * on_gpu

@@ -1,5 +1,5 @@
 """The attention block on the TPU compiler's estimate (an estimate, not a measurement): model.attention='pallas'
-(`gshard_mt.tpu.kernels.attention`: the whole block in Pallas kernels with a declared cost) against the einsums
+(`gshard_mt.kernels.attention`: the whole block in Pallas kernels with a declared cost) against the einsums
 of 'xla'.
 
   python bench/pallas_attention.py [--topology v5p:2x2x1]

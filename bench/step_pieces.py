@@ -34,7 +34,7 @@ def dense_base():
 def pieces(jnp, jax):
   """{name: (function, argument shapes and dtypes)} of the step's pieces, each differentiated where it trains, at
   CONFIG's shapes on one of CHIPS chips."""
-  from gshard_mt.tpu.kernels.attention import pallas_attention
+  from gshard_mt.kernels.attention import pallas_attention
 
   c = dense_base()
   B, L, T, M, F = c.batch_size // CHIPS, c.data.max_length, c.data.max_target_length, c.model.emb_dim, c.model.mlp_dim
@@ -113,19 +113,24 @@ def layer_chain(jax, jnp, overrides: dict, n: int):
   """(function, argument shapes) of the gradient through n of the model's own encoder layers (`Layer`) in a chain,
   on dense_base's per-chip source rows with LAYER_OPTIONS and `overrides`: a layer's charge in steady state is the
   difference between two chain lengths."""
+  import dataclasses
+
   import flax.linen as nn
 
   from gshard_mt import config as config_lib
+  from gshard_mt.kernels import seam
   from gshard_mt.model.transformer import Layer, LayerInputs, TransformerConfig, packing_mask
 
   c = config_lib.load(ROOT / CONFIG, {**LAYER_OPTIONS, **overrides})
   cfg = TransformerConfig.from_config(c, c.data.vocab_size)
+  cfg = dataclasses.replace(cfg, ops=seam.pick(c, cfg, jax.devices()[0]))  # the kernels, as the training setup
   B, L = c.batch_size // CHIPS, c.data.max_length
 
   class Chain(nn.Module):
     @nn.compact
     def __call__(self, x, segments):
-      inputs = LayerInputs(packing_mask(segments, segments, False, cfg.attention), segments > 0)
+      inputs = LayerInputs(packing_mask(segments, segments, False, cfg.attention, cfg.ops.attention is not None),
+                           segments > 0)
       for i in range(n):
         x, _ = Layer(cfg, is_decoder=False, use_moe=False, name=f"layer_{i}")(x, inputs, deterministic=True)
       return x

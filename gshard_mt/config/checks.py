@@ -51,18 +51,19 @@ class Section:
 
 
 class Plus:
-  """A CHOICES entry: `value` (platforms.AUTO, '' for "the default") and the values of `allowed` (a tuple or a
-  registry)."""
+  """A CHOICES entry: `value` (platforms.AUTO, '' for "the default"), the values of `allowed` (a tuple or a
+  registry), then the values `after` (a kernel option's, which the kernels' seam serves)."""
 
-  def __init__(self, value, allowed):
+  def __init__(self, value, allowed, *after):
     self.value = value
     self.allowed = allowed
+    self.after = after
 
   def __contains__(self, value) -> bool:
-    return value == self.value or value in self.allowed
+    return value == self.value or value in self.allowed or value in self.after
 
   def __iter__(self):
-    return iter((self.value, *self.allowed))
+    return iter((self.value, *self.allowed, *self.after))
 
 
 def is_a(value, kind) -> bool:

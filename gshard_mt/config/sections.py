@@ -72,7 +72,7 @@ class ModelConfig(Section):
   CHOICES: ClassVar[dict[str, Any]] = {
       "positions": ("sinusoidal", "learned"), "embedding": choices.EMBEDDINGS, "dtype": DTYPES,
       "residual_dtype": Plus(AUTO, DTYPES), "dropout_rng": Plus(AUTO, choices.DROPOUT_KEYS),
-      "remat": choices.REMAT_POLICIES, "attention": Plus(AUTO, choices.ATTENTIONS)}
+      "remat": choices.REMAT_POLICIES, "attention": Plus(AUTO, choices.ATTENTIONS, "pallas")}
   POSITIVE: ClassVar[tuple[str, ...]] = ("emb_dim", "num_heads", "head_dim", "mlp_dim", "max_position",
                                           "scan_unroll")
   NONNEGATIVE: ClassVar[dict[str, str]] = {"moe_interval": "0 = dense", "num_encoder_layers": "0 = none",

@@ -2,11 +2,13 @@
 
 Letters: B batch (rows), Q query positions, K key positions, A heads, D head dim, M model dim, F dense FFN hidden.
 Parameters carry logical axes ('embed', 'heads', 'kv', 'mlp') for `gshard_mt.parallel.rules`. Training attends by
-model.attention (ATTENTIONS; only 'xla' has attention dropout); decoding always by the cached einsums.
+model.attention (ATTENTIONS; only 'xla' has attention dropout), or by the attention kernel the run's `Ops` holds;
+decoding always by the cached einsums.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -30,7 +32,6 @@ DROPOUT_KEYS = choices.DROPOUT_KEYS.add({
 ATTENTIONS = choices.ATTENTIONS.add({  # model.attention: the paths of `Attention`
     "xla": "einsums with an additive mask (the reference; attention dropout)",
     "fused": "jax.nn.dot_product_attention with a boolean mask: cuDNN's flash attention on GPUs",
-    "pallas": "the whole block in Pallas kernels for TPUs (gshard_mt.tpu.kernels.attention)",
 })
 
 
@@ -64,10 +65,11 @@ def fused_mask(q_segments: jax.Array, k_segments: jax.Array, causal: bool) -> ja
   return attention_mask(q_segments, k_segments, causal) | lone
 
 
-def packing_mask(q_segments: jax.Array, k_segments: jax.Array, causal: bool, attention: str):
-  """[B, Q], [B, K] segment ids -> what model.attention reads of the packing outside decoding: the segment ids
-  ('pallas'), the boolean `fused_mask` ('fused') or the additive `attention_bias` ('xla'), [B, 1, Q, K]."""
-  if attention == "pallas":
+def packing_mask(q_segments: jax.Array, k_segments: jax.Array, causal: bool, attention: str, kernel: bool = False):
+  """[B, Q], [B, K] segment ids -> what the attention reads of the packing outside decoding: the segment ids (an
+  attention kernel: `kernel`), the boolean `fused_mask` ('fused') or the additive `attention_bias` ('xla'),
+  [B, 1, Q, K]."""
+  if kernel:
     return q_segments, k_segments
   if attention == "fused":
     return fused_mask(q_segments, k_segments, causal)
@@ -178,8 +180,8 @@ class Attention(nn.Module):
   is_cross: bool = False
   decode: bool = False
   attention: str = "xla"  # model.attention: what `bias` is outside decoding (`packing_mask`)
-  causal: bool = False  # the decoder's self-attention (the bias or mask holds it; the kernels are told too)
-  kernel_vmem: int | None = None  # 'pallas': the TPU's VMEM in bytes (TransformerConfig.kernel_vmem)
+  causal: bool = False  # the decoder's self-attention (the bias or mask holds it; the kernel is told too)
+  kernel: Callable | None = None  # the whole block outside decoding (`ops.Ops.attention`; `bias`: segment ids)
 
   @nn.compact
   def __call__(self, x, kv, bias, *, norm, deterministic: bool, decode_step=None):
@@ -190,11 +192,8 @@ class Attention(nn.Module):
     wq, wk, wv = (param(self, n, (M, A, D), ("embed", "heads", "kv"), init) for n in ("query", "key", "value"))
     wo = param(self, "out", (A, D, M), ("heads", "kv", "embed"),
                nn.initializers.variance_scaling(1.0, "fan_in", "normal", in_axis=(0, 1), out_axis=2))
-    if self.attention == "pallas" and not self.decode:  # the whole block in Pallas kernels
-      from gshard_mt.tpu.kernels.attention import pallas_attention  # optional: TPU kernels, only when asked
-
-      return pallas_attention(x, kv if self.is_cross else None, norm, (wq, wk, wv, wo), *bias, causal=self.causal,
-                              dtype=dt, vmem=self.kernel_vmem)
+    if self.kernel is not None and not self.decode:
+      return self.kernel(x, kv if self.is_cross else None, norm, (wq, wk, wv, wo), *bias, causal=self.causal, dtype=dt)
     x = normalize(x, *norm)
     kv = kv if self.is_cross else x
     q = weight_einsum("BQM,MAD->BQAD", x.astype(dt), wq) * D ** -0.5

@@ -23,6 +23,7 @@ from gshard_mt.model import layers
 from gshard_mt.model.layers import Attention, DenseFFN, layer_norm, packing_mask, shift_right, sinusoidal, source_bias
 from gshard_mt.moe import balance
 from gshard_mt.moe.layer import MoeFeedForward
+from gshard_mt.ops import Ops
 from gshard_mt.parallel.einsum import weight_einsum
 
 BLM = ("batch", "length", "embed")
@@ -50,7 +51,8 @@ REMAT_POLICIES = choices.REMAT_POLICIES.add({
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TransformerConfig(ModelConfig):
   """The model section as the model reads it (hashable): `ModelConfig` with every `auto` resolved and dtypes as
-  dtypes, plus the vocabulary, the MoE section and the TPU's VMEM; its defaults are the float32 reference paths."""
+  dtypes, plus the vocabulary, the MoE section and the kernels the run picked (`ops`); its defaults are the float32
+  reference paths."""
 
   # dtypes as dtypes, not the config's names of them
   CHOICES: ClassVar[dict[str, Any]] = {k: v for k, v in ModelConfig.CHOICES.items()
@@ -61,7 +63,7 @@ class TransformerConfig(ModelConfig):
   attention: str = "xla"  # a value of layers.ATTENTIONS
   dtype: Any = jnp.float32
   residual_dtype: Any = jnp.float32  # the stream the layers add to (layer norms compute in float32)
-  kernel_vmem: int | None = None  # for 'pallas' kernels: the TPU's VMEM in bytes, set by the training setup
+  ops: Ops = Ops()  # the optional kernels, picked by the training setup (none: XLA's reference paths)
   moe: MoeConfig = MoeConfig()
 
   @classmethod
@@ -86,7 +88,7 @@ class TransformerConfig(ModelConfig):
 class LayerInputs:
   """What every layer of a stack sees besides x (broadcast to all scanned units)."""
 
-  # [B, 1, L, L] (layers.packing_mask; 'pallas': the segment ids), or [B, 1, R, L*R] over the beam slots decoding
+  # [B, 1, L, L] (layers.packing_mask; an attention kernel: the segment ids), or [B, 1, R, L*R] over the beam slots
   self_bias: jax.Array | tuple
   token_mask: jax.Array  # [B, L], True for real tokens (MoE routing skips the others)
   memory: jax.Array | None = None  # [B, Ls, M] encoder output (decoder only; None for later decoding steps)
@@ -109,7 +111,7 @@ class Layer(nn.Module):
     cfg = self.cfg
     drop = nn.Dropout(cfg.dropout_rate)
     attention = dict(num_heads=cfg.num_heads, head_dim=cfg.head_dim, dtype=cfg.dtype, decode=self.decode,
-                     dropout_rate=cfg.attention_dropout_rate, attention=cfg.attention, kernel_vmem=cfg.kernel_vmem)
+                     dropout_rate=cfg.attention_dropout_rate, attention=cfg.attention, kernel=cfg.ops.attention)
     norm = lambda name: layers.NormParams(x.shape[-1], name=name)()  # noqa: E731  applied by Attention
     h = Attention(**attention, causal=self.is_decoder, name="self_attention")(
         x, None, inputs.self_bias, norm=norm("pre_self_attention"), deterministic=deterministic,
@@ -122,7 +124,7 @@ class Layer(nn.Module):
     h = layer_norm("pre_ffn")(x)
     stats = {}
     if self.use_moe:
-      moe = MoeFeedForward(cfg.moe, dtype=cfg.dtype, decoder=self.is_decoder, kernel_vmem=cfg.kernel_vmem, name="moe")
+      moe = MoeFeedForward(cfg.moe, dtype=cfg.dtype, decoder=self.is_decoder, ops=cfg.ops, name="moe")
       h, stats = moe(h, inputs.token_mask, deterministic=deterministic, language=inputs.language)
     else:
       h = DenseFFN(cfg.mlp_dim, cfg.dtype, cfg.dropout_rate, name="ffn")(h, deterministic=deterministic)
@@ -228,7 +230,8 @@ class Transformer(nn.Module):
   def encode(self, inputs, segments, positions):
     """[B, Ls] tokens -> (memory [B, Ls, M], stats)."""
     x = self._embed(self.src_embed, inputs, positions)
-    return self.encoder(x, LayerInputs(packing_mask(segments, segments, False, self.cfg.attention), segments > 0,
+    self_bias = packing_mask(segments, segments, False, self.cfg.attention, self.cfg.ops.attention is not None)
+    return self.encoder(x, LayerInputs(self_bias, segments > 0,
                                        language=self._language(inputs, segments, segments, decoder=False)))
 
   def decode_logits(self, memory, src_segments, decoder_inputs, segments, positions, decode_step=None,
@@ -241,9 +244,9 @@ class Transformer(nn.Module):
     if self.decode:
       cross_bias = source_bias(src_segments)
     else:
-      cross_bias = packing_mask(segments, src_segments, False, self.cfg.attention)
+      cross_bias = packing_mask(segments, src_segments, False, self.cfg.attention, self.cfg.ops.attention is not None)
     if self_bias is None:
-      self_bias = packing_mask(segments, segments, True, self.cfg.attention)
+      self_bias = packing_mask(segments, segments, True, self.cfg.attention, self.cfg.ops.attention is not None)
     language = self._language(src_tokens, src_segments, segments, decoder=True, beams=self.decode)
     y, stats = self.decoder(x, LayerInputs(self_bias, segments > 0, memory, cross_bias, decode_step, language))
     kernel = self.tgt_embed.embedding.T * self._scales[2] if self.cfg.tied_logits else self.logits_kernel  # [M, V]

@@ -3,7 +3,7 @@ interface: `path(x [G, S, M], routing, weights: ffn.ExpertWeights) -> y [G, S, M
 (`ffn.apply_experts`, the same function on every path, in the path's layout), combine weighted by the gates.
 
 - `Buffers` ('einsum', 'index', 'index_gather'): capacity buffers [E, G, C, M], whose sharding constraints are
-  the G -> E and E -> G all-to-alls; the FFN by XLA's einsums or (moe.expert_kernel='pallas') the TPU kernels;
+  the G -> E and E -> G all-to-alls; the FFN by XLA's einsums, or by the experts' kernel the run's `Ops` holds;
 - `Grouped` ('grouped'): rows in blocks by expert, grouped matmuls over the kept assignments only (`grouped`);
 - `ShardMap` ('shard_map'): the manual path, its all-to-alls written out (`manual`).
 """
@@ -22,19 +22,20 @@ from gshard_mt.config.moe import MoeConfig
 from gshard_mt.moe import dispatch, ffn, grouped, manual
 from gshard_mt.moe.axes import EGCM, EGCM_BY_GROUP, EMH, GSM
 from gshard_mt.moe.gating import Routing
+from gshard_mt.ops import Ops
 
 ACTIVATIONS = choices.ACTIVATIONS.add({"relu": ffn.relu, "gelu": jax.nn.gelu})
 
 
 @dataclasses.dataclass(frozen=True)
 class ExpertPath:
-  """The interface: the MoE section `cfg`, `dtype` of the tokens and of the experts' computation, and
-  `kernel_vmem`, the TPU's VMEM in bytes for moe.expert_kernel='pallas' (None: not known)."""
+  """The interface: the MoE section `cfg`, `dtype` of the tokens and of the experts' computation, and the optional
+  kernels the run picked (`ops`: the experts' FFN on buffers, the grouped matmuls)."""
 
   cfg: MoeConfig
   dtype: Any = jnp.float32
-  kernel_vmem: int | None = None
-  capacity_buffers: ClassVar[bool] = False  # fills [E, G, C, M] buffers (what moe.expert_kernel='pallas' runs on)
+  ops: Ops = Ops()
+  capacity_buffers: ClassVar[bool] = False  # fills [E, G, C, M] buffers (what the experts' kernel runs on)
 
   def __call__(self, x: jax.Array, routing: Routing, weights: ffn.ExpertWeights) -> jax.Array:
     raise NotImplementedError
@@ -42,19 +43,18 @@ class ExpertPath:
 
 class Buffers(ExpertPath):
   """Capacity buffers, filled by `dispatch.DISPATCHERS[moe.dispatch]`. The weights stay float32: weight_einsum
-  casts them and keeps their gradients float32; the TPU kernels (moe.expert_kernel='pallas', ReLU only) cast them
-  in VMEM and run the all-to-alls themselves."""
+  casts them and keeps their gradients float32; the experts' kernel (ReLU, no biases) casts them itself and runs
+  the all-to-alls itself."""
 
   capacity_buffers: ClassVar[bool] = True
 
   def experts(self, buffers: jax.Array, weights: ffn.ExpertWeights) -> jax.Array:
     """The experts' FFN on the dispatched buffers [E, G, C, M] -> [E, G, C, M]."""
-    if self.cfg.expert_kernel == "pallas":
-      # optional: the TPU kernels, only when moe.expert_kernel='pallas' asks for them
-      from gshard_mt.tpu.kernels import expert_ffn as kernel
-
+    if self.ops.expert_ffn is not None:
+      if weights.bi is not None or weights.bo is not None:
+        raise ValueError("the experts' kernel (moe.expert_kernel) has no biases: use moe.expert_kernel='xla'")
       buffers = nn.with_logical_constraint(buffers, EGCM_BY_GROUP)
-      return kernel.expert_ffn(buffers, weights.wi, weights.wo, EGCM_BY_GROUP, EMH, self.kernel_vmem)
+      return self.ops.expert_ffn(buffers, weights.wi, weights.wo, EGCM_BY_GROUP, EMH)
     buffers = nn.with_logical_constraint(buffers, EGCM)  # G -> E reshard: an all-to-all
     return ffn.apply_experts(buffers, weights, ffn.BufferLayout(), ACTIVATIONS[self.cfg.activation])
 
@@ -70,9 +70,8 @@ class Grouped(ExpertPath):
 
   def __call__(self, x, routing, weights):
     dispatcher = dispatch.GroupedDispatcher(routing)
-    _, M, H = weights.wi.shape
-    layout = grouped.RowLayout(dispatcher.group_sizes, dispatcher.num_rows,
-                               grouped.kernels_for(self.cfg.grouped_kernel, M, H, self.dtype))
+    kernels = self.ops.grouped_matmuls or grouped.RaggedDot()
+    layout = grouped.RowLayout(dispatcher.group_sizes, dispatcher.num_rows, kernels)
     rows = ffn.apply_experts(dispatcher.dispatch(x), weights, layout, ACTIVATIONS[self.cfg.activation])
     return nn.with_logical_constraint(dispatcher.combine(rows), GSM)
 
@@ -91,8 +90,8 @@ PATHS = choices.DISPATCHES.add({"einsum": Buffers, "index": Buffers, "index_gath
                                 "shard_map": ShardMap})
 
 
-def expert_path(cfg: MoeConfig, dtype, kernel_vmem: int | None = None) -> ExpertPath:
-  """The path of moe.dispatch."""
+def expert_path(cfg: MoeConfig, dtype, ops: Ops | None = None) -> ExpertPath:
+  """The path of moe.dispatch, with the optional kernels of `ops` (None: none)."""
   if cfg.dispatch == platforms.AUTO:  # a MoeConfig not resolved by the model's config: JAX's default backend's
     cfg = dataclasses.replace(cfg, dispatch=platforms.dispatch_on(cfg.dispatch, jax.default_backend()))
-  return PATHS[cfg.dispatch](cfg, dtype, kernel_vmem)
+  return PATHS[cfg.dispatch](cfg, dtype, ops or Ops())

@@ -14,6 +14,7 @@ from gshard_mt.config.moe import MoeConfig
 from gshard_mt.moe import balance, experts, ffn, gating, routers
 from gshard_mt.moe.axes import EHM, EMH, GSM, ME, ZHM, ZMH
 from gshard_mt.moe.experts import ACTIVATIONS
+from gshard_mt.ops import Ops
 
 EXPERT_INIT = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=1, out_axis=2,
                                                batch_axis=(0,))
@@ -63,7 +64,7 @@ class MoeFeedForward(nn.Module):
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   decoder: bool = False  # routes with moe.decoder_router
-  kernel_vmem: int | None = None  # moe.expert_kernel='pallas': the TPU's VMEM in bytes (None: not known)
+  ops: Ops = Ops()  # the optional kernels the run picked (the experts' FFN, the grouped matmuls)
 
   @nn.compact
   def __call__(self, x: jax.Array, padding_mask: jax.Array | None = None, *, deterministic: bool = True,
@@ -85,7 +86,7 @@ class MoeFeedForward(nn.Module):
     router_in = in_groups(language, G, S) if router.reads_language else x
     routing = self._route(router, router_in, wg, group_mask(padding_mask, B * L, G, S), deterministic)
     x = x.astype(self.dtype)
-    y = experts.expert_path(cfg, self.dtype, self.kernel_vmem)(x, routing, ffn.ExpertWeights(wi, wo))
+    y = experts.expert_path(cfg, self.dtype, self.ops)(x, routing, ffn.ExpertWeights(wi, wo))
     if cfg.shared_experts:
       Z = cfg.shared_experts
       shared_wi = self.param("shared_wi", nn.with_logical_partitioning(EXPERT_INIT, ZMH), (Z, M, H), self.param_dtype)

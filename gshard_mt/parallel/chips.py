@@ -24,7 +24,7 @@ class Chip:
   cores_per_chip: int  # TensorCores of a TPU; 1 for a GPU
   source: str
   # VMEM per TensorCore as the TPU compiler gives it (libtpu 0.0.52), for Pallas kernels; None for GPUs and for
-  # v2 and v3, where Mosaic takes no bf16 matmul operand (`tpu.kernels.vmem`)
+  # v2 and v3, where Mosaic takes no bf16 matmul operand (`kernels.vmem`)
   vmem_bytes: int | None = None
 
   @property

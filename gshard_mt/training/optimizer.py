@@ -17,7 +17,7 @@ E and H, so one [U, M, H] column statistic is shared by all experts and held who
 code, which also factors the two largest dims).
 
 The chain is optax.adafactor's, with the same state, but one reduction for RMS(X) where optax takes two; tested
-equal to optax.clip_by_global_norm then optax.adafactor, as is optimizer.kernel='pallas' (`tpu.kernels.adafactor`).
+equal to optax.clip_by_global_norm then optax.adafactor, as is the fused update (optimizer.kernel; `FusedAdafactor`).
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ PARAM_SCALE_FLOOR = 1e-3  # max(1e-3, RMS(X))
 
 
 class FusedAdafactor(NamedTuple):
-  """optimizer.kernel='pallas': the optax chain's init and update, and `apply`, (grads, state, params, loss_finite)
-  -> (params, state, the gradient's global norm, finite): the same step in kernels that write the parameters in
-  place, and keep everything unless the loss and the norm are finite."""
+  """An optimizer with Adafactor's fused kernel (optimizer.kernel): the optax chain's init and update, and `apply`,
+  (grads, state, params, loss_finite) -> (params, state, the gradient's global norm, finite): the same step in
+  kernels that write the parameters in place, and keep everything unless the loss and the norm are finite."""
 
   init: Callable
   update: Callable
@@ -65,11 +65,12 @@ def scale_by_param_rms() -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def make_optimizer(opt_config, param_specs=None, *, total_steps: int | None = None
+def make_optimizer(opt_config, param_specs=None, *, total_steps: int | None = None, adafactor_update=None
                    ) -> optax.GradientTransformation | FusedAdafactor:
   """The configured optimizer behind global-norm clipping (grad_clip_norm; 0 = none), its state one structure
-  whatever the clipping and kernel, so a checkpoint restores with any setting. param_specs: the parameters'
-  PartitionSpecs, for kernel='pallas' (None: nothing split); total_steps: num_train_steps, for the schedule."""
+  whatever the clipping and kernel, so a checkpoint restores with any setting. adafactor_update: Adafactor's fused
+  kernel the run picked (`ops.Ops.adafactor_update`; None: optax); param_specs: the parameters' PartitionSpecs, for
+  that kernel (None: nothing split); total_steps: num_train_steps, for the schedule."""
   schedule = schedule_of(opt_config, total_steps)
   clip = optax.clip_by_global_norm(opt_config.grad_clip_norm) if opt_config.grad_clip_norm else optax.identity()
   if opt_config.name == "adafactor":  # optax.adafactor(schedule, **ADAFACTOR)'s chain (tested equal)
@@ -80,9 +81,9 @@ def make_optimizer(opt_config, param_specs=None, *, total_steps: int | None = No
     if opt_config.weight_decay:
       links.append(optax.add_decayed_weights(opt_config.weight_decay))
     chain = optax.chain(clip, optax.chain(*links, optax.scale(-1)))
-    if opt_config.kernel == "pallas":
+    if adafactor_update is not None:
       return FusedAdafactor(chain.init, chain.update, lambda grads, state, params, loss_finite: _fused_apply(
-          grads, state, params, loss_finite, opt_config, schedule, param_specs))
+          grads, state, params, loss_finite, opt_config, schedule, param_specs, adafactor_update))
     return chain
   return optax.chain(clip, optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=opt_config.weight_decay))
 
@@ -94,16 +95,14 @@ def schedule_step(opt_state, step: jax.Array) -> jax.Array:
   return next((x.count for x in jax.tree.leaves(opt_state, is_leaf=is_rate) if is_rate(x)), step)
 
 
-def _fused_apply(grads, state, params, loss_finite, opt_config, schedule, param_specs):
+def _fused_apply(grads, state, params, loss_finite, opt_config, schedule, param_specs, adafactor_update):
   """FusedAdafactor.apply, the state in the chain's structure: (clipping, (moments, clipping, rate, scale, ...))."""
-  from gshard_mt.tpu.kernels import adafactor as fused_adafactor  # optional: TPU kernels, only with kernel='pallas'
-
   clip_state, links = state
   moments, rate = links[0], links[2]  # optax's FactoredState, ScaleByScheduleState
   d = 1.0 - (moments.count.astype(jnp.float32) + 1.0) ** -ADAFACTOR["decay_rate"]
   settings = dict(eps=ADAFACTOR["eps"], min_dim_size_to_factor=ADAFACTOR["min_dim_size_to_factor"],
                   clipping_threshold=ADAFACTOR["clipping_threshold"], min_scale=PARAM_SCALE_FLOOR)
-  params, v_row, v_col, v, norm, finite = fused_adafactor.update(
+  params, v_row, v_col, v, norm, finite = adafactor_update(
       grads, params, moments.v_row, moments.v_col, moments.v, param_specs, d=d, lr=schedule(rate.count),
       keep=1.0 - opt_config.weight_decay, clip_norm=opt_config.grad_clip_norm, loss_finite=loss_finite,
       settings=settings)

@@ -14,6 +14,7 @@ import optax
 
 from gshard_mt import config as config_lib
 from gshard_mt.config import platforms
+from gshard_mt.kernels import seam
 from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch
 from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.parallel import rules as rules_lib
@@ -61,14 +62,6 @@ def _init_state(model_cfg, tx, seed, boxed=False):
                     rng=jax.random.key_data(jax.random.fold_in(key, 1)))
 
 
-def pallas_options(config, model_cfg) -> list[str]:
-  """The config keys set to 'pallas', the TPU kernels' (`gshard_mt.tpu.kernels.options`); none by default."""
-  return [key for key, value in (("model.attention", model_cfg.attention),
-                                 ("moe.expert_kernel", model_cfg.moe.expert_kernel if model_cfg.moe_interval else ""),
-                                 ("optimizer.kernel", config.optimizer.kernel))
-          if value == "pallas"]
-
-
 def build(config, vocab_size: int, devices=None) -> Setup:
   """Model, optimizer, mesh and the shardings of the train state, all without allocating anything; the model's
   `auto` options are resolved for the mesh's platform (and logged)."""
@@ -77,10 +70,7 @@ def build(config, vocab_size: int, devices=None) -> Setup:
   if chosen := platforms.chosen(config_lib.flatten(config_lib.to_dict(config)), device.platform):
     log.info("auto options on %s: %s", device.platform, ", ".join(f"{k}={v}" for k, v in chosen.items()))
   model_cfg = TransformerConfig.from_config(config, vocab_size, device.platform)
-  if keys := pallas_options(config, model_cfg):
-    from gshard_mt.tpu.kernels import options  # optional: TPU kernels, only when an option asks for them
-
-    model_cfg = options.configure(config, model_cfg, device, keys)
+  model_cfg = dataclasses.replace(model_cfg, ops=seam.pick(config, model_cfg, device))  # the optional kernels
   rules = rules_lib.rules(config)
   # The model is traced once here (its trace is a good part of a warm start): the optimizer's state from the
   # parameters' shapes alone.
@@ -88,7 +78,7 @@ def build(config, vocab_size: int, devices=None) -> Setup:
   boxed = abstract.params
   param_shardings = shardings.param_shardings(boxed, mesh, rules)
   tx = make_optimizer(config.optimizer, jax.tree.map(lambda s: s.spec, param_shardings),
-                      total_steps=config.num_train_steps)
+                      total_steps=config.num_train_steps, adafactor_update=model_cfg.ops.adafactor_update)
   params = nn.unbox(boxed)
   abstract = abstract.replace(params=params, opt_state=jax.eval_shape(tx.init, params))
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())

@@ -10,8 +10,8 @@ import numpy as np
 import optax
 from flax import struct
 
-from gshard_mt.model import loss
 from gshard_mt.model.layers import DROPOUT_KEYS
+from gshard_mt.model.loss import logit_stats
 from gshard_mt.model.transformer import Transformer
 from gshard_mt.moe import balance
 from gshard_mt.training import metrics as metrics_lib
@@ -29,9 +29,9 @@ class TrainState:
   rng: jax.Array  # raw key data; step keys are fold_in(rng, step), so a resumed run draws the same noise
 
 
-def cross_entropy(logits, targets, weights, label_smoothing: float, stats_fn=loss.logit_stats):
+def cross_entropy(logits, targets, weights, label_smoothing: float, stats_fn=logit_stats):
   """(smoothed loss sum, nll sum, correct count) over the weighted positions; logits [B, L, V] in any float dtype,
-  read in float32 by `stats_fn`'s per-position reductions (`loss_stats`)."""
+  read in float32 by `stats_fn`'s per-position reductions (`model.loss.logit_stats`, or the run's kernel)."""
   V = logits.shape[-1]
   lse, target_logit, logit_sum, argmax = stats_fn(logits, targets)  # [B, L] each
   nll = lse - target_logit
@@ -45,15 +45,6 @@ def cross_entropy(logits, targets, weights, label_smoothing: float, stats_fn=los
     loss = nll
   correct = argmax == targets
   return jnp.sum(loss * weights), jnp.sum(nll * weights), jnp.sum(correct * weights)
-
-
-def loss_stats(loss_kernel: str):
-  """The logits' reductions of optimizer.loss_kernel: 'xla' plain jnp, 'pallas' the TPU kernel."""
-  if loss_kernel == "pallas":
-    from gshard_mt.tpu.kernels import logit_stats as kernel  # optional: TPU kernels, only when this option asks
-
-    return kernel.logit_stats
-  return loss.logit_stats
 
 
 def microbatches(batch: dict, num_microbatches: int) -> dict:
@@ -74,7 +65,7 @@ def _microbatch_loss(params, batch, rng, *, model: Transformer, config, side_tok
                                         rngs={"dropout": DROPOUT_KEYS[model.cfg.dropout_rng](dropout_rng),
                                               "gating": gating_rng})
   loss, nll, correct = cross_entropy(logits, batch["targets"], weights, config.optimizer.label_smoothing,
-                                     loss_stats(config.optimizer.loss_kernel))
+                                     model.cfg.ops.logit_stats or logit_stats)
   aux, z = metrics_lib.total_moe_losses(stats, side_tokens)
   moe_loss = config.moe.aux_loss_weight * aux / num_microbatches + config.moe.z_loss_weight * z
   return loss / side_tokens["decoder"] + moe_loss, {

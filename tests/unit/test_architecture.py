@@ -1,6 +1,7 @@
-"""The package's layers, read from its own imports: config -> data, parallel -> moe -> model -> (TPU kernels) ->
+"""The package's layers, read from its own imports: config -> data, parallel -> moe -> model -> kernels ->
 training -> evaluation -> tools. An import goes down the layers, never up or sideways; no module imports itself
-back through others; and an import inside a function is an optional dependency, saying so in a comment."""
+back through others; the core packages import nothing inside a function, and elsewhere an import inside a function
+is an optional dependency, saying so in a comment; the optional kernels reach the core through one seam."""
 
 from __future__ import annotations
 
@@ -12,14 +13,17 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "gshard_mt"
 # Each unit's layer; a unit imports units of lower layers only (or its own modules). Top-level modules not named
 # here are the shared base (errors, io, the registry, ...), below everything.
-LAYERS = {"base": 0, "config": 1, "data": 2, "parallel": 2, "moe": 3, "model": 4, "tpu.kernels": 5, "training": 6,
+LAYERS = {"base": 0, "config": 1, "data": 2, "parallel": 2, "moe": 3, "model": 4, "kernels": 5, "training": 6,
           "evaluation": 7, "tpu.estimates": 8, "cli": 9, "tools": 10}
-# Packages a function may import from above its own layer, when an option asks for them: the TPU kernels.
-OPTIONAL = ("tpu.kernels",)
+# Packages a function may import from above its own layer, when an option asks for them: the kernels.
+OPTIONAL = ("kernels",)
+# The core: no import inside a function, and no word of the optional kernels but through `ops.Ops`.
+CORE = ("config", "data", "parallel", "moe", "model", "training")
+SEAM = "gshard_mt.kernels.seam"  # the one module that picks the kernels, imported by training.setup only
 
 
 def unit_of(module: str) -> str:
-  """'gshard_mt.moe.layer' -> 'moe'; 'gshard_mt.tpu.kernels.vmem' -> 'tpu.kernels'; 'gshard_mt.io' -> 'base'."""
+  """'gshard_mt.moe.layer' -> 'moe'; 'gshard_mt.tpu.estimates.hlo' -> 'tpu.estimates'; 'gshard_mt.io' -> 'base'."""
   parts = module.split(".")[1:]
   if parts[:1] == ["tpu"] and len(parts) > 1:
     return ".".join(parts[:2])
@@ -108,6 +112,25 @@ def test_imports_inside_functions_are_optional_dependencies_and_say_so():
   unmarked = [f"{module}: {text.strip()}" for module, found in graph().items() for _, in_function, text in found
               if in_function and "optional" not in text]
   assert not unmarked, "\n".join(unmarked)
+
+
+def test_the_core_imports_none_of_the_package_inside_a_function():
+  inside = [f"{module}: {text.strip()}" for module, target, in_function, text in edges()
+            if in_function and unit_of(module) in CORE]
+  assert not inside, "\n".join(inside)
+
+
+def test_the_core_reaches_the_kernels_through_one_seam():
+  """Outside config (whose option values name them) the core names no kernel and imports the kernels' folder only
+  through the seam, from the one module that builds the train state."""
+  named = [f"{p.relative_to(PACKAGE.parent)}:{i}" for p in sorted(PACKAGE.rglob("*.py"))
+           if unit_of(module_name(p)) in CORE and unit_of(module_name(p)) != "config"
+           for i, line in enumerate(p.read_text().splitlines(), 1)
+           if any(word in line for word in ("pallas", "kernel_vmem", "gshard_mt.tpu"))]
+  assert not named, "\n".join(named)
+  importers = {module for module, target, _, _ in edges() if unit_of(module) in CORE and unit_of(target) == "kernels"}
+  assert importers == {"gshard_mt.training.setup"}
+  assert {t for m, t, _, _ in edges() if m == "gshard_mt.training.setup" and unit_of(t) == "kernels"} == {SEAM}
 
 
 @pytest.mark.parametrize("module", ["gshard_mt.config"])

@@ -11,8 +11,9 @@ import pytest
 
 from gshard_mt.config.moe import MoeConfig
 from gshard_mt.errors import ConfigError
+from gshard_mt.kernels import expert_ffn as expert_kernel
 from gshard_mt.moe import ffn
-from gshard_mt.tpu.kernels import expert_ffn as expert_kernel
+from gshard_mt.ops import Ops
 from tests.helpers import ROOT, run_on_cpu_devices
 
 
@@ -124,7 +125,8 @@ def moe_layer_outputs_and_grads(kernel_name: str):
   from gshard_mt.moe.layer import MoeFeedForward
 
   cfg = MoeConfig(num_experts=4, hidden_dim=32, group_size=16, second_expert_policy="all", expert_kernel=kernel_name)
-  layer = MoeFeedForward(cfg)
+  ops = Ops(expert_ffn=expert_kernel.expert_ffn if kernel_name == "pallas" else None)  # the kernels' seam's pick
+  layer = MoeFeedForward(cfg, ops=ops)
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(8, 8, 16)), jnp.float32)
   mask = jnp.asarray(rng.random((8, 8)) > 0.2)
@@ -206,11 +208,11 @@ def test_build_warns_off_a_tpu_and_refuses_what_does_not_fit_one(caplog):
   from gshard_mt.training.setup import build
   from tests.helpers import small_config
 
-  with caplog.at_level(logging.WARNING, logger="gshard_mt.tpu.kernels.options"):
+  with caplog.at_level(logging.WARNING, logger="gshard_mt.kernels.seam"):
     build(small_config(**{"moe.expert_kernel": "pallas"}), 600)
   assert "moe.expert_kernel='pallas' runs its kernels in Pallas's interpret mode off a TPU (cpu)" in caplog.text
   caplog.clear()
-  with caplog.at_level(logging.WARNING, logger="gshard_mt.tpu.kernels.options"):
+  with caplog.at_level(logging.WARNING, logger="gshard_mt.kernels.seam"):
     build(small_config(**{"moe.expert_kernel": "pallas", "model.moe_interval": "0"}), 600)
   assert "interpret mode" not in caplog.text
   devices = tpu.topology_devices("v5p:2x2x1")

@@ -18,8 +18,9 @@ from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
 from gshard_mt.errors import ConfigError
-from gshard_mt.tpu.kernels import adafactor as fused_adafactor
-from gshard_mt.training.optimizer import FusedAdafactor, make_optimizer
+from gshard_mt.kernels import adafactor as fused_adafactor
+from gshard_mt.training import optimizer
+from gshard_mt.training.optimizer import FusedAdafactor
 from tests.helpers import run_on_cpu_devices, small_config
 
 # name -> (shape, whether it takes kernels). Factored over its last two dims with the largest last ("wide") or
@@ -28,6 +29,12 @@ from tests.helpers import run_on_cpu_devices, small_config
 SHAPES = {"wide": ((256, 512), True), "tall": ((512, 128), True), "stack": ((4, 128, 256), True),
           "stack_t": ((4, 256, 128), True), "heads": ((256, 4, 64), True), "heads_t": ((4, 64, 256), True),
           "vector": ((512,), False), "small": ((64, 200), False), "apart": ((256, 2, 128), False)}
+
+
+def make_optimizer(opt_config, specs=None):
+  """The optimizer the training setup builds: with optimizer.kernel='pallas', the kernels' seam's Adafactor."""
+  update = fused_adafactor.update if opt_config.kernel == "pallas" else None
+  return optimizer.make_optimizer(opt_config, specs, adafactor_update=update)
 
 
 def opt_config(kernel: str, **kw):
@@ -143,7 +150,7 @@ def test_the_training_step_takes_either_path(monkeypatch):
 def test_build_warns_that_it_is_interpreted_off_a_tpu(caplog):
   from gshard_mt.training.setup import build
 
-  with caplog.at_level(logging.WARNING, logger="gshard_mt.tpu.kernels.options"):
+  with caplog.at_level(logging.WARNING, logger="gshard_mt.kernels.seam"):
     build(small_config(**{"optimizer.name": "adafactor", "optimizer.kernel": "pallas"}), 600)
   assert "optimizer.kernel='pallas' runs its kernels in Pallas's interpret mode off a TPU (cpu)" in caplog.text
 

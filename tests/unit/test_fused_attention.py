@@ -12,6 +12,8 @@ import pytest
 from gshard_mt import config as config_lib
 from gshard_mt.config.sections import ModelConfig
 from gshard_mt.errors import ConfigError
+from gshard_mt.kernels import seam
+from gshard_mt.kernels.attention import pallas_attention
 from gshard_mt.model import layers
 from gshard_mt.model.transformer import Transformer, TransformerConfig
 from gshard_mt.training import step
@@ -51,8 +53,10 @@ def attention_outputs_and_gradients(attention: str, dtype, cross: bool, causal: 
   norm = tuple(jnp.asarray(rng.normal(size=M) * 0.5 + shift, jnp.float32) for shift in (1.0, 0.0))
   q_segments = packed_segments(B, Q, pairs=3, seed=1)
   k_segments = packed_segments(B, K, pairs=3, seed=2) if cross else q_segments
-  mask = layers.packing_mask(q_segments, k_segments, causal, attention)
-  module = layers.Attention(num_heads=4, head_dim=8, dtype=dtype, is_cross=cross, attention=attention, causal=causal)
+  kernel = pallas_attention if attention == "pallas" else None  # the kernels' seam's pick for 'pallas'
+  mask = layers.packing_mask(q_segments, k_segments, causal, attention, kernel=kernel is not None)
+  module = layers.Attention(num_heads=4, head_dim=8, dtype=dtype, is_cross=cross, attention=attention, causal=causal,
+                            kernel=kernel)
   params = module.init(jax.random.key(0), x, kv if cross else None, mask, norm=norm, deterministic=True)
   # What a padding query sees differs by path (the reference: all keys evenly; 'fused': key 0). Nothing real reads
   # a padding position (the loss weighs it 0), so their cotangent is 0.
@@ -103,6 +107,7 @@ def transformer_loss_and_grads(config, attention: str, batch: dict):
   parameters that seed 0 gives every attention alike."""
   config = config_lib.replace(config, {"model.attention": attention})
   model_cfg = TransformerConfig.from_config(config, config.data.vocab_size)
+  model_cfg = dataclasses.replace(model_cfg, ops=seam.pick(config, model_cfg, jax.devices()[0]))
   params = Transformer(dataclasses.replace(model_cfg, attention="xla")).init(jax.random.key(0), batch)["params"]
   model = Transformer(model_cfg, deterministic=False)
   loss = lambda p: step._microbatch_loss(  # noqa: E731

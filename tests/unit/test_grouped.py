@@ -3,6 +3,7 @@ XLA's ragged_dot and with the Mosaic GPU kernels' calls (their contracts checked
 reference here); the Mosaic kernels themselves run by Mosaic GPU's interpreter and lowered for a GPU; which
 kernels each backend gets."""
 
+import dataclasses
 import functools
 import re
 import types
@@ -14,8 +15,11 @@ import pytest
 from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu, transposed_ragged_dot_mgpu
 
 from gshard_mt.errors import ConfigError
+from gshard_mt.kernels import mosaic_gpu, seam
+from gshard_mt.model.transformer import TransformerConfig
 from gshard_mt.moe import ffn, grouped
 from gshard_mt.moe.experts import ACTIVATIONS
+from tests.helpers import small_config
 
 M, H, E = 8, 16, 4
 SIZES = jnp.array([3, 0, 5, 4], jnp.int32)  # an expert with no rows too
@@ -112,14 +116,14 @@ def mosaic_references(monkeypatch) -> list:
     assert lhs.dtype == rhs.dtype
     rhs = rhs.transpose(0, 2, 1) if transpose_rhs else rhs
     assert lhs.shape[1] % block_k == 0 and rhs.shape[2] % block_n == 0, (lhs.shape, rhs.shape, tiles)
-    assert lhs.shape[0] % grouped.ROW_TILE == 0, lhs.shape
+    assert lhs.shape[0] % mosaic_gpu.ROW_TILE == 0, lhs.shape
     calls.append(("ragged_dot", transpose_rhs))
     return jax.lax.ragged_dot(lhs, rhs, group_sizes)
 
   def transposed_ragged_dot(lhs, rhs, *, group_sizes, **tiles):  # lhs [R, X] rhs [R, Y] -> [G, X, Y]
     block_m, block_n, _ = tiles_of(tiles)
     assert lhs.dtype == rhs.dtype and lhs.shape[1] % block_m == 0 and rhs.shape[1] % block_n == 0
-    assert lhs.shape[0] % grouped.ROW_TILE == 0, lhs.shape
+    assert lhs.shape[0] % mosaic_gpu.ROW_TILE == 0, lhs.shape
     calls.append(("transposed_ragged_dot", None))
     out = transposed_ragged_dot_mgpu.ref_transposed_ragged_dot(lhs, rhs, group_sizes)
     return out.astype(lhs.dtype)
@@ -137,7 +141,7 @@ def test_the_mosaic_gpu_path_matches_a_loop_over_rows(monkeypatch, activation):
   calls = mosaic_references(monkeypatch)
   act = ACTIVATIONS[activation]
   rows, wi, wo, d_out = problem(8)
-  kernels = grouped.MosaicGpu(block_m=8, block_n=8, block_k=8)
+  kernels = mosaic_gpu.MosaicGpu(block_m=8, block_n=8, block_k=8)
 
   def ffn(rows, wi, wo):
     return grouped_expert_ffn(rows, SIZES, wi, wo, act, kernels)
@@ -187,24 +191,28 @@ def test_the_mosaic_gpu_kernels_themselves_in_interpret_mode(monkeypatch):
     out, vjp = jax.vjp(lambda r, a, b: grouped_expert_ffn(r, sizes, a, b, jax.nn.relu, kernels), rows, wi, wo)
     return out, *vjp(d_out)
 
-  got, want = value_and_grads(grouped.MosaicGpu()), value_and_grads(grouped.RaggedDot())
+  got, want = value_and_grads(mosaic_gpu.MosaicGpu()), value_and_grads(grouped.RaggedDot())
   assert [g.dtype for g in got] == [w.dtype for w in want] == [BF16, BF16, jnp.float32, jnp.float32]
   assert_close(got, want)
   assert np.all(np.asarray(got[2][1]) == 0) and np.all(np.asarray(got[3][1]) == 0)  # the empty expert's gradients
 
 
 def test_the_moe_layer_on_a_hopper_gpu_gets_the_mosaic_kernels(monkeypatch):
-  """The MoE layer with moe.grouped_kernel='mosaic_gpu' where the backend is a GPU (mocked, its Hopper check
-  passed; the kernels interpreted): the layer picks the Mosaic kernels, and its loss and gradients (router,
-  experts, input) equal those of moe.grouped_kernel='ragged_dot' within bf16 rounding."""
+  """The MoE layer with the Mosaic GPU kernels the seam picks on a Hopper GPU (mocked; the kernels interpreted):
+  the layer's grouped matmuls are the Mosaic kernels, and its loss and gradients (router, experts, input) equal
+  those of XLA's ragged_dot within bf16 rounding."""
   import flax.linen as nn
 
   from gshard_mt.config.moe import MoeConfig
   from gshard_mt.moe.layer import MoeFeedForward
+  from gshard_mt.ops import Ops
 
   def layer(kernel):
-    return MoeFeedForward(MoeConfig(num_experts=4, hidden_dim=256, group_size=128, dispatch="grouped",
-                                    grouped_kernel=kernel, second_expert_policy="all"), dtype=BF16)
+    h100 = types.SimpleNamespace(platform="gpu", device_kind="NVIDIA H100 80GB HBM3", compute_capability="9.0")
+    cfg = MoeConfig(num_experts=4, hidden_dim=256, group_size=128, dispatch="grouped", grouped_kernel=kernel,
+                    second_expert_policy="all")
+    model_cfg = TransformerConfig(vocab_size=8, emb_dim=128, dtype=BF16, moe=cfg)
+    return MoeFeedForward(cfg, dtype=BF16, ops=Ops(grouped_matmuls=seam.grouped_matmuls(model_cfg, h100)))
 
   x = jax.random.normal(jax.random.key(0), (2, 128, 128), BF16)
   params = nn.unbox(layer("ragged_dot").init(jax.random.key(1), x))
@@ -217,34 +225,37 @@ def test_the_moe_layer_on_a_hopper_gpu_gets_the_mosaic_kernels(monkeypatch):
 
   want = loss_and_grads("ragged_dot")
   interpret_mosaic_gpu(monkeypatch)
-  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  monkeypatch.setattr(grouped, "_check_hopper", lambda: None)
   chosen = []
   monkeypatch.setattr(grouped, "grouped_matmul", lambda *a: chosen.append(a[-1]) or grouped_matmul(*a))
   assert_close(loss_and_grads("mosaic_gpu"), want)
-  assert set(chosen) == {grouped.MosaicGpu()} and len(chosen) == 2  # x wi and h wo, traced once
+  assert set(chosen) == {mosaic_gpu.MosaicGpu()} and len(chosen) == 2  # x wi and h wo, traced once
 
 
-def test_which_kernels_each_backend_gets(monkeypatch):
-  assert isinstance(grouped.kernels_for("mosaic_gpu", 128, 256, BF16), grouped.RaggedDot)  # this CPU
-  with pytest.raises(ConfigError, match=r"moe.grouped_kernel='triton': expected one of \('ragged_dot', 'mosaic"):
-    grouped.kernels_for("triton", 128, 256, BF16)
-  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  a100 = types.SimpleNamespace(device_kind="NVIDIA A100-SXM4-80GB", compute_capability="8.0")
-  monkeypatch.setattr(jax, "devices", lambda *a: [a100])
+def test_which_kernels_each_backend_gets():
+  """The kernels' seam: the Mosaic GPU grouped matmuls on a Hopper GPU only (None: XLA's ragged_dot), refused in one
+  line where the GPU or the shapes cannot take them."""
+  def picked(device, kernel="mosaic_gpu", dtype=BF16, M=128, H=256):
+    config = small_config(**{"moe.grouped_kernel": kernel, "moe.dispatch": "grouped"})
+    model_cfg = TransformerConfig.from_config(config, 600)
+    model_cfg = dataclasses.replace(model_cfg, emb_dim=M, dtype=dtype,
+                                    moe=dataclasses.replace(model_cfg.moe, hidden_dim=H))
+    return seam.grouped_matmuls(model_cfg, device)
+
+  cpu = types.SimpleNamespace(platform="cpu", device_kind="cpu")
+  a100 = types.SimpleNamespace(platform="gpu", device_kind="NVIDIA A100-SXM4-80GB", compute_capability="8.0")
+  h100 = types.SimpleNamespace(platform="gpu", device_kind="NVIDIA H100 80GB HBM3", compute_capability="9.0")
+  assert picked(cpu) is None
   with pytest.raises(ConfigError, match=r"needs a Hopper GPU \(compute capability 9.x\); NVIDIA A100-SXM4-80GB "
                                         r"has 8.0: use moe.grouped_kernel='ragged_dot'"):
-    grouped.kernels_for("mosaic_gpu", 128, 256, BF16)
-  h100 = types.SimpleNamespace(device_kind="NVIDIA H100 80GB HBM3", compute_capability="9.0")
-  monkeypatch.setattr(jax, "devices", lambda *a: [h100])
-  assert grouped.kernels_for("mosaic_gpu", 128, 256, BF16) == grouped.MosaicGpu()
-  assert isinstance(grouped.kernels_for("ragged_dot", 128, 256, BF16), grouped.RaggedDot)
+    picked(a100)
+  assert picked(h100) == mosaic_gpu.MosaicGpu()
+  assert picked(h100, kernel="ragged_dot") is None
   with pytest.raises(ConfigError, match=r"multiplies bf16 or f16 rows, not float32 \(model.dtype\)"):
-    grouped.kernels_for("mosaic_gpu", 128, 256, jnp.float32)
+    picked(h100, dtype=jnp.float32)
   with pytest.raises(ConfigError, match=r"model.emb_dim=96: moe.grouped_kernel='mosaic_gpu' needs a multiple of 128"):
-    grouped.kernels_for("mosaic_gpu", 96, 256, BF16)
+    picked(h100, M=96)
   with pytest.raises(ConfigError, match=r"moe.hidden_dim=200: .* multiple of 128"):
-    grouped.kernels_for("mosaic_gpu", 128, 200, BF16)
+    picked(h100, H=200)
 
 
 def test_the_mosaic_gpu_path_lowers_for_a_gpu(monkeypatch):
@@ -257,7 +268,7 @@ def test_the_mosaic_gpu_path_lowers_for_a_gpu(monkeypatch):
   monkeypatch.setattr(transposed_ragged_dot_mgpu, "jax", fake_jax)
   E_, M_, H_, R = 4, 128, 256, 301
   grad = jax.grad(lambda r, wi, wo, sizes: jnp.sum(grouped_expert_ffn(
-      r, sizes, wi, wo, jax.nn.relu, grouped.MosaicGpu()).astype(jnp.float32) ** 2), argnums=(0, 1, 2))
+      r, sizes, wi, wo, jax.nn.relu, mosaic_gpu.MosaicGpu()).astype(jnp.float32) ** 2), argnums=(0, 1, 2))
   args = [jax.ShapeDtypeStruct(s, d) for s, d in [((R, M_), BF16), ((E_, M_, H_), jnp.float32),
                                                   ((E_, H_, M_), jnp.float32), ((E_,), jnp.int32)]]
   text = jax.jit(grad).trace(*args).lower(lowering_platforms=("cuda",)).as_text()

@@ -172,8 +172,8 @@ def test_costs_count_the_flops_a_pallas_kernel_declares():
   import jax
   import jax.numpy as jnp
 
+  from gshard_mt.kernels import logit_stats
   from gshard_mt.tpu.estimates import tpu_compiler as tpu
-  from gshard_mt.tpu.kernels import logit_stats
 
   sharding = jax.sharding.SingleDeviceSharding(tpu.topology_devices("v5p:1x1x1")[0])
   z = jax.ShapeDtypeStruct((64, 1024), jnp.bfloat16, sharding=sharding)

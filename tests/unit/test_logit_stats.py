@@ -1,4 +1,4 @@
-"""The loss's reductions of the logits in one pass (`tpu.kernels.logit_stats`): the Pallas kernel (interpret mode on
+"""The loss's reductions of the logits in one pass (`kernels.logit_stats`): the Pallas kernel (interpret mode on
 the CPU) against the jnp reductions, float32 and bf16 (ties of the maximum included), in one block and in many;
 the custom gradient against autodiff of the jnp reductions; Mosaic compiles the kernel for a v5p, charged its
 bytes."""
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gshard_mt.tpu.kernels import logit_stats
+from gshard_mt.kernels import logit_stats
 
 
 def logits_and_targets(N: int, V: int, dtype, seed: int = 0):

@@ -16,8 +16,8 @@ from jax.experimental import pallas as pl
 
 from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError
-from gshard_mt.tpu.kernels import attention as pallas_attention
-from gshard_mt.tpu.kernels import vmem as pallas_vmem
+from gshard_mt.kernels import attention as pallas_attention
+from gshard_mt.kernels import vmem as pallas_vmem
 from tests.helpers import ROOT, run_on_cpu_devices, small_config
 from tests.unit.test_fused_attention import (
   attention_outputs_and_gradients,
@@ -177,11 +177,11 @@ def test_pallas_attention_refuses_attention_dropout():
 def test_build_warns_that_it_is_interpreted_off_a_tpu(caplog):
   from gshard_mt.training.setup import build
 
-  with caplog.at_level(logging.WARNING, logger="gshard_mt.tpu.kernels.options"):
+  with caplog.at_level(logging.WARNING, logger="gshard_mt.kernels.seam"):
     build(small_config(**{"model.attention": "pallas"}), 600)
   assert "model.attention='pallas' runs its kernels in Pallas's interpret mode off a TPU (cpu)" in caplog.text
   caplog.clear()
-  with caplog.at_level(logging.WARNING, logger="gshard_mt.tpu.kernels.options"):
+  with caplog.at_level(logging.WARNING, logger="gshard_mt.kernels.seam"):
     build(small_config(), 600)
   assert "interpret mode" not in caplog.text
 
@@ -232,16 +232,17 @@ def test_blocks_shrink_to_fit_the_tpus_vmem():
 def test_the_training_setup_tells_the_model_the_tpus_vmem_or_refuses(caplog):
   from types import SimpleNamespace
 
-  from gshard_mt.tpu.kernels import options
-  from gshard_mt.training import setup
+  from gshard_mt.kernels import seam
   from gshard_mt.training.setup import TransformerConfig
 
   def configured(kind, platform="tpu", **overrides):
+    """The VMEM the seam tells the attention kernel it picks on a device of `kind`."""
     config = small_config(**{"model.attention": "pallas", **overrides})
     model_cfg = TransformerConfig.from_config(config, 600)
-    keys = setup.pallas_options(config, model_cfg)
-    assert keys == ["model.attention"]
-    return options.configure(config, model_cfg, SimpleNamespace(platform=platform, device_kind=kind), keys)
+    assert seam.pallas_options(config, model_cfg) == ["model.attention"]
+    ops = seam.pick(config, model_cfg, SimpleNamespace(platform=platform, device_kind=kind))
+    assert ops.attention.func is pallas_attention.pallas_attention and ops.expert_ffn is None
+    return SimpleNamespace(kernel_vmem=ops.attention.keywords["vmem"])
 
   assert configured("TPU v5").kernel_vmem == 64 * MIB
   assert configured("TPU v4").kernel_vmem == 16 * MIB
@@ -251,7 +252,7 @@ def test_the_training_setup_tells_the_model_the_tpus_vmem_or_refuses(caplog):
     configured("TPU v4", **{"model.emb_dim": "1024", "model.num_heads": "16", "model.head_dim": "64"})
   with pytest.raises(ConfigError, match=r"on TPU v3: its Mosaic kernels need a TPU v4 or newer"):
     configured("TPU v3")
-  with caplog.at_level(logging.WARNING, logger="gshard_mt.tpu.kernels.options"):
+  with caplog.at_level(logging.WARNING, logger="gshard_mt.kernels.seam"):
     assert configured("cpu", platform="cpu").kernel_vmem is None
   assert "interpret mode off a TPU (cpu)" in caplog.text
 

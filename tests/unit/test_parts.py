@@ -41,8 +41,8 @@ def test_part_of(op_name, part):
 
 @pytest.mark.parametrize("function", ["kernel", "_backward", "reference"])
 def test_the_losss_reductions_are_the_loss(function):
-  # tpu.kernels.logit_stats, whose kernel runs under shard_map outside the model's operations
-  assert parts.part_of(("/x/gshard_mt/tpu/kernels/logit_stats.py", function), "jit(train_step)/shard_map/pallas_call",
+  # kernels.logit_stats, whose kernel runs under shard_map outside the model's operations
+  assert parts.part_of(("/x/gshard_mt/kernels/logit_stats.py", function), "jit(train_step)/shard_map/pallas_call",
                        "custom-call") == "logits and cross-entropy"
 
 

@@ -29,9 +29,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from gshard_mt.kernels import vmem as pallas_vmem
+from gshard_mt.kernels.pallas import NT, TN, dot, on_tpu
 from gshard_mt.model.layers import NEG_INF, attention_mask, norm_terms
-from gshard_mt.tpu.kernels import vmem as pallas_vmem
-from gshard_mt.tpu.kernels.pallas import NT, TN, dot, on_tpu
 
 # Matmuls of an [rows, M] x [M, A·D] projection, per query row and per key row, and of a row's [Q, K] x D head
 # matmuls, per kernel. Forward: q, output | k, v | scores, probs x v. Backward, all recomputed: q, do, dwo, dwq, dq

@@ -21,10 +21,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
+from gshard_mt.kernels import vmem as pallas_vmem
+from gshard_mt.kernels.pallas import on_tpu
 from gshard_mt.model import loss
 from gshard_mt.model.loss import reference
-from gshard_mt.tpu.kernels import vmem as pallas_vmem
-from gshard_mt.tpu.kernels.pallas import on_tpu
 
 BLOCK_BYTES = 4 << 20  # one [T, V] block in float32: the double-buffered input and the working copies fit VMEM
 

@@ -27,9 +27,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from gshard_mt.kernels import vmem as pallas_vmem
+from gshard_mt.kernels.pallas import NT, TN, dot, on_tpu
 from gshard_mt.moe.manual import axes_of
-from gshard_mt.tpu.kernels import vmem as pallas_vmem
-from gshard_mt.tpu.kernels.pallas import NT, TN, dot, on_tpu
 
 MAX_ROWS = 1024  # rows per block at most: past that a block only holds more VMEM
 

@@ -36,8 +36,8 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 from optax._src.factorized import _factored_dims  # the rule that laid out the state (optax's, not ours to copy)
 
-from gshard_mt.tpu.kernels import vmem as pallas_vmem
-from gshard_mt.tpu.kernels.pallas import on_tpu
+from gshard_mt.kernels import vmem as pallas_vmem
+from gshard_mt.kernels.pallas import on_tpu
 
 BLOCK_BYTES = 1 << 20  # one [T, L] float32 block: four operands, double-buffered, stay well inside VMEM
 MIN_KERNEL_SIZE = 1 << 16  # smaller weights (layer norm scales, biases) in plain jnp, which XLA fuses
