@@ -5,7 +5,7 @@
 See README.md for what it prints and writes. The logic lives in gshard_mt/training/loop.py.
 """
 
-from gshard_mt import cli, io
+from gshard_mt import cli, hints, io
 
 
 def main(argv):
@@ -23,8 +23,9 @@ def main(argv):
   result = loop.train_and_evaluate(config, args.workdir)
   print(f"done: step {result['step']}" + (f", dev loss {result['dev_loss']:.3f}" if "dev_loss" in result else ""))
   if "loss" not in result and result["step"] >= config.num_train_steps:  # no step ran: the run had finished
-    print(f"{args.workdir} is trained to num_train_steps={config.num_train_steps} already; to train it longer, "
-          f"run the same command with --config.num_train_steps=N (N > {result['step']})")
+    longer = {"--config.num_train_steps": str(2 * result["step"])}
+    print(f"{args.workdir} is trained to num_train_steps={config.num_train_steps} already; to train it longer (here "
+          f"to twice as many steps; any number above {result['step']} will do): {hints.command(longer)}")
   if jax.process_index() == 0:
     from gshard_mt.tools import plot
 

@@ -26,7 +26,7 @@ from sacrebleu.significance import PairedTest
 from tqdm import tqdm
 
 from gshard_mt import config as config_lib
-from gshard_mt import io, lock
+from gshard_mt import hints, io, lock
 from gshard_mt.data import pipeline
 from gshard_mt.errors import UserError, WorkdirError, one_line
 from gshard_mt.evaluation import flags, report
@@ -68,8 +68,8 @@ def _baseline_scores(baseline: epath.Path, split: str) -> dict:
   runs = list(standard_evaluations(baseline, split).values()) or sorted(
       (baseline / "eval").glob(f"{split}-*/scores.json"), key=lambda p: int(p.parent.name.split("-")[1]))
   if not runs:
-    raise WorkdirError(f"baseline {baseline} has no scores for the {split} split (run eval.py --workdir {baseline} "
-                    f"--split {split} first)")
+    first = hints.command({"--workdir": str(baseline), "--split": split}, program="eval.py")
+    raise WorkdirError(f"baseline {baseline} has no scores for the {split} split (evaluate it first: {first})")
   return json.loads(runs[-1].read_text()) | {"path": str(runs[-1].parent)}
 
 
@@ -122,8 +122,8 @@ def restore(workdir, *, step: int | None = None, split: str = "test", average_la
   with checkpoint_lib.Checkpoints(workdir / checkpoint_lib.FOLDER, read_only=True) as ckpts:
     steps = ckpts.steps()
   if not steps:
-    raise WorkdirError(f"{workdir}/{checkpoint_lib.FOLDER} has no checkpoint: train first (python train.py ... "
-                       f"--workdir {workdir})")
+    train = hints.command({"--config": "<its config file>", "--workdir": str(workdir)}, program="train.py")
+    raise WorkdirError(f"{workdir}/{checkpoint_lib.FOLDER} has no checkpoint: train first ({train})")
   if step is not None and step not in steps:  # before the data is read
     raise WorkdirError(f"no checkpoint for step {step} in {workdir}/{checkpoint_lib.FOLDER} (have {steps})")
   averaged = steps_to_average(steps, step, average_last, workdir) if average_last is not None else ()

@@ -8,6 +8,7 @@ import pytest
 
 from gshard_mt import cli
 from gshard_mt.errors import ConfigError, DataError, WorkdirError
+from tests.helpers import started_as
 
 
 @pytest.mark.parametrize("error", [ConfigError("moe.num_experts=3: bad"), DataError("x.de:4: invalid UTF-8"),
@@ -91,11 +92,13 @@ def test_counts_and_articles_in_messages():
   assert [article(w) for w in ("int", "float", "Example", "list")] == ["an int", "a float", "an Example", "a list"]
 
 
-def test_a_wrong_argument_is_one_line_naming_it(capsys):
+@pytest.mark.parametrize("make, help_command", [(False, "python eval.py --help"), (True, 'make eval ARGS="--help"')])
+def test_a_wrong_argument_is_one_line_naming_it(make, help_command, capsys, monkeypatch):
+  started_as(monkeypatch, ["python", "eval.py", "--workdir", "runs/tiny", "--split", "valid"], make=make)
   p = cli.parser("doc")
   p.add_argument("--split", choices=("dev", "test"))
   with pytest.raises(SystemExit) as exit_info:
     p.parse_args(["--split", "valid"])
   err = capsys.readouterr().err
   assert exit_info.value.code == 2 and err.count("\n") == 1 and "usage" not in err
-  assert "error: argument --split: invalid choice: 'valid'" in err and "(--help lists the arguments)" in err
+  assert "error: argument --split: invalid choice: 'valid'" in err and f"({help_command} lists the arguments)" in err
