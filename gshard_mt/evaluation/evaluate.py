@@ -199,15 +199,16 @@ def decode_pairs(translator: decode.Translator, run: Restored, *, split: str, id
 
 def score_languages(run: Restored, *, split: str, hyps: dict[str, list[str]], base: dict | None,
                     bootstrap_samples: int) -> tuple[dict, dict]:
-  """(per language: BLEU, chrF++, resource bucket and, against a baseline, ΔBLEU and a bootstrap p-value;
-  sacrebleu signatures)."""
+  """(per language: BLEU and its 95% interval, chrF++, resource bucket and, against a baseline, ΔBLEU and a
+  bootstrap p-value; sacrebleu signatures)."""
   train_pairs = {lang: len(pairs) for lang, pairs in run.data.text["train"].items()}
   buckets = resource_buckets(train_pairs)  # among all the run's languages, whichever are evaluated
   refs = {lang: run.data.text[split][lang].tgt for lang in hyps}
   per_lang, signatures = scoring.by_language(hyps, refs)
   for lang, lines in hyps.items():
     per_lang[lang] |= {"train_pairs": train_pairs[lang], "resource": buckets[lang],
-                       "references": references_digest(refs[lang])}
+                       "references": references_digest(refs[lang]),
+                       "bleu_interval": list(scoring.bleu_interval(lines, refs[lang]))}
     if base and lang in base["languages"]:
       base_hyp_file = io.path(base["path"]) / f"hyp.{lang}.txt"
       read = bootstrap_samples and base_hyp_file.exists()

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import functools
 import itertools
+import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -27,8 +28,9 @@ from gshard_mt.data import pipeline
 from gshard_mt.data.corpus import language_of
 from gshard_mt.data.packing import TokenizedSplit
 from gshard_mt.errors import DataError, WorkdirError
-from gshard_mt.evaluation import flags
+from gshard_mt.evaluation import flags, report
 from gshard_mt.evaluation.evaluate import Restored, check_decoding_length, restore
+from gshard_mt.evaluation.outputs import standard_evaluations
 from gshard_mt.model import decode
 from gshard_mt.parallel import distributed
 
@@ -47,6 +49,19 @@ class Line:
 def source_languages(run: Restored) -> list[str]:
   """The source languages of a work directory: those of its training streams (each has a `<xx>` tag)."""
   return sorted({language_of(stream) for stream in run.data.tokens["train"].languages})
+
+
+def quality_note(workdir) -> str | None:
+  """`report.not_translating`'s line for the run's newest test BLEU (eval.py's), else for the greedy dev BLEU it
+  logged last; None for a model that translates, or one without either."""
+  workdir = io.path(workdir)
+  if tests := standard_evaluations(workdir, "test"):
+    step, path = max(tests.items())
+    return report.not_translating(json.loads(path.read_text())["average"]["bleu"], f"{workdir}'s test BLEU at step "
+                                  f"{step} (eval.py) is")
+  logged = [row for row in io.read_jsonl(workdir / "metrics.jsonl") if row.get("dev_bleu_greedy") is not None]
+  return report.not_translating(logged[-1]["dev_bleu_greedy"], f"{workdir}'s greedy dev BLEU at step "
+                                f"{logged[-1]['step']} is") if logged else None
 
 
 def check_language(lang: str, known: list[str], where: str):
@@ -178,6 +193,8 @@ def translate(workdir, *, input_path: str | None = None, output_path: str | None
     check_decoding_length(workdir, max_decode_len)  # before the model is read
     run = restore(workdir, step=step, average_last=average_last)
     known = source_languages(run)
+    if main and (note := quality_note(workdir)):
+      print(f"note: {note}", file=sys.stderr, flush=True)
     if src_lang is not None:
       check_language(src_lang, known, "--src_lang")
     interactive = distributed.broadcast_object(source is not None and source.isatty())
