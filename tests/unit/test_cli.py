@@ -32,8 +32,8 @@ def test_other_errors_are_not_hidden():
     cli.run(main, [])
 
 
-@pytest.mark.parametrize("code, what", [(errno.ENOSPC, "disk full"), (errno.EROFS, "read-only file system"),
-                                        (errno.EACCES, "permission denied")])
+@pytest.mark.parametrize("code, what", [(errno.ENOSPC, "disk full (No space left on device)"),
+                                        (errno.EROFS, "read-only file system"), (errno.EACCES, "permission denied")])
 def test_storage_faults_end_in_one_line_with_the_free_space(code, what, tmp_path, capsys, monkeypatch):
   exits = []
   monkeypatch.setattr(os, "_exit", exits.append)
@@ -48,7 +48,7 @@ def test_storage_faults_end_in_one_line_with_the_free_space(code, what, tmp_path
   cli.run(main, [], prog="tool")
   err = capsys.readouterr().err
   assert exits == [74] and err.count("\n") == 1
-  assert err.startswith(f"tool: error: {target}: {what} (") and " free on its filesystem" in err
+  assert err.startswith(f"tool: error: {target}: {what}; ") and " free on its filesystem" in err
 
 
 def test_ctrl_c_outside_the_loop_is_one_line(capsys):

@@ -93,7 +93,9 @@ def test_storage_faults_behind_wrappers_and_tensorstore():
   assert io.storage_fault(zarr).errno == errno.EACCES and io.storage_fault(zarr).filename == "/sys/kernel/x/.zarray"
   assert io.storage_fault(OSError(errno.ENOENT, "missing", "f")) is None  # not a storage fault: a bug or bad input
   assert io.describe_fault(OSError(errno.EROFS, "Read-only file system", "/no/such/dir/f")).startswith(
-      "/no/such/dir/f: read-only file system (Read-only file system); ")
+      "/no/such/dir/f: read-only file system; ")  # the system's words only where they say more
+  assert io.describe_fault(OSError(errno.ENOSPC, "No space left on device", "/no/f")).startswith(
+      "/no/f: disk full (No space left on device); ")
 
 
 # A directory that cannot be created or written is a storage fault: one line naming the path and the cause.
