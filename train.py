@@ -5,6 +5,8 @@
 See README.md for what it prints and writes. The logic lives in gshard_mt/training/loop.py.
 """
 
+import contextlib
+
 from gshard_mt import cli, hints, io
 
 
@@ -18,9 +20,11 @@ def main(argv):
   from gshard_mt.training import loop
 
   distributed.initialize_distributed(config)
-  # Before any data is read: a work directory that cannot be created or written ends here, in one line (exit 74).
-  distributed.checked_on_process_0(lambda: io.check_writable(args.workdir, "work directory"))
-  result = loop.train_and_evaluate(config, args.workdir)
+  # A start that fails (refused, interrupted) leaves the work directory as it found it: not made, no empty folder.
+  with io.left_as_found(args.workdir) if jax.process_index() == 0 else contextlib.nullcontext():
+    # Before any data is read: a work directory that cannot be created or written ends here, in one line (exit 74).
+    distributed.checked_on_process_0(lambda: io.check_writable(args.workdir, "work directory"))
+    result = loop.train_and_evaluate(config, args.workdir)
   print(f"done: step {result['step']}" + (f", dev loss {result['dev_loss']:.3f}" if "dev_loss" in result else ""))
   if "loss" not in result and result["step"] >= config.num_train_steps:  # no step ran: the run had finished
     longer = {"--config.num_train_steps": str(2 * result["step"])}
