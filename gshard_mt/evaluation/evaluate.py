@@ -28,7 +28,7 @@ from tqdm import tqdm
 from gshard_mt import config as config_lib
 from gshard_mt import hints, io, lock
 from gshard_mt.data import pipeline
-from gshard_mt.errors import UserError, WorkdirError, one_line
+from gshard_mt.errors import UserError, WorkdirError, close_matches, listed, one_line
 from gshard_mt.evaluation import flags, report
 from gshard_mt.evaluation.outputs import output_name, standard_evaluations
 from gshard_mt.model import decode
@@ -246,7 +246,9 @@ def evaluate(workdir, *, split="test", step=None, beam_size=flags.BEAM_SIZE, alp
   wanted = languages or sorted(run.data.text[split])
   unknown = sorted(set(wanted) - set(tokens.languages))
   if unknown:
-    raise WorkdirError(f"unknown language code(s) {unknown} for --languages; {workdir} has {tokens.languages}")
+    lister = hints.command({"--workdir": str(workdir), "--list_languages": True}, program="translate.py")
+    raise WorkdirError(f"unknown language code(s) {unknown} for --languages; {close_matches(unknown, tokens.languages)}"
+                       f"{workdir} has {listed(tokens.languages, 'languages', lister)}")
   if base:  # before decoding
     check_baseline(base, {lang: run.data.text[split][lang].tgt for lang in wanted}, split)
   max_len = max_decode_len or run.config.data.max_length

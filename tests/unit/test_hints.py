@@ -70,16 +70,16 @@ def test_an_unused_directory_is_beside_the_given_one(tmp_path):
   assert hints.unused(tmp_path / "run") == f"{tmp_path}/run-3"
 
 
-def train_argv(hint: str, make: bool) -> list[str]:
-  """The train.py arguments a printed command runs: make's own expansion of it (make -n), or the command itself."""
+def train_argv(hint: str, make: bool, program: str = "train.py") -> list[str]:
+  """The arguments of `program` a printed command runs: make's own expansion of it (make -n), or the command."""
   words = shlex.split(hint)
   if not make:
-    assert words[:2] == ["python", "train.py"]
+    assert words[:2] == ["python", program]
     return words[2:]
   proc = subprocess.run(["make", "-n", "-s", *words[1:], "VENV=.venv-of-no-one"], cwd=ROOT, capture_output=True,
                         text=True, timeout=60)
   assert proc.returncode == 0, proc.stderr
-  line = next(line for line in proc.stdout.splitlines() if " train.py " in line)
+  line = next(line for line in proc.stdout.splitlines() if f" {program} " in line)
   return shlex.split(line)[2:]
 
 

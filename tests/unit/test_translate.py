@@ -1,9 +1,17 @@
-"""translate.py's note on a model that does not translate yet, from the run's own scores."""
+"""translate.py's messages: the note on a model that does not translate yet, from the run's own scores, and an
+unknown language's near matches and the command that lists the known ones."""
 
 import json
+import shutil
 
+import pytest
+
+from gshard_mt.errors import WorkdirError
 from gshard_mt.tools import translate
-from tests.helpers import started_as
+from tests.helpers import ROOT, started_as
+from tests.unit.test_hints import train_argv
+
+TATOEBA = sorted({path.name.split(".")[1].removesuffix("-eng") for path in (ROOT / "data" / "tatoeba").glob("*.gz")})
 
 
 def test_the_note_reads_the_newest_test_bleu_else_the_logged_dev_bleu(tmp_path, monkeypatch):
@@ -22,3 +30,19 @@ def test_the_note_reads_the_newest_test_bleu_else_the_logged_dev_bleu(tmp_path, 
   assert "python train.py --config configs/multi30k.py --workdir runs/multi30k" in note
   (tmp_path / "eval" / "test-600" / "scores.json").write_text(json.dumps({"average": {"bleu": 29.5}}))
   assert translate.quality_note(tmp_path) is None
+
+
+@pytest.mark.parametrize("make", [False, True])
+def test_an_unknown_language_of_many_gives_the_close_ones_and_the_command_that_lists_them(make, monkeypatch):
+  if make and not shutil.which("make"):
+    pytest.skip("no make")
+  started_as(monkeypatch, ["python", "translate.py", "--workdir", "runs/x", "--src_lang", "fre"], make=make)
+  with pytest.raises(WorkdirError) as raised:
+    translate.check_language("fre", TATOEBA, "--src_lang", "runs/x")
+  message = str(raised.value)
+  assert message.startswith("--src_lang: unknown source language 'fre'; did you mean ") and len(message) < 300
+  assert message.split("?")[0].endswith("did you mean bre, fra, fry") and len(TATOEBA) == 112
+  lister = message.split("this model knows 112 languages (")[1].removesuffix(" lists them)")
+  assert train_argv(lister, make, "translate.py") == ["--workdir", "runs/x", "--list_languages"]
+  with pytest.raises(WorkdirError, match=r"^--src_lang: unknown source language 'zzz'; this model knows fra, fry$"):
+    translate.check_language("zzz", ["fra", "fry"], "--src_lang", "runs/x")  # a few: all of them
