@@ -85,7 +85,7 @@ def check_language(lang: str, known: list[str], where: str, workdir):
 
 
 def parse_line(raw: bytes, number: int, *, default: str | None, known: list[str], name: str = "<stdin>",
-               tagged: bool = True, workdir: str) -> Line:
+               tagged: bool = True, workdir: io.PathLike) -> Line:
   """One input line (`text` or `lang<TAB>text`), decoded, stripped as the corpus readers strip it, and checked:
   invalid UTF-8, an unknown language, or (with source tags) a non-empty line without one is an error naming
   `name:number`."""
