@@ -16,6 +16,7 @@ def main(argv):
   args, config = cli.parse_with_overrides(p, argv)
   import jax  # after the config checks
 
+  from gshard_mt.evaluation import report
   from gshard_mt.parallel import distributed
   from gshard_mt.training import loop
 
@@ -26,6 +27,9 @@ def main(argv):
     distributed.checked_on_process_0(lambda: io.check_writable(args.workdir, "work directory"))
     result = loop.train_and_evaluate(config, args.workdir)
   print(f"done: step {result['step']}" + (f", dev loss {result['dev_loss']:.3f}" if "dev_loss" in result else ""))
+  if result.get("dev_bleu_greedy") is not None and (
+      note := report.not_translating(result["dev_bleu_greedy"], "its greedy dev BLEU")):
+    print(note)
   if "loss" not in result and result["step"] >= config.num_train_steps:  # no step ran: the run had finished
     longer = {"--config.num_train_steps": str(2 * result["step"])}
     print(f"{args.workdir} is trained to num_train_steps={config.num_train_steps} already; to train it longer (here "

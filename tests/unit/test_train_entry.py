@@ -48,3 +48,15 @@ def test_a_run_that_trained_says_nothing_more(train_main, tmp_path, capsys):
   main(ARGS + ["--workdir", str(tmp_path / "run")])
   assert capsys.readouterr().out.splitlines()[:2] == ["done: step 50, dev loss 3.250",
                                                       f"wrote {tmp_path / 'run' / 'training.png'}"]
+
+
+def test_a_model_that_does_not_translate_yet_says_so(train_main, tmp_path, capsys, monkeypatch):
+  main, result = train_main
+  result.update(step=50, loss=2.5, dev_loss=3.25, dev_bleu_greedy=1.07, preempted=False)
+  started_as(monkeypatch, ["python", "train.py", *ARGS, "--workdir", str(tmp_path / "run")])
+  main(ARGS + ["--workdir", str(tmp_path / "run")])
+  assert capsys.readouterr().out.splitlines()[1].startswith(
+      "its greedy dev BLEU 1.07: this model does not translate yet (the default run, configs/tiny.py, is a smoke test")
+  result.update(dev_bleu_greedy=30.1)
+  main(ARGS + ["--workdir", str(tmp_path / "run")])
+  assert "does not translate" not in capsys.readouterr().out
