@@ -89,13 +89,14 @@ def join(args: dict[str, str | bool | None]) -> list[str]:
   return out
 
 
-def command(changes: Changes | None = None, *, program: str | None = None, keep: bool = True) -> str:
-  """This process's command with `changes` made to its arguments (with keep=False, its arguments left out); with
-  `program` (a script 'train.py' or a module 'gshard_mt.tools.sweep') that program's command with `changes` alone.
-  Through make where make started this process and the Makefile runs the program, else as python."""
+def command(changes: Changes | None = None, *, program: str | None = None, keep: bool | None = None) -> str:
+  """This process's command with `changes` made to its arguments; with `program` (a script 'train.py' or a module
+  'gshard_mt.tools.sweep') that program's command. `keep`: whether this process's arguments are kept, or the
+  `changes` alone make the command (default: kept for this process's own program only). Through make where make
+  started this process and the Makefile runs the program, else as python."""
   interpreter, current, args = started()
   name = program or os.path.basename(current[-1])
-  args = {**(parse(args) if program is None and keep else {}), **(changes or {})}
+  args = {**(parse(args) if (program is None if keep is None else keep) else {}), **(changes or {})}
   recipe = recipes().get(name)
   if by_make() and recipe:
     return _make(recipe, args)
