@@ -44,8 +44,8 @@ def intervals_note(scores: dict) -> str:
           f"{scoring.INTERVAL_SAMPLES:,} resamples of its test sentences (with replacement, seed "
           f"{scoring.INTERVAL_SEED}); the fewer sentences, the wider. ≈: the interval holds the average BLEU "
           f"({avg:.2f}), so this test set cannot tell the language's score from the average "
-          f"({marked(scores)}); languages whose intervals overlap cannot be told "
-          f"apart from each other either.")
+          f"({marked(scores)}). Two languages whose intervals do not overlap differ beyond doubt; where they "
+          "overlap, this test set may not tell them apart.")
 
 
 def not_translating(bleu: float, what: str) -> str | None:

@@ -197,7 +197,8 @@ class TestReport:
         "95% interval: the 2.5th to 97.5th percentile of the language's corpus BLEU over 1,000 resamples of its "
         "test sentences (with replacement, seed 0); the fewer sentences, the wider. ≈: the interval holds the "
         "average BLEU (11.00), so this test set cannot tell the language's score from the average (2 of 3 "
-        "languages); languages whose intervals overlap cannot be told apart from each other either.",
+        "languages). Two languages whose intervals do not overlap differ beyond doubt; where they overlap, this test "
+        "set may not tell them apart.",
         "",
         "| language | train pairs | resource | sentences | BLEU | 95% interval | ≈ | chrF++ | ΔBLEU |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -226,7 +227,8 @@ class TestReport:
         "95% interval: the 2.5th to 97.5th percentile of the language's corpus BLEU over 1,000 resamples of its "
         "test sentences (with replacement, seed 0); the fewer sentences, the wider. ≈: the interval holds the "
         "average BLEU (11.00), so this test set cannot tell the language's score from the average (2 of 3 "
-        "languages); languages whose intervals overlap cannot be told apart from each other either.",
+        "languages). Two languages whose intervals do not overlap differ beyond doubt; where they overlap, this test "
+        "set may not tell them apart.",
         "",
         "| language | train pairs | resource | sentences | BLEU | 95% interval | ≈ | chrF++ |",
         "|---|---|---|---|---|---|---|---|",
