@@ -3,6 +3,7 @@
   python translate.py --workdir runs/tiny [--step N] [--src_lang fra] [--beam_size 4] [--alpha 0.6]
                       [--average_last N] [--input FILE] [--output FILE] [--batch_size N] [--max_decode_len N]
                       [--config.distributed.KEY=VALUE ...]
+  python translate.py --workdir runs/tiny --list_languages     # the source languages it knows, one a line
 
 Lines are `text`, or `lang<TAB>text` when languages are mixed (--src_lang: the language of lines without a tab).
 On several hosts run the same command on each (--config.distributed.*, as eval.py): process 0 reads the input and
@@ -25,11 +26,15 @@ def main(argv):
   flags.add_decoding_flags(p, "translate")
   p.add_argument("--input", default=None, help="a UTF-8 file, one sentence a line (default: standard input)")
   p.add_argument("--output", default=None, help="default: standard output")
+  p.add_argument("--list_languages", action="store_true", help="print the model's source languages and exit")
   args, config = flags.parse(p, argv)
   logging.getLogger().setLevel(logging.WARNING)  # standard output is the translations; stderr only what matters
   from gshard_mt.parallel import distributed
   from gshard_mt.tools import translate
 
+  if args.list_languages:
+    print("\n".join(translate.languages_of(args.workdir)))
+    return
   distributed.initialize_distributed(config)
   try:
     translate.translate(args.workdir, input_path=args.input, output_path=args.output, src_lang=args.src_lang,

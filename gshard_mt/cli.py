@@ -11,7 +11,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from gshard_mt import compilation_cache, io, xla_flags
+from gshard_mt import compilation_cache, hints, io, xla_flags
 from gshard_mt import config as config_lib
 from gshard_mt.errors import UserError
 
@@ -34,7 +34,8 @@ def setup_logging():
 
 class ArgumentParser(argparse.ArgumentParser):
   def error(self, message):  # one line, as every other error ends (argparse's own prints its usage first)
-    self.exit(2, f"{self.prog}: error: {message} (--help lists the arguments)\n")
+    self.exit(2, f"{self.prog}: error: {message} ({hints.command({'--help': True}, keep=False)} lists the "
+                 "arguments)\n")
 
 
 def parser(doc: str, *, config: bool = False) -> argparse.ArgumentParser:

@@ -1,6 +1,10 @@
 """Errors a user can fix. Every entry point prints their one-line message and exits with status 2
 (`gshard_mt.cli.run`); the message names the file (and line), the config key or the directory at fault."""
 
+import difflib
+
+LISTED_WHOLE = 12  # known names a message lists; of more it gives the number and the command that lists them
+
 
 class UserError(ValueError):
   """Bad input: a config, a corpus, a work directory or a command-line argument."""
@@ -31,3 +35,15 @@ def counted(n: int, singular: str, plural: str | None = None) -> str:
 def article(word: str) -> str:
   """'an int', 'a float' (by the first letter)."""
   return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
+
+
+def close_matches(given: list[str], known: list[str]) -> str:
+  """'did you mean fra, fry? ' for the known names close to the given ones ('' when none is)."""
+  close = sorted({match for name in given for match in difflib.get_close_matches(name, known, n=3)})
+  return f"did you mean {', '.join(close)}? " if close else ""
+
+
+def listed(known: list[str], noun: str, lister: str) -> str:
+  """The known names, or where there are more than LISTED_WHOLE their number and `lister`, the command that lists
+  them ('112 languages (python translate.py --workdir runs/tiny --list_languages lists them)')."""
+  return ", ".join(known) if len(known) <= LISTED_WHOLE else f"{len(known)} {noun} ({lister} lists them)"

@@ -1,7 +1,8 @@
 """One writer per directory (train.py's work directory, eval.py's output); a second is refused at once, in one line
-naming the holder. Locally: `fcntl.flock`, which the kernel releases when the holder dies. Object storage has no
-file lock: the lock is an object its holder rewrites every `heartbeat_s`, taken over once its heartbeat is STALE_S
-old; two starts at the same moment are settled by reading it back after a pause (the last writer keeps it).
+naming the holder. Locally: `fcntl.flock` on a file that exists while it is held, which the kernel releases when
+the holder dies. Object storage has no file lock: the lock is an object its holder rewrites every `heartbeat_s`,
+taken over once its heartbeat is STALE_S old; two starts at the same moment are settled by reading it back after a
+pause (the last writer keeps it). Neither lock outlives its holder's block.
 """
 
 from __future__ import annotations
@@ -50,17 +51,31 @@ def hold(directory: io.PathLike, *, name: str = LOCK_NAME, enabled: bool = True,
 
 @contextlib.contextmanager
 def _file_lock(directory, name: str):
-  fd = os.open(directory / name, os.O_RDWR | os.O_CREAT, 0o644)
+  fd = _locked(directory / name, directory)
   try:
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      raise _refusal(directory, _read_json(os.pread(fd, 4096, 0))) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(_holder()).encode(), 0)
     yield
   finally:
+    os.unlink(directory / name)  # while held: a writer waiting on this file finds it gone and makes its own
     os.close(fd)  # releases the flock
+
+
+def _locked(path, directory) -> int:
+  """A descriptor of `path`, flocked, whose file is still the one at `path`: a holder that ended between this
+  process's open and its flock has removed the file it held (then the open is tried again)."""
+  while True:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      holder = _read_json(os.pread(fd, 4096, 0))
+      os.close(fd)
+      raise _refusal(directory, holder) from None
+    with contextlib.suppress(FileNotFoundError):
+      if os.stat(path).st_ino == os.fstat(fd).st_ino:
+        return fd
+    os.close(fd)
 
 
 def _read_json(data: bytes | str) -> dict:

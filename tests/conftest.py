@@ -14,6 +14,9 @@ COMPILATION_CACHE = tempfile.mkdtemp(prefix="gshard_mt_jax_cache_")
 os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["GSHARD_MT_COMPILATION_CACHE"] = COMPILATION_CACHE
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+# The commands that programs suggest follow how they were started (`gshard_mt.hints`): the programs the tests start
+# are started by python, whether `make test` or pytest started the tests.
+os.environ.pop("MAKELEVEL", None)
 
 from tests.helpers import small_config  # noqa: E402
 

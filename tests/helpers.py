@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import sys
 
 from gshard_mt import config as config_lib
 from gshard_mt import xla_flags
@@ -29,6 +30,17 @@ def small_config(**overrides):
 def small_args(**overrides) -> list[str]:
   """The same config as `small_config(**overrides)`, as train.py's `--config.key=value` arguments."""
   return [f"--config.{k}={v}" for k, v in small_overrides(**overrides).items()]
+
+
+def started_as(monkeypatch, argv: list[str], *, make: bool = False):
+  """This process as if started by `argv` (['python', 'train.py', ...]), through make (MAKELEVEL set) or not: what
+  `gshard_mt.hints` reads to write a message's command."""
+  monkeypatch.setattr(sys, "orig_argv", list(argv))
+  monkeypatch.setattr(sys, "argv", argv[2:] if argv[1] == "-m" else argv[1:])
+  if make:
+    monkeypatch.setenv("MAKELEVEL", "1")
+  else:
+    monkeypatch.delenv("MAKELEVEL", raising=False)
 
 
 def fresh_env(**extra) -> dict[str, str]:

@@ -18,11 +18,12 @@ from typing import Any
 
 import ml_collections
 
-from gshard_mt import io
+from gshard_mt import hints, io
 from gshard_mt.config import checks, platforms
 from gshard_mt.config.sections import SECTIONS, Config, microbatch_rows, moe_group_error, row_lengths  # noqa: F401
 from gshard_mt.errors import ConfigError, UserError, article
 
+TRAIN, SWEEP = "train.py", "gshard_mt.tools.sweep"  # the programs that read config files and sweep files
 BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}  # of --config.key=TEXT
 
 
@@ -51,8 +52,18 @@ def load_module(path: str | pathlib.Path, needs: str):
   module = importlib.util.module_from_spec(spec)
   run_file_code(path, spec.loader.exec_module, module)
   if not hasattr(module, needs):
-    raise ConfigError(f"{path} has no {needs}")
+    raise ConfigError(f"{path} has no {needs}" + _what_it_is(path, module))
   return module
+
+
+def _what_it_is(path: pathlib.Path, module) -> str:
+  """The command a sweep file given as a config (or a config given as a sweep) is run with."""
+  if hasattr(module, "get_sweep"):
+    return f": it is a sweep (get_sweep); run it with {hints.command({'--sweep': str(path)}, program=SWEEP)}"
+  if hasattr(module, "get_config"):
+    train = {"--config": str(path), "--workdir": f"runs/{path.stem}"}
+    return f": it is a config; train it with {hints.command(train, program=TRAIN)}"
+  return ""
 
 
 def load_file(path: str | pathlib.Path, **kwargs) -> ml_collections.ConfigDict:
@@ -182,8 +193,10 @@ def check_same_run(config: Config, workdir: io.PathLike, *, started: bool = True
     changed = [k for k in new if k.split(".")[0] in ("model", "moe", "data") and old.get(k) != new[k]
                and k not in same_run]
     if changed:
+      elsewhere = hints.command({"--workdir": hints.unused(workdir)})
       raise ConfigError(f"{path} was written for a different run: " + ", ".join(
-          f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in changed) + "; use a new --workdir")
+          f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in changed) + f"; to train this config, use a new work "
+          f"directory: {elsewhere}")
 
 
 def save(config: Config, workdir: io.PathLike, *, started: bool = True):
@@ -205,4 +218,7 @@ def load_saved(workdir: io.PathLike) -> Config:
     raise ConfigError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); the run's config cannot be read") from None
   if isinstance(remat := values.get("model", {}).get("remat"), bool):  # older runs saved model.remat as a bool
     values["model"]["remat"] = "full" if remat else "none"
-  return parse(values)
+  try:
+    return parse(values)
+  except ConfigError as e:  # the value at fault is the file's, not the command line's
+    raise ConfigError(f"{path}: {e} (in the run's saved config)") from None

@@ -16,10 +16,11 @@ import re
 import zlib
 from collections.abc import Sequence
 
-from gshard_mt import io
+from gshard_mt import hints, io
 from gshard_mt.errors import DataError
 
 SPLITS = ("train", "dev", "test")
+INSPECT = "gshard_mt.tools.inspect_data"  # the command that lists a config's languages
 SHIPPED = pathlib.Path(__file__).resolve().parents[2] / "data"
 # Multi30k's files and language codes -> ours (ISO 639-3, as Tatoeba's).
 MULTI30K_SPLITS = {"train": "train", "dev": "val", "test": "test_2016_flickr"}
@@ -189,9 +190,10 @@ def by_stream(found: list[tuple[str, dict[str, dict]]], languages: str) -> dict[
                     "stream names; join different datasets")
   wanted = wanted_streams(languages)
   unknown = sorted({w for w in wanted if not any(w in (s, language_of(s)) for s in names.values())})
-  if unknown:
+  if unknown:  # the sources read the languages asked for only: the same config without them lists them all
+    lister = hints.command({"--config.data.languages": None, "--workdir": None}, program=INSPECT, keep=True)
     raise DataError(f"unknown language code(s) {unknown} in data.languages: no file or stream of data.source "
-                    "has them (python -m gshard_mt.tools.inspect_data --config ... lists its languages)")
+                    f"has them ({lister} lists its languages)")
   chosen = sorted(s for s in names.values() if not wanted or s in wanted or language_of(s) in wanted)
   values = {split: {names[label, lang]: v for label, splits in found for lang, v in splits[split].items()}
             for split in SPLITS}

@@ -147,11 +147,12 @@ def build(data_config, stage: pathlib.Path, processes: int):
   with _pool(processes) as run:
     splits, origins, empty = _read_and_assemble(data_config, stage, run)
     lap("read", f"read {sum(n for _, n in splits['train'])} train pairs")
-    train = shards.open_text(stage, {"splits": splits, "origins": {}}, "train")
     tags = tokenizer_lib.tag_pieces([s for s, _ in splits["train"]], data_config.source_tags)
-    log.info("data: training the tokenizer (SentencePiece, %d pieces)", data_config.vocab_size)
-    model = tokenizer_lib.train(_tokenizer_sentences(list(train.values())), data_config.vocab_size, tags,
-                                data_config.character_coverage)
+    sentences = 2 * min(sum(n for _, n in splits["train"]), tokenizer_lib.MAX_SENTENCES // 2)
+    log.info("data: training the tokenizer (SentencePiece, %d pieces, %d sentences: about %.0f s here; Ctrl-C stops "
+             "it)", data_config.vocab_size, sentences, tokenizer_lib.seconds_to_train(sentences))
+    model = tokenizer_lib.train_apart(functools.partial(_staged_sentences, stage, splits), data_config.vocab_size,
+                                      tags, data_config.character_coverage)
     (stage / shards.MODEL).write_bytes(model)
     lap("tokenizer", "trained the tokenizer")
     log.info("data: tokenizing every split")
@@ -239,6 +240,11 @@ def _assemble(stage: pathlib.Path, split: str, streams: list[tuple[int, str, int
     writer.close()
   for path in stage.glob(f"part*.{split}.*"):
     path.unlink()
+
+
+def _staged_sentences(stage: pathlib.Path, splits: dict):
+  """`_tokenizer_sentences` of the training pairs staged in `stage` (read in the tokenizer's own process)."""
+  return _tokenizer_sentences(list(shards.open_text(stage, {"splits": splits, "origins": {}}, "train").values()))
 
 
 def _tokenizer_sentences(train: list[corpus.Pairs]):

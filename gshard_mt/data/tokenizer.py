@@ -12,8 +12,10 @@ back to their UTF-8 bytes (256 byte pieces), so UNK never appears.
 from __future__ import annotations
 
 import itertools
+import multiprocessing
 import os
-from collections.abc import Iterator
+import signal
+from collections.abc import Callable, Iterator
 from io import BytesIO
 
 import numpy as np
@@ -28,6 +30,8 @@ PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 TRAINER_OPTIONS = {"byte_fallback": True, "split_digits": True, "normalization_rule_name": "identity",
                    "remove_extra_whitespaces": False}
 MAX_SENTENCES = 1_000_000  # sentences the model is trained on, at most (a sample of bigger corpora)
+# SentencePiece's pace: Tatoeba-112's 142,206 sentences into 4,000 pieces in 10 s on 2 quiet cores (2026-11-27)
+SENTENCES_PER_CORE_S = 7_000
 
 
 class Tokenizer:
@@ -102,3 +106,23 @@ def train(sentences: Iterator[str], vocab_size: int, tags: list[str], character_
                       f"lower data.character_coverage={character_coverage}: {e}") from None
     raise
   return model.getvalue()
+
+
+def seconds_to_train(sentences: int) -> float:
+  """About how long `train` takes on this machine's cores for `sentences` (SENTENCES_PER_CORE_S's pace), 1 s at
+  least (starting its process takes about that)."""
+  return max(1.0, sentences / (SENTENCES_PER_CORE_S * (os.cpu_count() or 1)))
+
+
+def train_apart(sentences: Callable[[], Iterator[str]], vocab_size: int, tags: list[str],
+                character_coverage: float = 0.9995) -> bytes:
+  """`train` in a process of its own (spawned: the caller may be a threaded JAX program), so that Ctrl-C stops it
+  at once: SentencePiece's trainer is native code that sees no signal until it ends. The child ignores Ctrl-C and is
+  killed when this process is interrupted; `sentences` (picklable) makes its sentences there."""
+  context = multiprocessing.get_context("spawn")
+  with context.Pool(1, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:
+    return pool.apply(_train_from, (sentences, vocab_size, tags, character_coverage))
+
+
+def _train_from(sentences: Callable[[], Iterator[str]], *args) -> bytes:
+  return train(sentences(), *args)

@@ -26,9 +26,9 @@ from sacrebleu.significance import PairedTest
 from tqdm import tqdm
 
 from gshard_mt import config as config_lib
-from gshard_mt import io, lock
+from gshard_mt import hints, io, lock
 from gshard_mt.data import pipeline
-from gshard_mt.errors import UserError, WorkdirError, one_line
+from gshard_mt.errors import UserError, WorkdirError, close_matches, listed, one_line
 from gshard_mt.evaluation import flags, report
 from gshard_mt.evaluation.outputs import output_name, standard_evaluations
 from gshard_mt.model import decode
@@ -68,8 +68,8 @@ def _baseline_scores(baseline: epath.Path, split: str) -> dict:
   runs = list(standard_evaluations(baseline, split).values()) or sorted(
       (baseline / "eval").glob(f"{split}-*/scores.json"), key=lambda p: int(p.parent.name.split("-")[1]))
   if not runs:
-    raise WorkdirError(f"baseline {baseline} has no scores for the {split} split (run eval.py --workdir {baseline} "
-                    f"--split {split} first)")
+    first = hints.command({"--workdir": str(baseline), "--split": split}, program="eval.py")
+    raise WorkdirError(f"baseline {baseline} has no scores for the {split} split (evaluate it first: {first})")
   return json.loads(runs[-1].read_text()) | {"path": str(runs[-1].parent)}
 
 
@@ -122,8 +122,8 @@ def restore(workdir, *, step: int | None = None, split: str = "test", average_la
   with checkpoint_lib.Checkpoints(workdir / checkpoint_lib.FOLDER, read_only=True) as ckpts:
     steps = ckpts.steps()
   if not steps:
-    raise WorkdirError(f"{workdir}/{checkpoint_lib.FOLDER} has no checkpoint: train first (python train.py ... "
-                       f"--workdir {workdir})")
+    train = hints.command({"--config": "<its config file>", "--workdir": str(workdir)}, program="train.py")
+    raise WorkdirError(f"{workdir}/{checkpoint_lib.FOLDER} has no checkpoint: train first ({train})")
   if step is not None and step not in steps:  # before the data is read
     raise WorkdirError(f"no checkpoint for step {step} in {workdir}/{checkpoint_lib.FOLDER} (have {steps})")
   averaged = steps_to_average(steps, step, average_last, workdir) if average_last is not None else ()
@@ -199,15 +199,16 @@ def decode_pairs(translator: decode.Translator, run: Restored, *, split: str, id
 
 def score_languages(run: Restored, *, split: str, hyps: dict[str, list[str]], base: dict | None,
                     bootstrap_samples: int) -> tuple[dict, dict]:
-  """(per language: BLEU, chrF++, resource bucket and, against a baseline, ΔBLEU and a bootstrap p-value;
-  sacrebleu signatures)."""
+  """(per language: BLEU and its 95% interval, chrF++, resource bucket and, against a baseline, ΔBLEU and a
+  bootstrap p-value; sacrebleu signatures)."""
   train_pairs = {lang: len(pairs) for lang, pairs in run.data.text["train"].items()}
   buckets = resource_buckets(train_pairs)  # among all the run's languages, whichever are evaluated
   refs = {lang: run.data.text[split][lang].tgt for lang in hyps}
   per_lang, signatures = scoring.by_language(hyps, refs)
   for lang, lines in hyps.items():
     per_lang[lang] |= {"train_pairs": train_pairs[lang], "resource": buckets[lang],
-                       "references": references_digest(refs[lang])}
+                       "references": references_digest(refs[lang]),
+                       "bleu_interval": list(scoring.bleu_interval(lines, refs[lang]))}
     if base and lang in base["languages"]:
       base_hyp_file = io.path(base["path"]) / f"hyp.{lang}.txt"
       read = bootstrap_samples and base_hyp_file.exists()
@@ -245,7 +246,9 @@ def evaluate(workdir, *, split="test", step=None, beam_size=flags.BEAM_SIZE, alp
   wanted = languages or sorted(run.data.text[split])
   unknown = sorted(set(wanted) - set(tokens.languages))
   if unknown:
-    raise WorkdirError(f"unknown language code(s) {unknown} for --languages; {workdir} has {tokens.languages}")
+    lister = hints.command({"--workdir": str(workdir), "--list_languages": True}, program="translate.py")
+    raise WorkdirError(f"unknown language code(s) {unknown} for --languages; {close_matches(unknown, tokens.languages)}"
+                       f"{workdir} has {listed(tokens.languages, 'languages', lister)}")
   if base:  # before decoding
     check_baseline(base, {lang: run.data.text[split][lang].tgt for lang in wanted}, split)
   max_len = max_decode_len or run.config.data.max_length

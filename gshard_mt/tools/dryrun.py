@@ -77,14 +77,28 @@ def fit_group_size(config, num_devices: int) -> int | None:
   return size
 
 
-def load_for(config_path: str, overrides: dict, num_devices: int):
-  """The config for a plan on `num_devices`, its MoE group size fitted to the mesh (said on stderr) if needed."""
-  config = config_lib.load(config_path, overrides)
-  before = config.moe.group_size
+def fit_to_mesh(config, num_devices: int) -> tuple[object, dict[str, list]]:
+  """(the config with its MoE group size fitted to a mesh of `num_devices` if needed, {key: [configured, used]} of
+  the settings that changed)."""
+  changed = {}
   if (size := fit_group_size(config, num_devices)) is not None:
-    print(f"moe.group_size={before} does not split over this mesh; using moe.group_size={size}", file=sys.stderr)
+    changed["moe.group_size"] = [config.moe.group_size, size]
     config = config_lib.replace(config, {"moe.group_size": size})
   mesh_lib.check(config, num_devices)
+  return config, changed
+
+
+def describe_changes(changed: dict[str, list]) -> str:
+  """'moe.group_size=128 does not split over this mesh; using moe.group_size=16' (each change, '; ' between)."""
+  return "; ".join(f"{key}={was} does not split over this mesh; using {key}={now}"
+                   for key, (was, now) in changed.items())
+
+
+def load_for(config_path: str, overrides: dict, num_devices: int):
+  """The config for a plan on `num_devices`, fitted to the mesh (`fit_to_mesh`; a change said on stderr)."""
+  config, changed = fit_to_mesh(config_lib.load(config_path, overrides), num_devices)
+  if changed:
+    print(describe_changes(changed), file=sys.stderr)
   return config
 
 
@@ -154,6 +168,8 @@ def markdown(report: dict, config_path: str) -> str:
            f"{report['devices']} devices ({report['device_kind']}), mesh {report['mesh']}, rules "
            f"'{report['partitioning']}', {report['parameters'] / 1e6:,.1f}M parameters, model.remat "
            f"'{report['remat']}', {report['num_microbatches']} microbatch(es).",
+           *(["", f"**Changed from the config**: {describe_changes(report['changed'])}; this report is of the "
+                  "changed config."] if report.get("changed") else []),
            "", "| per device | bytes |", "|---|---|",
            f"| parameters | {gib(m['parameters'])} |", f"| optimizer state | {gib(m['optimizer_state'])} |",
            f"| arguments (XLA) | {gib(m['argument'])} |", f"| temporaries (XLA) | {gib(m['temp'])} |",
@@ -199,14 +215,15 @@ def plan(config_path: str, overrides: dict, topology: str | None = None, num_dev
          hbm_gib: float | None = None, with_time: bool = True, points: dict | None = None,
          cpu_all_to_all: bool = False, remat: list[str] = ()) -> dict:
   """The dry run of a config file for a TPU `topology` or `num_devices` fake CPU devices (set before JAX starts
-  its CPU backend), with 'topology', 'hbm_gib' and 'fits' added to `dry_run`'s report, and with `remat`
-  policies their `remat_policies` ('remat_policies')."""
+  its CPU backend), with 'topology', 'hbm_gib', 'fits' and 'changed' (the settings fitted to the mesh,
+  `fit_to_mesh`) added to `dry_run`'s report, and with `remat` policies their `remat_policies`."""
+  asked = config_lib.load(config_path, overrides)
   if topology:
     devices = tpu.topology_devices(topology)
     hbm_gib = hbm_gib or chips.hbm_bytes(devices[0]) / 2**30
-    config = load_for(config_path, overrides, len(devices))
+    config, changed = fit_to_mesh(asked, len(devices))
   else:
-    config = load_for(config_path, overrides, num_devices)
+    config, changed = fit_to_mesh(asked, num_devices)
     hbm_gib = hbm_gib or 16.0
     if not cpu_all_to_all:  # read when the CPU backend starts, below
       os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {NO_CPU_ALL_TO_ALL_DECOMPOSER}".strip()
@@ -217,7 +234,9 @@ def plan(config_path: str, overrides: dict, topology: str | None = None, num_dev
       raise UserError(f"JAX started with {jax.device_count()} devices, not {num_devices}: run the dry run in a "
                       "fresh process (JAX had started before it could ask for fake devices)")
     devices = jax.devices()
-  report = dry_run(config, devices, with_time, points)
+  if changed:
+    say(describe_changes(changed))
+  report = dry_run(config, devices, with_time, points) | {"changed": changed}
   if remat:
     report["remat_policies"] = remat_policies(config, devices, report, remat, with_time)
   report.update(topology=topology, hbm_gib=hbm_gib, xla_flags=os.environ.get("XLA_FLAGS", ""),

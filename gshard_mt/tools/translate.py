@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import functools
 import itertools
+import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -22,13 +23,15 @@ from typing import BinaryIO, TextIO
 import jax
 import numpy as np
 
-from gshard_mt import io
+from gshard_mt import config as config_lib
+from gshard_mt import hints, io
 from gshard_mt.data import pipeline
 from gshard_mt.data.corpus import language_of
 from gshard_mt.data.packing import TokenizedSplit
-from gshard_mt.errors import DataError, WorkdirError
-from gshard_mt.evaluation import flags
+from gshard_mt.errors import DataError, WorkdirError, close_matches, listed
+from gshard_mt.evaluation import flags, report
 from gshard_mt.evaluation.evaluate import Restored, check_decoding_length, restore
+from gshard_mt.evaluation.outputs import standard_evaluations
 from gshard_mt.model import decode
 from gshard_mt.parallel import distributed
 
@@ -49,14 +52,40 @@ def source_languages(run: Restored) -> list[str]:
   return sorted({language_of(stream) for stream in run.data.tokens["train"].languages})
 
 
-def check_language(lang: str, known: list[str], where: str):
-  """A WorkdirError naming `where` and the known languages unless the model knows `lang`."""
+def quality_note(workdir) -> str | None:
+  """`report.not_translating`'s line for the run's newest test BLEU (eval.py's), else for the greedy dev BLEU it
+  logged last; None for a model that translates, or one without either."""
+  workdir = io.path(workdir)
+  if tests := standard_evaluations(workdir, "test"):
+    step, path = max(tests.items())
+    return report.not_translating(json.loads(path.read_text())["average"]["bleu"], f"{workdir}'s test BLEU at step "
+                                  f"{step} (eval.py) is")
+  logged = [row for row in io.read_jsonl(workdir / "metrics.jsonl") if row.get("dev_bleu_greedy") is not None]
+  return report.not_translating(logged[-1]["dev_bleu_greedy"], f"{workdir}'s greedy dev BLEU at step "
+                                f"{logged[-1]['step']} is") if logged else None
+
+
+def languages_of(workdir) -> list[str]:
+  """The source languages of a work directory's model (translate.py --list_languages), from its prepared corpus."""
+  data = pipeline.load(config_lib.load_saved(workdir), workdir)
+  return sorted({language_of(stream) for stream in data.tokens["train"].languages})
+
+
+def known_languages(known: list[str], workdir) -> str:
+  """The languages a model knows, as a message gives them: all, or their number and the command that lists them."""
+  lister = hints.command({"--workdir": str(workdir), "--list_languages": True}, program="translate.py")
+  return listed(known, "languages", lister)
+
+
+def check_language(lang: str, known: list[str], where: str, workdir):
+  """A WorkdirError naming `where`, the languages close to `lang` and the known ones unless the model knows it."""
   if lang not in known:
-    raise WorkdirError(f"{where}: unknown source language {lang!r}; this model knows {', '.join(known)}")
+    raise WorkdirError(f"{where}: unknown source language {lang!r}; {close_matches([lang], known)}this model "
+                       f"knows {known_languages(known, workdir)}")
 
 
 def parse_line(raw: bytes, number: int, *, default: str | None, known: list[str], name: str = "<stdin>",
-               tagged: bool = True) -> Line:
+               tagged: bool = True, workdir: io.PathLike) -> Line:
   """One input line (`text` or `lang<TAB>text`), decoded, stripped as the corpus readers strip it, and checked:
   invalid UTF-8, an unknown language, or (with source tags) a non-empty line without one is an error naming
   `name:number`."""
@@ -68,11 +97,11 @@ def parse_line(raw: bytes, number: int, *, default: str | None, known: list[str]
   lang, text = (tag.strip(), rest) if tab else (default, text)
   where = f"{name}:{number}"
   if lang is not None:
-    check_language(lang, known, where)
+    check_language(lang, known, where, workdir)
   text = text.strip()
   if text and lang is None and tagged:
     raise WorkdirError(f"{where}: no source language: start the line with 'lang<TAB>' or give --src_lang (this "
-                       f"model knows {', '.join(known)})")
+                       f"model knows {known_languages(known, workdir)})")
   return Line(number, lang, text)
 
 
@@ -179,14 +208,16 @@ def translate(workdir, *, input_path: str | None = None, output_path: str | None
     run = restore(workdir, step=step, average_last=average_last)
     known = source_languages(run)
     if src_lang is not None:
-      check_language(src_lang, known, "--src_lang")
+      check_language(src_lang, known, "--src_lang", workdir)
+    if main and (note := quality_note(workdir)):
+      print(f"note: {note}", file=sys.stderr, flush=True)
     interactive = distributed.broadcast_object(source is not None and source.isatty())
     rows = 1 if interactive else batch_size or run.config.batch_size
     translator = run.translator(beam_size, alpha, max_decode_len or run.config.data.max_length)
     warn = functools.partial(print, "warning:", file=sys.stderr, flush=True) if main else lambda message: None
     lines = LineTranslator(run, translator, rows, name=name, warn=warn)
     parse = functools.partial(parse_line, default=src_lang, known=known, name=name,
-                              tagged=bool(run.config.data.source_tags))
+                              tagged=bool(run.config.data.source_tags), workdir=workdir)
     if main and stdout is None and output_path is None:
       sys.stdout.reconfigure(encoding="utf-8", newline="\n")  # input is UTF-8, so is the output
     sink = distributed.checked_on_process_0(

@@ -2,6 +2,8 @@
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 
@@ -89,3 +91,19 @@ def test_does_not_fit_is_reported_and_fails_only_when_asked(tmp_path):
 def test_bad_mesh_is_a_config_error(tmp_path):
   proc = run_dryrun(tmp_path, "--mesh", "data=3,expert=4")
   assert proc.returncode != 0 and "does not match the 8 devices" in proc.stderr
+
+
+def test_the_readme_example_shows_the_all_to_alls_and_says_what_it_changed(tmp_path):
+  """The README's dry run, as written there: experts over 4 devices (all-to-alls), and the group size it had to
+  change said in the report and the printed result, not only in a line of log."""
+  example = re.search(r"`python -m gshard_mt\.tools\.dryrun ([^`]*)`", (ROOT / "README.md").read_text())[1]
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  env.pop("JAX_NUM_CPU_DEVICES", None)
+  proc = subprocess.run([sys.executable, "-m", "gshard_mt.tools.dryrun", *shlex.split(example), "--out", str(tmp_path)],
+                        env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+  report = json.loads((tmp_path / "dryrun.json").read_text())
+  assert report["mesh"] == {"data": 2, "expert": 4, "model": 1} and report["collectives"]["all-to-all"]["count"] == 8
+  assert report["changed"] == {"moe.group_size": [128, 16]}
+  said = "moe.group_size=128 does not split over this mesh; using moe.group_size=16"
+  assert f"**Changed from the config**: {said}" in proc.stdout and said in (tmp_path / "dryrun.md").read_text()

@@ -111,7 +111,8 @@ def test_order_languages_empty_and_long_lines(run):
          long_line, "spa\t", "Oui.", "kab\tAzul fell-awen a yimdukal"]
   warnings = []
   lines = translate.LineTranslator(run, Echo(run.data.tokenizer), rows=2, warn=warnings.append)
-  parse = functools.partial(translate.parse_line, default="fra", known=translate.source_languages(run))
+  parse = functools.partial(translate.parse_line, default="fra", known=translate.source_languages(run),
+                            workdir=run.workdir)
   out = io.StringIO()
   count = translate.translate_stream(iter(line.encode() + b"\n" for line in raw), out, lines, window=4, parse=parse)
   got = out.getvalue().split("\n")[:-1]
@@ -129,7 +130,7 @@ def test_order_languages_empty_and_long_lines(run):
 def test_languages_checked_per_line(run):
   known = translate.source_languages(run)
   assert known == sorted(small_config().data.languages.split(","))
-  parse = functools.partial(translate.parse_line, known=known, name="in.txt")
+  parse = functools.partial(translate.parse_line, known=known, name="in.txt", workdir=run.workdir)
   assert parse(b"deu\tHallo\r\n", 3, default=None) == translate.Line(3, "deu", "Hallo")
   assert parse(b"\n", 4, default=None).text == ""  # no language needed for an empty line
   with pytest.raises(WorkdirError, match=r"in.txt:5: no source language: .*--src_lang .*deu, ell, fra"):

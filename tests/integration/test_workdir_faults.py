@@ -3,8 +3,10 @@ and the cause, before any data is read: exit 74 where a directory cannot be crea
 README "Faults and storage"), exit 2 where eval.py or translate.py is given a directory that is not a run."""
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -80,3 +82,34 @@ def test_eval_and_translate_of_a_directory_that_is_not_a_run(tmp_path, script, w
   line = one_line(proc, 2)
   assert line == f"{script}: error: {workdir}/config.json not found: is {workdir} a gshard_mt work directory?"
   assert not os.path.exists(f"{workdir}/eval")
+
+
+@pytest.mark.parametrize("why, args, message", [
+    ("a bad language", ["--config.data.languages=fra,zzz"], "unknown language code(s) ['zzz'] in data.languages"),
+    ("a vocabulary too large", ["--config.data.languages=fra", "--config.data.vocab_size=100000"],
+     "data.vocab_size=100000 is too large for this training data")])
+def test_a_refused_start_leaves_the_work_directory_as_it_was(tmp_path, why, args, message):
+  """A new work directory is not there after (nor the parents made for it); an old one holds what it held."""
+  for workdir in (tmp_path / "new" / "run", tmp_path / "old"):
+    (tmp_path / "old" / "notes").mkdir(parents=True, exist_ok=True)
+    proc = run(COMMANDS["train"][:3] + ["--workdir", str(workdir), *args], tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert message in proc.stderr.strip().splitlines()[-1], why  # after the log of the corpus read
+  assert not (tmp_path / "new").exists()
+  assert os.listdir(tmp_path / "old") == ["notes"] and os.listdir(tmp_path / "old" / "notes") == []
+
+
+def test_ctrl_c_while_the_tokenizer_trains_ends_at_once_and_leaves_nothing(tmp_path):
+  """SentencePiece trains in a process of its own: Ctrl-C ends the start within seconds, not when it is done."""
+  workdir = tmp_path / "run"
+  proc = subprocess.Popen([sys.executable, "train.py", "--config", "configs/tiny.py", "--workdir", str(workdir)],
+                          stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=ROOT, env=fresh_env())
+  said = next(line for line in proc.stderr if "training the tokenizer" in line or "Traceback" in line)
+  assert "Ctrl-C stops it" in said and "s here" in said, said
+  time.sleep(1)  # SentencePiece is at work
+  proc.send_signal(signal.SIGINT)
+  sent = time.perf_counter()
+  rest = proc.stderr.read()
+  assert proc.wait(timeout=60) == 130 and time.perf_counter() - sent < 5, rest
+  assert rest.strip().splitlines()[-1] == "train.py: interrupted" and "Traceback" not in rest, rest
+  assert not workdir.exists()

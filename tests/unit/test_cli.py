@@ -8,6 +8,7 @@ import pytest
 
 from gshard_mt import cli
 from gshard_mt.errors import ConfigError, DataError, WorkdirError
+from tests.helpers import started_as
 
 
 @pytest.mark.parametrize("error", [ConfigError("moe.num_experts=3: bad"), DataError("x.de:4: invalid UTF-8"),
@@ -31,8 +32,8 @@ def test_other_errors_are_not_hidden():
     cli.run(main, [])
 
 
-@pytest.mark.parametrize("code, what", [(errno.ENOSPC, "disk full"), (errno.EROFS, "read-only file system"),
-                                        (errno.EACCES, "permission denied")])
+@pytest.mark.parametrize("code, what", [(errno.ENOSPC, "disk full (No space left on device)"),
+                                        (errno.EROFS, "read-only file system"), (errno.EACCES, "permission denied")])
 def test_storage_faults_end_in_one_line_with_the_free_space(code, what, tmp_path, capsys, monkeypatch):
   exits = []
   monkeypatch.setattr(os, "_exit", exits.append)
@@ -47,7 +48,7 @@ def test_storage_faults_end_in_one_line_with_the_free_space(code, what, tmp_path
   cli.run(main, [], prog="tool")
   err = capsys.readouterr().err
   assert exits == [74] and err.count("\n") == 1
-  assert err.startswith(f"tool: error: {target}: {what} (") and " free on its filesystem" in err
+  assert err.startswith(f"tool: error: {target}: {what}; ") and " free on its filesystem" in err
 
 
 def test_ctrl_c_outside_the_loop_is_one_line(capsys):
@@ -91,11 +92,13 @@ def test_counts_and_articles_in_messages():
   assert [article(w) for w in ("int", "float", "Example", "list")] == ["an int", "a float", "an Example", "a list"]
 
 
-def test_a_wrong_argument_is_one_line_naming_it(capsys):
+@pytest.mark.parametrize("make, help_command", [(False, "python eval.py --help"), (True, 'make eval ARGS="--help"')])
+def test_a_wrong_argument_is_one_line_naming_it(make, help_command, capsys, monkeypatch):
+  started_as(monkeypatch, ["python", "eval.py", "--workdir", "runs/tiny", "--split", "valid"], make=make)
   p = cli.parser("doc")
   p.add_argument("--split", choices=("dev", "test"))
   with pytest.raises(SystemExit) as exit_info:
     p.parse_args(["--split", "valid"])
   err = capsys.readouterr().err
   assert exit_info.value.code == 2 and err.count("\n") == 1 and "usage" not in err
-  assert "error: argument --split: invalid choice: 'valid'" in err and "(--help lists the arguments)" in err
+  assert "error: argument --split: invalid choice: 'valid'" in err and f"({help_command} lists the arguments)" in err

@@ -9,7 +9,7 @@ from gshard_mt import config as config_lib
 from gshard_mt.config.sections import Config, ModelConfig
 from gshard_mt.errors import ConfigError
 from gshard_mt.parallel import mesh as mesh_lib
-from tests.helpers import ROOT, small_config
+from tests.helpers import ROOT, small_config, started_as
 
 TINY = ROOT / "configs" / "tiny.py"
 
@@ -132,7 +132,7 @@ def test_saved_config_protects_a_run(tmp_path):
   config_lib.save(small_config(**{"moe.expert_kernel": "pallas", "moe.eval_capacity_factor": 3.0}), tmp_path)
   with pytest.raises(ConfigError, match="moe.aux_loss_weight: 0.01 -> 0.1"):  # the objective is the run's
     config_lib.save(small_config(**{"moe.aux_loss_weight": 0.1}), tmp_path)
-  with pytest.raises(ConfigError, match="moe.num_experts: 4 -> 8; use a new --workdir"):
+  with pytest.raises(ConfigError, match="moe.num_experts: 4 -> 8; to train this config, use a new work directory: "):
     config_lib.save(small_config(**{"moe.num_experts": 8}), tmp_path)
   assert config_lib.load_saved(tmp_path).moe.num_experts == 4
 
@@ -144,7 +144,7 @@ def test_a_key_added_since_a_run_started_resumes_at_its_default(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps(old))
   config_lib.save(small_config(), tmp_path)  # 0, the default: the same run
   (tmp_path / "config.json").write_text(json.dumps(old))
-  with pytest.raises(ConfigError, match="data.max_target_length: 0 -> 16; use a new --workdir"):
+  with pytest.raises(ConfigError, match="data.max_target_length: 0 -> 16; to train this config, use a new work "):
     config_lib.save(small_config(**{"data.max_target_length": 16}), tmp_path)
 
 
@@ -203,3 +203,33 @@ def test_a_section_given_a_value_and_an_unreadable_config_json_are_one_line(tmp_
   (tmp_path / "config.json").write_text('{"moe": {\n')
   with pytest.raises(ConfigError, match=r"config.json:2: not valid JSON \(.*\); the run's config cannot be read"):
     config_lib.load_saved(tmp_path)
+
+
+def test_a_bad_value_of_a_run_s_config_json_names_the_file(tmp_path):
+  values = config_lib.to_dict(small_config())
+  values["moe"]["jitter_noise"] = "x"
+  (tmp_path / "config.json").write_text(json.dumps(values))
+  with pytest.raises(ConfigError) as raised:
+    config_lib.load_saved(tmp_path)
+  assert str(raised.value) == (f"{tmp_path}/config.json: moe.jitter_noise='x': expected a float, got a str (in the "
+                               "run's saved config)")
+
+
+@pytest.mark.parametrize("make, command", [
+    (True, "make sweep SWEEP=configs/sweeps/routers.py"),
+    (False, "python -m gshard_mt.tools.sweep --sweep configs/sweeps/routers.py")])
+def test_a_sweep_given_as_a_config_says_how_to_run_it(make, command, monkeypatch):
+  monkeypatch.chdir(ROOT)
+  started_as(monkeypatch, ["python", "train.py", "--config", "configs/sweeps/routers.py"], make=make)
+  with pytest.raises(ConfigError) as raised:
+    config_lib.load("configs/sweeps/routers.py")
+  assert str(raised.value) == ("configs/sweeps/routers.py has no get_config: it is a sweep (get_sweep); run it with "
+                               + command)
+
+
+def test_a_config_given_as_a_sweep_says_how_to_train_it(monkeypatch):
+  monkeypatch.chdir(ROOT)
+  started_as(monkeypatch, ["python", "-m", "gshard_mt.tools.sweep", "--sweep", "configs/multi30k.py"], make=True)
+  with pytest.raises(ConfigError, match=re.escape("configs/multi30k.py has no get_sweep: it is a config; train it "
+                                                  "with make train CONFIG=configs/multi30k.py WORKDIR=runs/multi30k")):
+    config_lib.load_module("configs/multi30k.py", "get_sweep")

@@ -7,7 +7,7 @@ import pytest
 from gshard_mt.data import corpus, sources
 from gshard_mt.errors import ConfigError, DataError
 from tests import tiny_tfds
-from tests.helpers import small_config
+from tests.helpers import small_config, started_as
 
 
 @pytest.fixture(scope="module")
@@ -103,9 +103,20 @@ def test_no_pairs_are_dropped_silently_where_two_files_share_a_language(tmp_path
   assert {lang: p.src for lang, p in splits["train"].items()} == {"xx": ["one", "two"], "yy": ["one", "two"]}
 
 
-def test_config_level_errors(tmp_path):
-  with pytest.raises(DataError, match=r"unknown language code\(s\) \['zzz'\] in data.languages"):
+@pytest.mark.parametrize("make, lister", [
+    (False, "python -m gshard_mt.tools.inspect_data --config configs/tiny.py --config.seed=3"),
+    (True, 'make inspect-data ARGS="--config.seed=3"')])
+def test_an_unknown_language_names_the_command_that_lists_the_source_s(make, lister, monkeypatch):
+  """The command is train.py's own, without the languages asked for and the work directory (nothing to train)."""
+  started_as(monkeypatch, ["python", "train.py", "--config", "configs/tiny.py", "--workdir", "runs/x",
+                           "--config.data.languages=fra,zzz", "--config.seed=3"], make=make)
+  with pytest.raises(DataError) as raised:
     sources.load_corpus(small_config(**{"data.languages": "fra,zzz"}).data)
+  assert str(raised.value) == ("unknown language code(s) ['zzz'] in data.languages: no file or stream of data.source "
+                               f"has them ({lister} lists its languages)")
+
+
+def test_config_level_errors(tmp_path):
   write_pair(tmp_path, "xx", [""] * 3, ["A"] * 3)
   with pytest.raises(DataError, match="xx has 0 usable pairs"):
     sources.load_corpus(small_config(**{"data.source": "folder", "data.path": str(tmp_path),

@@ -50,6 +50,9 @@ def test_load_for_says_which_size_it_chose(capsys):
   config = dryrun.load_for(TINY, {"mesh.data": "2", "mesh.expert": "4"}, 8)
   assert config.moe.group_size == 16
   assert "moe.group_size=128 does not split over this mesh; using moe.group_size=16" in capsys.readouterr().err
+  asked = config_lib.load(TINY, {"mesh.data": "2", "mesh.expert": "4"})
+  assert dryrun.fit_to_mesh(asked, 8)[1] == {"moe.group_size": [128, 16]}
+  assert dryrun.fit_to_mesh(config_lib.replace(asked, {"moe.group_size": 16}), 8)[1] == {}  # it fits: no change
 
 
 @pytest.mark.parametrize("units, points", [

@@ -1,7 +1,9 @@
 """One writer per directory: a second is refused in one line naming the holder; a dead holder's lock is taken
 over, on a local disk (flock) and on object storage (a heartbeat object)."""
 
+import fcntl
 import json
+import os
 import subprocess
 import sys
 import time
@@ -36,6 +38,33 @@ def test_a_killed_holder_leaves_a_lock_that_is_taken_over(tmp_path):
   holder.wait()
   with lock.hold(tmp_path):
     assert json.loads((tmp_path / lock.LOCK_NAME).read_text())["pid"] != holder.pid
+
+
+def test_the_lock_file_exists_while_held_and_a_refused_writer_leaves_it(tmp_path):
+  with lock.hold(tmp_path / "run"):
+    with pytest.raises(WorkdirError):
+      with lock.hold(tmp_path / "run"):
+        pass
+    assert json.loads((tmp_path / "run" / lock.LOCK_NAME).read_text())["pid"] == os.getpid()
+  assert os.listdir(tmp_path / "run") == []  # the directory made stays: its block ended well
+
+
+def test_a_lock_file_removed_between_the_open_and_the_flock_is_opened_again(tmp_path, monkeypatch):
+  """Its holder ended in between: this process would hold a file no longer at the path, which another writer
+  could then make and lock as well."""
+  path, flock, calls = tmp_path / lock.LOCK_NAME, fcntl.flock, []
+
+  def holder_ends_first(fd, operation):
+    if not calls:
+      path.unlink()
+      path.write_text("")  # the next writer's file
+    calls.append(fd)
+    flock(fd, operation)
+
+  monkeypatch.setattr(fcntl, "flock", holder_ends_first)
+  fd = lock._locked(path, tmp_path)
+  assert len(calls) == 2 and os.fstat(fd).st_ino == os.stat(path).st_ino
+  os.close(fd)
 
 
 def test_disabled_holds_nothing(tmp_path):

@@ -194,11 +194,17 @@ class TestReport:
         "| high | 12.00 | 32.00 | - |",
         "| low | 10.50 | 30.50 | +0.25 |",
         "",
-        "| language | train pairs | resource | sentences | BLEU | chrF++ | ΔBLEU |",
-        "|---|---|---|---|---|---|---|",
-        "| l02 | 200 | high | 10 | 12.00 | 32.00 | -0.25 |",
-        "| l01 | 100 | low | 10 | 11.00 | 31.00 | - |",
-        "| l00 | 0 | low | 10 | 10.00 | 30.00 | +0.25 |",
+        "95% interval: the 2.5th to 97.5th percentile of the language's corpus BLEU over 1,000 resamples of its "
+        "test sentences (with replacement, seed 0); the fewer sentences, the wider. ≈: the interval holds the "
+        "average BLEU (11.00), so this test set cannot tell the language's score from the average (2 of 3 "
+        "languages). Two languages whose intervals do not overlap differ beyond doubt; where they overlap, this test "
+        "set may not tell them apart.",
+        "",
+        "| language | train pairs | resource | sentences | BLEU | 95% interval | ≈ | chrF++ | ΔBLEU |",
+        "|---|---|---|---|---|---|---|---|---|",
+        "| l02 | 200 | high | 12 | 12.00 | 10.50-12.50 | ≈ | 32.00 | -0.25 |",
+        "| l01 | 100 | low | 11 | 11.00 | 10.00-11.50 | ≈ | 31.00 | - |",
+        "| l00 | 0 | low | 10 | 10.00 | 9.50-10.50 |  | 30.00 | +0.25 |",
         "",
         "BLEU: `nrefs:1|bleu-sig`",
         "chrF++: `nrefs:1|chrf-sig`",
@@ -218,11 +224,17 @@ class TestReport:
         "| high | 12.00 | 32.00 |",
         "| low | 10.50 | 30.50 |",
         "",
-        "| language | train pairs | resource | sentences | BLEU | chrF++ |",
-        "|---|---|---|---|---|---|",
-        "| l02 | 200 | high | 10 | 12.00 | 32.00 |",
-        "| l01 | 100 | low | 10 | 11.00 | 31.00 |",
-        "| l00 | 0 | low | 10 | 10.00 | 30.00 |",
+        "95% interval: the 2.5th to 97.5th percentile of the language's corpus BLEU over 1,000 resamples of its "
+        "test sentences (with replacement, seed 0); the fewer sentences, the wider. ≈: the interval holds the "
+        "average BLEU (11.00), so this test set cannot tell the language's score from the average (2 of 3 "
+        "languages). Two languages whose intervals do not overlap differ beyond doubt; where they overlap, this test "
+        "set may not tell them apart.",
+        "",
+        "| language | train pairs | resource | sentences | BLEU | 95% interval | ≈ | chrF++ |",
+        "|---|---|---|---|---|---|---|---|",
+        "| l02 | 200 | high | 12 | 12.00 | 10.50-12.50 | ≈ | 32.00 |",
+        "| l01 | 100 | low | 11 | 11.00 | 10.00-11.50 | ≈ | 31.00 |",
+        "| l00 | 0 | low | 10 | 10.00 | 9.50-10.50 |  | 30.00 |",
         "",
         "BLEU: `nrefs:1|bleu-sig`",
         "chrF++: `nrefs:1|chrf-sig`",
@@ -232,15 +244,18 @@ class TestReport:
   def test_summary_whole(self):
     assert report.summary(self.with_baseline()) == "\n".join([
         "test step 6: average BLEU 11.00, chrF++ 31.00 over 3 languages, ΔBLEU +1.50",
-        "lang     BLEU  chrF++  resource",
-        "l02     12.00   32.00  high",
-        "l01     11.00   31.00  low",
-        "l00     10.00   30.00  low",
+        "lang     BLEU  95% interval  chrF++  sentences  resource",
+        "l02     12.00≈ 10.50-12.50    32.00         12  high",
+        "l01     11.00≈ 10.00-11.50    31.00         11  low",
+        "l00     10.00  9.50-10.50     30.00         10  low",
+        "≈: 2 of 3 languages hold the average BLEU in their 95% interval: this test set cannot tell their score "
+        "from the average (report.md says more)",
         "decoding: 12.3 sentences/s, 457 tokens/s",
     ])
     assert report.summary(report_scores(num_languages=12), show=2).splitlines()[:2] == [
-        "test step 6: average BLEU 11.00, chrF++ 31.00 over 12 languages", "lang     BLEU  chrF++  resource"]
-    assert [line.split()[0] for line in report.summary(report_scores(num_languages=11)).splitlines()[2:-1]] == [
+        "test step 6: average BLEU 11.00, chrF++ 31.00 over 12 languages",
+        "lang     BLEU  95% interval  chrF++  sentences  resource"]
+    assert [line.split()[0] for line in report.summary(report_scores(num_languages=11)).splitlines()[2:-2]] == [
         "l10", "l09", "l08", "l07", "l06", "...", "l04", "l03", "l02", "l01", "l00"]  # default show=5
 
   @pytest.mark.parametrize("baseline", [False, True])
@@ -262,15 +277,26 @@ class TestReport:
     want = [("l00", 0.25, "low"), ("l01", 0.0, "low"), ("l02", -0.25, "high")] if baseline else [
         ("l02", 12.0, "high"), ("l01", 11.0, "low"), ("l00", 10.0, "low")]
     assert [p.get_width() for p in ax.patches] == [v for _, v, _ in want]
-    assert [p.get_facecolor() for p in ax.patches] == [matplotlib.colors.to_rgba(report.COLOURS[r]) for *_, r in want]
+    pale = [False, False, False] if baseline else [True, True, False]  # l02 and l01 hold the average, 11
+    assert [p.get_facecolor() for p in ax.patches] == [
+        matplotlib.colors.to_rgba(report.COLOURS[r], report.LIKE_AVERAGE_ALPHA if p else 1.0)
+        for (*_, r), p in zip(want, pale)]
     labels = ax.get_yticklabels()
-    assert [t.get_text() for t in labels] == [lang for lang, *_ in want]
+    sentences = {"l00": 10, "l01": 11, "l02": 12}
+    assert [t.get_text() for t in labels] == [f"{lang} ({sentences[lang]})" for lang, *_ in want]
     assert {t.get_fontsize() for t in labels} == {float(report.LABEL_POINTS)}
     name = "ΔBLEU" if baseline else "BLEU"
-    assert ax.get_xlabel() == name and ax.get_title() == f"test split, step 6: {name} per language (3 languages)"
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["high resource", "medium resource", "low resource"]
-    assert [h.get_facecolor() for h in ax.get_legend().legend_handles] == [
+    assert ax.get_xlabel() == (name if baseline else "BLEU (black lines: the 95% interval)")
+    assert ax.get_title() == f"test split, step 6: {name} per language (3 languages; in brackets its test sentences)"
+    marks = [] if baseline else ["average 11.00", "pale: its interval holds the average"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "high resource", "medium resource", "low resource", *marks]
+    assert [h.get_facecolor() for h in ax.get_legend().legend_handles[:3]] == [
         matplotlib.colors.to_rgba(c) for c in report.COLOURS.values()]
+    if not baseline:  # the black lines of the intervals, l02's first: 12 - 10.5 to the left, 12.5 - 12 to the right
+      segments = ax.collections[0].get_segments()
+      assert [tuple(map(tuple, segment)) for segment in segments] == [
+          ((10.5, 0.0), (12.5, 0.0)), ((10.0, 1.0), (11.5, 1.0)), ((9.5, 2.0), (10.5, 2.0))]
     assert tuple(fig.get_size_inches()) == (7.0, 3.0)
     png = (tmp_path / "bleu.png").read_bytes()
     assert struct.unpack(">II", png[16:24]) == (840, 360)  # 7 x 3 inches at 120 dpi

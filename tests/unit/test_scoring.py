@@ -94,3 +94,25 @@ def test_mismatched_inputs_are_refused():
     scoring.by_language({"fra": ["a"]}, {"deu": ["a"]})
   with pytest.raises(ValueError, match="fra: 2 hypotheses for 1 references"):
     scoring.by_language({"fra": ["a", "b"]}, {"fra": ["a"]})
+
+
+HYPS = ["the cat sat on the mat", "a dog ran in the park", "it is a fine day", "he reads a long book today",
+        "we went home late", "the sun is bright"]
+REFS = ["the cat sat on the mat", "the dog ran in a park", "it is a nice day", "he is reading a long book",
+        "we came home late", "the sun was bright"]
+
+
+def test_each_resample_of_the_interval_is_scored_as_sacrebleu_scores_that_corpus():
+  """One resample: the interval is the corpus BLEU of the sentences drawn, each as often as drawn."""
+  times = np.random.default_rng(3).multinomial(len(HYPS), np.full(len(HYPS), 1 / len(HYPS)), size=1)[0]
+  hyps = [h for h, k in zip(HYPS, times) for _ in range(k)]
+  refs = [r for r, k in zip(REFS, times) for _ in range(k)]
+  expected = sacrebleu.BLEU().corpus_score(hyps, [refs]).score
+  assert scoring.bleu_interval(HYPS, REFS, samples=1, seed=3) == pytest.approx((expected, expected))
+
+
+def test_the_interval_holds_the_score_and_is_the_same_again():
+  low, high = scoring.bleu_interval(HYPS, REFS)
+  assert low < sacrebleu.BLEU().corpus_score(HYPS, [REFS]).score < high and high - low > 5  # six sentences: wide
+  assert scoring.bleu_interval(HYPS, REFS) == (low, high)  # the fixed seed
+  assert scoring.bleu_interval(REFS, REFS) == pytest.approx((100.0, 100.0))

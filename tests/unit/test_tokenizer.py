@@ -1,5 +1,8 @@
 """The shared tokenizer: trained once per prepared corpus, fixed special ids and tags, clear errors."""
 
+import functools
+import os
+
 import numpy as np
 import pytest
 
@@ -39,3 +42,18 @@ def test_encode_flat_is_encode_back_to_back(data):
 def test_vocabulary_too_large_is_a_clear_error():
   with pytest.raises(DataError, match="data.vocab_size=500 is too large"):
     tokenizer.train(iter(["a b", "c d"] * 3), 500, [])
+
+
+def test_trained_in_a_process_of_its_own_as_in_this_one():
+  """What Ctrl-C can stop at once (tests/integration/test_workdir_faults.py): the same model, the same errors."""
+  words = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away", "home", "late", "sun", "is", "bright"]
+  sentences = [" ".join(words[(i * k) % len(words)] for k in range(1, 8)) for i in range(500)]
+  assert tokenizer.train_apart(functools.partial(iter, sentences), 290, ["<fra>"]) == tokenizer.train(
+      iter(sentences), 290, ["<fra>"])
+  with pytest.raises(DataError, match="data.vocab_size=500 is too large"):
+    tokenizer.train_apart(functools.partial(iter, ["a b", "c d"] * 3), 500, [])
+
+
+def test_the_time_it_takes_is_said_at_the_pace_measured():
+  assert tokenizer.seconds_to_train(142_206) == pytest.approx(142_206 / (7_000 * os.cpu_count()))
+  assert tokenizer.seconds_to_train(10) == 1.0
