@@ -15,7 +15,7 @@ from the JSON files by `python bench/report.py`.
 Sections:
 
 - MoE layer: forward + backward of bench/moe_layer.py's reference shape (16,384 tokens, M=1024, H=4096, E=32,
-  S=1024, capacity factor 1.25, bf16) for every dispatch of `gshard_mt.config.choices.DISPATCHES` and for the grouped
+  S=1024, capacity factor 1.25, bf16) for every dispatch of `gshard_mt.moe.experts.PATHS` and for the grouped
   dispatch with the Mosaic GPU kernels (moe.grouped_kernel), each as a ratio to the dense FFN of hidden 2H timed
   in the same process (bench/moe_layer.py's timing); then the grouped FFN alone by kernel, XLA's ragged_dot and
   the Mosaic GPU kernels with each of MOSAIC_TILES, each checked against ragged_dot.
@@ -70,7 +70,6 @@ import numpy as np  # noqa: E402
 from gshard_mt import cli, io, xla_flags  # noqa: E402
 from gshard_mt import config as config_lib  # noqa: E402
 from gshard_mt.config import platforms  # noqa: E402
-from gshard_mt.config.choices import DISPATCHES  # noqa: E402
 from gshard_mt.config.moe import MoeConfig  # noqa: E402
 from gshard_mt.data import pipeline  # noqa: E402
 from gshard_mt.errors import UserError  # noqa: E402
@@ -79,6 +78,7 @@ from gshard_mt.kernels import mosaic_gpu, seam  # noqa: E402
 from gshard_mt.model import decode  # noqa: E402
 from gshard_mt.model.transformer import Transformer, TransformerConfig  # noqa: E402
 from gshard_mt.moe import grouped  # noqa: E402
+from gshard_mt.moe.experts import PATHS as DISPATCHES  # noqa: E402
 from gshard_mt.moe.layer import MoeFeedForward  # noqa: E402
 from gshard_mt.ops import Ops  # noqa: E402
 from gshard_mt.parallel import distributed  # noqa: E402

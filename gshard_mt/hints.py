@@ -20,6 +20,7 @@ import sys
 from gshard_mt import io
 
 MAKEFILE = pathlib.Path(__file__).resolve().parents[1] / "Makefile"
+TRAIN, SWEEP = "train.py", "gshard_mt.tools.sweep"  # the programs that read config files and sweep files
 Changes = dict[str, "str | bool | None"]  # an argument's new value; True: a flag without one; None: left out
 
 

@@ -1,21 +1,18 @@
-"""Registries: the extension points (routers, data sources, schedules) found by name, each one class in one place.
-Plain Python, no JAX: the config layer imports it.
+"""Registries: the extension points (routers, data sources, schedules, ...) found by name, each one class in one
+place. A registry lives beside the classes it holds (ROUTERS in moe/routers.py, SOURCES in data/sources.py, ...);
+`training.validate` checks the config's names against them.
 
-  ROUTERS = Registry("moe.router", builtins="gshard_mt.moe.routers")
+  ROUTERS = Registry("moe.router")
 
   @ROUTERS.register("gshard")
   class GShard: ...
 
   ROUTERS.get("gshard")  # the class; an unknown name: KeyError naming the choices
   ROUTERS.names()        # ('gshard', ...), in registration order
-
-`builtins`, the module that registers the built-in entries, is imported by name when the registry is first read (as
-big_vision finds its models), so the config can read a registry without importing what its entries need (JAX).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,16 +20,9 @@ from typing import Any
 class Registry:
   """Named entries (classes or functions) of one kind; `kind` names it in errors (e.g. 'moe.router')."""
 
-  def __init__(self, kind: str, builtins: str | None = None):
+  def __init__(self, kind: str):
     self.kind = kind
-    self.builtins = builtins
     self._entries: dict[str, Any] = {}
-
-  def _read(self) -> dict[str, Any]:
-    if self.builtins:
-      module, self.builtins = self.builtins, None  # once, even if the import reads the registry itself
-      importlib.import_module(module)
-    return self._entries
 
   def register(self, name: str) -> Callable[[Any], Any]:
     """A decorator adding its argument under `name`; a name taken twice is an error (unless by the same object
@@ -59,7 +49,7 @@ class Registry:
     self._entries.pop(name, None)
 
   def get(self, name: str) -> Any:
-    entries = self._read()
+    entries = self._entries
     if name not in entries:
       raise KeyError(f"{self.kind}={name!r}: expected one of {self.names()}")
     return entries[name]
@@ -67,19 +57,19 @@ class Registry:
   __getitem__ = get
 
   def names(self) -> tuple[str, ...]:
-    return tuple(self._read())
+    return tuple(self._entries)
 
   def items(self) -> Iterator[tuple[str, Any]]:
-    return iter(tuple(self._read().items()))
+    return iter(tuple(self._entries.items()))
 
   def __iter__(self) -> Iterator[str]:
     return iter(self.names())
 
   def __contains__(self, name: object) -> bool:
-    return name in self._read()
+    return name in self._entries
 
   def __len__(self) -> int:
-    return len(self._read())
+    return len(self._entries)
 
   def __repr__(self) -> str:
     return f"Registry({self.kind!r}, {list(self._entries)})"

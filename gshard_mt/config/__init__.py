@@ -23,7 +23,6 @@ from gshard_mt.config import checks, platforms
 from gshard_mt.config.sections import SECTIONS, Config, microbatch_rows, moe_group_error, row_lengths  # noqa: F401
 from gshard_mt.errors import ConfigError, UserError, article
 
-TRAIN, SWEEP = "train.py", "gshard_mt.tools.sweep"  # the programs that read config files and sweep files
 BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}  # of --config.key=TEXT
 
 
@@ -59,10 +58,10 @@ def load_module(path: str | pathlib.Path, needs: str):
 def _what_it_is(path: pathlib.Path, module) -> str:
   """The command a sweep file given as a config (or a config given as a sweep) is run with."""
   if hasattr(module, "get_sweep"):
-    return f": it is a sweep (get_sweep); run it with {hints.command({'--sweep': str(path)}, program=SWEEP)}"
+    return f": it is a sweep (get_sweep); run it with {hints.command({'--sweep': str(path)}, program=hints.SWEEP)}"
   if hasattr(module, "get_config"):
     train = {"--config": str(path), "--workdir": f"runs/{path.stem}"}
-    return f": it is a config; train it with {hints.command(train, program=TRAIN)}"
+    return f": it is a config; train it with {hints.command(train, program=hints.TRAIN)}"
   return ""
 
 
@@ -207,8 +206,9 @@ def save(config: Config, workdir: io.PathLike, *, started: bool = True):
   io.write_atomically(path, json.dumps(to_dict(config), indent=2))
 
 
-def load_saved(workdir: io.PathLike) -> Config:
-  """The config.json of a work directory, parsed (keys added since take their defaults)."""
+def load_saved(workdir: io.PathLike, check=lambda config: config) -> Config:
+  """The config.json of a work directory, parsed (keys added since take their defaults) and passed to `check`
+  (`training.validate.check`: its names and combinations), an error naming the file."""
   path = io.path(workdir) / "config.json"
   if not path.is_file():
     raise ConfigError(f"{path} not found: is {workdir} a gshard_mt work directory?")
@@ -219,6 +219,6 @@ def load_saved(workdir: io.PathLike) -> Config:
   if isinstance(remat := values.get("model", {}).get("remat"), bool):  # older runs saved model.remat as a bool
     values["model"]["remat"] = "full" if remat else "none"
   try:
-    return parse(values)
+    return check(parse(values))
   except ConfigError as e:  # the value at fault is the file's, not the command line's
     raise ConfigError(f"{path}: {e} (in the run's saved config)") from None

@@ -1,8 +1,9 @@
-"""The config: one frozen dataclass per section with its defaults and checks (each error one line naming the key),
-and `Config`, the run's keys holding the sections. Config files edit `defaults.get_config()`; `config.parse` turns
-the result into a `Config` once, where the command line meets the code. docs/config.md documents every key
-(tests/unit/test_docs.py checks its defaults). Also how a step's batch splits into microbatches, rows and the MoE
-groups of S tokens (GShard section 2.2: group-local dispatch). Plain Python, no JAX.
+"""The config: one frozen dataclass per section with its defaults and checks (each error one line naming the key), and
+`Config`, the run's keys holding the sections. Config files edit `defaults.get_config()`; `config.parse` turns the
+result into a `Config` once, where the command line meets the code; `training.validate` then checks the names that
+choose code (routers, sources, ...) and what only a combination of options can break. docs/config.md documents every
+key (tests/unit/test_docs.py checks its defaults). Also how a step's batch splits into microbatches, rows and the
+MoE groups of S tokens (GShard section 2.2: group-local dispatch). Plain Python, no JAX.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import dataclasses
 import typing
 from typing import Any, ClassVar
 
-from gshard_mt.config import choices
 from gshard_mt.config.checks import Plus, Section, fraction
 from gshard_mt.config.layout import DcnMeshConfig, DistributedConfig, MeshConfig
 from gshard_mt.config.moe import MoeConfig
@@ -53,13 +53,6 @@ class DataConfig(Section):
 
   def check_values(self):
     super().check_values()
-    sources = self.source.split("+")
-    if not all(s.partition(":")[0] in choices.SOURCES for s in sources) or len(set(sources)) != len(sources):
-      raise ConfigError(f"data.source={self.source!r}: expected one of {choices.SOURCES.names()} (tfds:NAME for "
-                        "a TFDS dataset), or several different ones joined with '+' (e.g. 'tatoeba+multi30k')")
-    for name, _, arg in (s.partition(":") for s in sources):
-      if choices.SOURCES.get(name).needs_path and not (arg or self.path):
-        raise ConfigError(f"data.source={name!r} reads data.path (or '{name}:PATH'), which is empty")
     if not self.temperature > 0:
       raise ConfigError(f"data.temperature={self.temperature}: expected > 0 (inf for uniform)")
 
@@ -69,10 +62,8 @@ class ModelConfig(Section):
   """The Transformer's shape and numerics (letters: M model dim; the MoE layer's are in `moe`)."""
 
   KEY: ClassVar[str] = "model"
-  CHOICES: ClassVar[dict[str, Any]] = {
-      "positions": ("sinusoidal", "learned"), "embedding": choices.EMBEDDINGS, "dtype": DTYPES,
-      "residual_dtype": Plus(AUTO, DTYPES), "dropout_rng": Plus(AUTO, choices.DROPOUT_KEYS),
-      "remat": choices.REMAT_POLICIES, "attention": Plus(AUTO, choices.ATTENTIONS, "pallas")}
+  CHOICES: ClassVar[dict[str, Any]] = {"positions": ("sinusoidal", "learned"), "dtype": DTYPES,
+                                       "residual_dtype": Plus(AUTO, DTYPES)}
   POSITIVE: ClassVar[tuple[str, ...]] = ("emb_dim", "num_heads", "head_dim", "mlp_dim", "max_position",
                                           "scan_unroll")
   NONNEGATIVE: ClassVar[dict[str, str]] = {"moe_interval": "0 = dense", "num_encoder_layers": "0 = none",
@@ -94,7 +85,7 @@ class ModelConfig(Section):
   dropout_rate: float = 0.1
   dropout_rng: str = "auto"  # the dropout masks' bits: 'threefry', 'rbg' (XLA's RngBitGenerator); auto: threefry
   attention_dropout_rate: float = 0.0
-  attention: str = "auto"  # 'xla' (the reference; the only one with attention dropout), 'fused' (cuDNN), 'pallas'
+  attention: str = "auto"  # 'xla' (the reference; the only one with attention dropout), 'fused' (cuDNN), a kernel's
   dtype: str = "bfloat16"  # computation; parameters are float32
   residual_dtype: str = "auto"  # 'float32' or 'bfloat16' (layer norms stay float32); auto: a bf16 model's on GPUs
   remat: str = "none"  # what a layer unit keeps for the backward pass: 'none', 'full', ...
@@ -117,12 +108,10 @@ class ModelConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig(Section):
-  """The optimizer, its learning-rate schedule (config.choices.SCHEDULES) and the loss's smoothing."""
+  """The optimizer, its learning-rate schedule (training.schedules.SCHEDULES) and the loss's smoothing."""
 
   KEY: ClassVar[str] = "optimizer"
-  CHOICES: ClassVar[dict[str, Any]] = {
-      "name": ("adafactor", "adam"), "schedule": choices.SCHEDULES, "warmup": ("linear", "constant"),
-      "kernel": ("xla", "pallas"), "loss_kernel": ("xla", "pallas")}
+  CHOICES: ClassVar[dict[str, Any]] = {"name": ("adafactor", "adam"), "warmup": ("linear", "constant")}
   NONNEGATIVE: ClassVar[dict[str, str]] = {"warmup_steps": "0 = none"}
   RANGES: ClassVar[dict[str, tuple]] = {
       "learning_rate": (lambda x: x > 0, "> 0"), "grad_clip_norm": (lambda x: x >= 0, ">= 0 (0 = no clipping)"),
@@ -135,15 +124,9 @@ class OptimizerConfig(Section):
   warmup_steps: int = 1000
   grad_clip_norm: float = 1.0  # the gradient's global norm is clipped to this; 0 = no clipping
   weight_decay: float = 0.0
-  kernel: str = "xla"  # 'xla' (optax), or 'pallas': Adafactor's update in three kernel passes for TPUs
+  kernel: str = "xla"  # 'xla' (optax), or a kernel's: Adafactor's update in three kernel passes for TPUs
   label_smoothing: float = 0.1
-  loss_kernel: str = "xla"  # the loss's logit reductions: 'xla', or 'pallas' (for TPUs; never run on one yet)
-
-  def check_values(self):
-    super().check_values()
-    if self.kernel == "pallas" and self.name != "adafactor":
-      raise ConfigError(f"optimizer.kernel='pallas' is Adafactor's update: it needs optimizer.name='adafactor', "
-                        f"not {self.name!r}")
+  loss_kernel: str = "xla"  # the loss's logit reductions: 'xla', or a kernel's (for TPUs; never run on one yet)
 
 
 def _default(cls):
@@ -152,9 +135,9 @@ def _default(cls):
 
 @dataclasses.dataclass(frozen=True)
 class Config(Section):
-  """The run: its own keys and the sections. What only a combination of sections can break is checked here."""
+  """The run: its own keys and the sections."""
 
-  CHOICES: ClassVar[dict[str, Any]] = {"nonfinite": ("stop", "skip"), "partitioning": choices.PARTITIONINGS}
+  CHOICES: ClassVar[dict[str, Any]] = {"nonfinite": ("stop", "skip")}
   POSITIVE: ClassVar[tuple[str, ...]] = ("batch_size", "num_microbatches", "num_train_steps", "log_every",
                                          "checkpoint_every", "keep_checkpoints", "eval_bleu_sentences",
                                          "eval_bleu_per_language")
@@ -182,7 +165,7 @@ class Config(Section):
   optimizer: OptimizerConfig = _default(OptimizerConfig)
   mesh: MeshConfig = _default(MeshConfig)
   dcn_mesh: DcnMeshConfig = _default(DcnMeshConfig)
-  partitioning: str = "expert"  # logical axis rules: 'data', 'expert' or 'expert_model' (parallel.rules)
+  partitioning: str = "expert"  # logical axis rules: 'data', 'expert' or 'expert_model' (parallel.rules.RULES)
   distributed: DistributedConfig = _default(DistributedConfig)
 
   def check_values(self):
@@ -193,21 +176,6 @@ class Config(Section):
       raise ConfigError(f"data.max_length={self.data.max_length} (data.max_target_length="
                         f"{self.data.max_target_length}) exceeds model.max_position={self.model.max_position}, the "
                         "learned positions")
-    if not self.model.moe_interval:  # a dense model: its moe section is checked as a section only
-      return
-    moe = self.moe.check_combination()
-    if (name := moe.language_router()) and not self.data.source_tags:
-      raise ConfigError(f"moe.router={name!r} routes by the source-language tag: it needs data.source_tags=True")
-    expert_axis, model_axis = self.mesh.expert * self.dcn_mesh.expert, self.mesh.model * self.dcn_mesh.model
-    if moe.expert_kernel == "pallas" and self.partitioning == "expert_model" and model_axis > 1:
-      raise ConfigError(f"moe.expert_kernel='pallas' needs each expert's H whole on a device: "
-                        f"partitioning='expert_model' splits it over the model axis, mesh.model={self.mesh.model} x "
-                        f"dcn_mesh.model={self.dcn_mesh.model}; use moe.expert_kernel='xla', or a model axis of 1")
-    if expert_axis > 1 and moe.num_experts % expert_axis:
-      raise ConfigError(f"moe.num_experts={moe.num_experts} is not divisible by the expert axis, "
-                        f"mesh.expert={self.mesh.expert} x dcn_mesh.expert={self.dcn_mesh.expert}")
-    if error := moe_group_error(self):
-      raise ConfigError(error)
 
 
 SECTIONS = {name: kind for name, kind in typing.get_type_hints(Config).items() if dataclasses.is_dataclass(kind)}

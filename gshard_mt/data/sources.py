@@ -12,10 +12,12 @@ import dataclasses
 import os
 
 from gshard_mt import io
-from gshard_mt.config.choices import SOURCES
 from gshard_mt.data import corpus
 from gshard_mt.data.corpus import SHIPPED, Corpus
 from gshard_mt.errors import DataError
+from gshard_mt.registry import Registry
+
+SOURCES = Registry("data.source")  # classes; data.source is 'NAME' or 'NAME:ARG', several joined with '+'
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,13 +21,17 @@ import logging
 import jax.numpy as jnp
 
 from gshard_mt.config import row_lengths
+from gshard_mt.config.platforms import AUTO
 from gshard_mt.errors import ConfigError
 from gshard_mt.kernels import adafactor, attention, expert_ffn, logit_stats, mosaic_gpu, vmem
+from gshard_mt.moe.experts import PATHS
 from gshard_mt.ops import Ops
 from gshard_mt.parallel import chips
 
 log = logging.getLogger(__name__)
 PALLAS = "pallas"  # the value of a kernel option that asks for this folder's Pallas kernels
+ATTENTION_KERNELS = (PALLAS,)  # model.attention's values served here (the model's own: model.layers.ATTENTIONS)
+KERNEL_CHOICES = ("xla", PALLAS)  # moe.expert_kernel, optimizer.kernel, optimizer.loss_kernel: XLA's, or ours
 
 
 def pallas_options(config, model_cfg) -> list[str]:
@@ -85,3 +89,23 @@ def grouped_matmuls(model_cfg, device) -> mosaic_gpu.MosaicGpu | None:
   kernels = mosaic_gpu.MosaicGpu()
   kernels.check(model_cfg.emb_dim, moe.hidden_dim, model_cfg.dtype)
   return kernels
+
+
+def check(config) -> None:
+  """A ConfigError, in one line naming the keys, where a kernel option asks what its kernel cannot serve (checked
+  with the config, before any data is read: `training.validate`)."""
+  opt, moe = config.optimizer, config.moe
+  if opt.kernel == PALLAS and opt.name != "adafactor":
+    raise ConfigError(f"optimizer.kernel='{PALLAS}' is Adafactor's update: it needs optimizer.name='adafactor', "
+                      f"not {opt.name!r}")
+  if not config.model.moe_interval or moe.expert_kernel != PALLAS:
+    return
+  buffers = tuple(name for name, path in PATHS.items() if path.capacity_buffers)
+  if moe.dispatch not in (AUTO, *buffers) or moe.activation != "relu":
+    raise ConfigError(f"moe.expert_kernel='{PALLAS}' computes relu(x wi) wo on capacity buffers: it needs "
+                      f"moe.activation='relu' and moe.dispatch in {buffers}, not {moe.activation!r} and "
+                      f"{moe.dispatch!r}")
+  if config.partitioning == "expert_model" and config.mesh.model * config.dcn_mesh.model > 1:
+    raise ConfigError(f"moe.expert_kernel='{PALLAS}' needs each expert's H whole on a device: "
+                      f"partitioning='expert_model' splits it over the model axis, mesh.model={config.mesh.model} x "
+                      f"dcn_mesh.model={config.dcn_mesh.model}; use moe.expert_kernel='xla', or a model axis of 1")

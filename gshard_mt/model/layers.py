@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gshard_mt.config import choices
 from gshard_mt.parallel.einsum import weight_einsum
+from gshard_mt.registry import Registry
 
 NEG_INF = -1e10  # additive mask: exp(NEG_INF - max) is exactly 0 in float32 and bfloat16
 LAYER_NORM_EPSILON = 1e-6  # flax's default
@@ -25,11 +25,11 @@ NORM_INITS = {"scale": nn.initializers.ones, "bias": nn.initializers.zeros}  # a
 # model.dropout_rng: the dropout masks' key from the step's threefry key. 'rbg' (XLA's RngBitGenerator, bits
 # depending on backend and XLA version) is fused Philox on GPUs; not the default: it saved nothing measurable on one
 # GPU and, split over several devices, draws the whole batch's bits on each (docs/decisions.md).
-DROPOUT_KEYS = choices.DROPOUT_KEYS.add({
+DROPOUT_KEYS = Registry("model.dropout_rng").add({
     "threefry": lambda key: key,
     "rbg": lambda key: jax.random.wrap_key_data(jax.random.bits(key, (4,), jnp.uint32), impl="rbg"),
 })
-ATTENTIONS = choices.ATTENTIONS.add({  # model.attention: the paths of `Attention`
+ATTENTIONS = Registry("model.attention").add({  # model.attention: the paths of `Attention` (or a kernel's)
     "xla": "einsums with an additive mask (the reference; attention dropout)",
     "fused": "jax.nn.dot_product_attention with a boolean mask: cuDNN's flash attention on GPUs",
 })

@@ -16,22 +16,23 @@ import jax.numpy as jnp
 from flax import struct
 
 from gshard_mt.batch import BATCH_KEYS
-from gshard_mt.config import choices, platforms
+from gshard_mt.config import platforms
 from gshard_mt.config.moe import MoeConfig
 from gshard_mt.config.sections import ModelConfig
 from gshard_mt.model import layers
 from gshard_mt.model.layers import Attention, DenseFFN, layer_norm, packing_mask, shift_right, sinusoidal, source_bias
-from gshard_mt.moe import balance
+from gshard_mt.moe import balance, routers
 from gshard_mt.moe.layer import MoeFeedForward
 from gshard_mt.ops import Ops
 from gshard_mt.parallel.einsum import weight_einsum
+from gshard_mt.registry import Registry
 
 BLM = ("batch", "length", "embed")
 # Embedding schemes: (initial std, input multiplier, tied-logits multiplier), each as a power of M. Both real
 # schemes give the residual stream unit-variance token embeddings and unit-variance logits at initialisation, so
 # the first loss is ln V; they differ in how large Adam's steps are relative to the embedding (sections 3.2 and
 # 3.4 of Vaswani et al. 2017 give the second).
-EMBEDDING_SCHEMES = choices.EMBEDDINGS.add({
+EMBEDDING_SCHEMES = Registry("model.embedding").add({
     "t5": (0.0, 0.0, -0.5),  # T5 and Flax's examples/wmt: std 1, logits scaled down
     "vaswani": (-0.5, 0.5, 0.0),  # Vaswani et al., tensor2tensor, fairseq: std M^-0.5, inputs scaled up
     # Mixtures, for the comparison in docs/decisions.md: inputs sqrt(M) too large, logits sqrt(M) too small.
@@ -39,7 +40,7 @@ EMBEDDING_SCHEMES = choices.EMBEDDINGS.add({
     "small_logits": (-0.5, 0.5, -0.5),
 })
 # model.remat: what a layer unit keeps for the backward pass, recomputing the rest.
-REMAT_POLICIES = choices.REMAT_POLICIES.add({
+REMAT_POLICIES = Registry("model.remat").add({
     "none": None,  # no rematerialisation: everything is kept
     "full": jax.checkpoint_policies.nothing_saveable,  # only the unit's input: the forward pass runs twice
     "dots": jax.checkpoint_policies.checkpoint_dots,  # every matmul's output; activations, softmax, ... recomputed
@@ -221,7 +222,7 @@ class Transformer(nn.Module):
   def _language(self, src_tokens, src_segments, segments, decoder: bool, beams: bool = False):
     """What moe.router='language' reads for each token of `segments` [B', L]: the embedding of its pair's source
     tag (times the input multiplier, as a token's), or None where the stack routes by token."""
-    if not self.cfg.moe_interval or not self.cfg.moe.router_class(decoder).reads_language:
+    if not self.cfg.moe_interval or not routers.router_class(self.cfg.moe, decoder).reads_language:
       return None
     if src_tokens is None:
       raise ValueError("moe.router='language' routes by the source language: decode_logits needs src_tokens")

@@ -17,14 +17,15 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from gshard_mt.config import choices, platforms
+from gshard_mt.config import platforms
 from gshard_mt.config.moe import MoeConfig
 from gshard_mt.moe import dispatch, ffn, grouped, manual
 from gshard_mt.moe.axes import EGCM, EGCM_BY_GROUP, EMH, GSM
 from gshard_mt.moe.gating import Routing
 from gshard_mt.ops import Ops
+from gshard_mt.registry import Registry
 
-ACTIVATIONS = choices.ACTIVATIONS.add({"relu": ffn.relu, "gelu": jax.nn.gelu})
+ACTIVATIONS = Registry("moe.activation").add({"relu": ffn.relu, "gelu": jax.nn.gelu})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +87,7 @@ class ShardMap(ExpertPath):
 
 
 # moe.dispatch -> its path; all automatic (XLA places the all-to-alls) but shard_map
-PATHS = choices.DISPATCHES.add({"einsum": Buffers, "index": Buffers, "index_gather": Buffers, "grouped": Grouped,
+PATHS = Registry("moe.dispatch").add({"einsum": Buffers, "index": Buffers, "index_gather": Buffers, "grouped": Grouped,
                                 "shard_map": ShardMap})
 
 

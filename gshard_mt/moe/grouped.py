@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from gshard_mt.config import choices
+from gshard_mt.registry import Registry
 
 # lhs [R, X] by each group's rhs [E, X, Y]: [R, Y] (`jax.lax.ragged_dot`'s own).
 _RAGGED = jax.lax.RaggedDotDimensionNumbers((([1], [1]), ([], [])), lhs_ragged_dimensions=[0],
@@ -51,7 +51,7 @@ class RaggedDot:
 
 
 # moe.grouped_kernel: who computes the grouped matmuls (the kernels' seam picks 'mosaic_gpu', where it applies)
-GROUPED_KERNELS = choices.GROUPED_KERNELS.add({
+GROUPED_KERNELS = Registry("moe.grouped_kernel").add({
     "ragged_dot": "XLA's ragged_dot (RaggedDot)",
     "mosaic_gpu": "on a Hopper GPU, JAX's Mosaic GPU kernels (gshard_mt.kernels.mosaic_gpu); elsewhere ragged_dot",
 })

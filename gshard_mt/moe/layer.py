@@ -71,7 +71,7 @@ class MoeFeedForward(nn.Module):
                language: jax.Array | None = None):
     """x [B, L, M], padding_mask [B, L] (nonzero: real), language [B, L, M] (the embedding of each token's
     source-language tag, for moe.router='language') -> (y [B, L, M], stats); routed in G groups of S."""
-    cfg = self.cfg.check_combination()
+    cfg = self.cfg  # checked with the config (training.validate)
     router = routers.make_router(cfg, decoder=self.decoder, deterministic=deterministic)
     if router.reads_language and language is None:
       raise ValueError("moe.router='language' routes by the source language: pass each token's `language`")

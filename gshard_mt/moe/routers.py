@@ -1,4 +1,4 @@
-"""The routers (`moe.router`): one class each, registered by name in `config.choices.ROUTERS`. A router turns
+"""The routers (`moe.router`): one class each, registered by name in `ROUTERS`. A router turns
 logits [G, S, E] into a `gating.Routing`.
 
 Class attributes tell the config and the model: `causal` (a token's choice of experts depends on no later token;
@@ -17,8 +17,9 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from gshard_mt.config.moe import ROUTERS, MoeConfig
+from gshard_mt.config.moe import MoeConfig
 from gshard_mt.moe import expert_choice, gating
+from gshard_mt.registry import Registry
 
 
 class Router:
@@ -155,11 +156,26 @@ class Language(Dropless):
     return True
 
 
-# the names in the order the config's choices list them, the default first
-ROUTERS.add({"gshard": GShard, "topk": TopK, "switch": Switch, "expert_choice": ExpertChoice, "dropless": Dropless,
-             "language": Language})
+# moe.router: the names in the order the errors list them, the default first
+ROUTERS = Registry("moe.router").add({"gshard": GShard, "topk": TopK, "switch": Switch, "expert_choice": ExpertChoice,
+                                      "dropless": Dropless, "language": Language})
+
+
+def router_class(cfg: MoeConfig, decoder: bool = False) -> type[Router]:
+  """The class of the encoder's (or the decoder's) router."""
+  return ROUTERS.get(cfg.router_of(decoder))
+
+
+def experts_per_token(cfg: MoeConfig, decoder: bool = False) -> int:
+  """k of the encoder's (or decoder's) router: 2 for 'gshard', 1 for 'switch', else num_selected."""
+  return router_class(cfg, decoder).experts_per_token(cfg.num_selected)
+
+
+def language_router(cfg: MoeConfig) -> str | None:
+  """The encoder's or decoder's router if it routes by the source-language tag, else None."""
+  return next((cfg.router_of(d) for d in (False, True) if router_class(cfg, d).reads_language), None)
 
 
 def make_router(cfg: MoeConfig, *, decoder: bool = False, deterministic: bool = True) -> Router:
   """The router of the encoder's (or the decoder's) MoE layers."""
-  return cfg.router_class(decoder).from_config(cfg, deterministic=deterministic)
+  return router_class(cfg, decoder).from_config(cfg, deterministic=deterministic)

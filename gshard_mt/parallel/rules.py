@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from gshard_mt.config import choices
+from gshard_mt.registry import Registry
 
 # Groups and the batch are split over both data-like axes (as in t5x: batch -> ('data', 'expert')), so one mesh
 # axis can carry groups and experts at once: the dispatched EGCM tensor moves from G-sharded to E-sharded,
@@ -17,7 +17,7 @@ from gshard_mt.config import choices
 _COMMON = [("layers", None), ("length", None), ("capacity", None), ("kv", None)]
 _BY_EXPERT = [("expert", "expert"), ("batch", ("data", "expert")), ("group", ("data", "expert")), ("group", "data")]
 _WHOLE = [("embed", None), ("mlp", None), ("heads", None), ("vocab", None)]
-RULES = choices.PARTITIONINGS.add({
+RULES = Registry("partitioning").add({  # config.partitioning: the rule tables
     "data": [("batch", "data"), ("group", "data"), ("expert", None)] + _WHOLE + _COMMON,
     "expert": _BY_EXPERT + _WHOLE + _COMMON,
     "expert_model": _BY_EXPERT + [("embed", None), ("mlp", "model"), ("heads", "model"), ("vocab", "model")] + _COMMON,

@@ -32,6 +32,7 @@ from gshard_mt.evaluation import evaluate
 from gshard_mt.model.transformer import EMBEDDING_SCHEMES
 from gshard_mt.moe import balance, gating
 from gshard_mt.training import checkpoint as checkpoint_lib
+from gshard_mt.training import validate
 from gshard_mt.training.setup import build
 from gshard_mt.training.step import TrainState
 
@@ -90,7 +91,7 @@ def main(argv):
   args = parser.parse_args(argv)
   languages = [lang.strip() for lang in args.languages.split(",") if lang.strip()]
   output = io.path(args.output or f"{str(args.workdir).rstrip('/')}-{'-'.join(languages)}")
-  config = config_lib.load_saved(args.workdir)
+  config = config_lib.load_saved(args.workdir, validate.check)
   io.check_writable(output, "output work directory", create=False)  # before the checkpoint and data are read
   if (output / checkpoint_lib.FOLDER).is_dir() and any((output / checkpoint_lib.FOLDER).iterdir()):
     raise WorkdirError(f"{output}: holds checkpoints already (an earlier extraction?); remove it or pass --output")

@@ -27,6 +27,7 @@ from gshard_mt.errors import WorkdirError
 from gshard_mt.io import write_atomically
 from gshard_mt.tools import sweep as sweep_lib
 from gshard_mt.training import checkpoint as checkpoint_lib
+from gshard_mt.training import validate
 
 ROUTING_KEYS = ("load_cv", "load_min", "load_max", "top1_dropped", "top2_dropped")
 
@@ -57,7 +58,7 @@ def routing(rows: list[dict], tail: float = 0.25) -> dict[str, dict[str, float]]
 
 def summarize(workdir: epath.Path, point: dict) -> dict:
   """One point: its kind, experts, best step, dev loss, tokens/s, routing and per-stream test scores."""
-  config = config_lib.load_saved(workdir)
+  config = config_lib.load_saved(workdir, validate.check)
   rows = io.read_jsonl(workdir / "metrics.jsonl")
   step = best_step(workdir)
   scores = test_scores(workdir, step)

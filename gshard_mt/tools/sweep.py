@@ -35,6 +35,7 @@ from gshard_mt.errors import ConfigError
 from gshard_mt.evaluation import outputs
 from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch
 from gshard_mt.tools import plot
+from gshard_mt.training import validate
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -75,14 +76,14 @@ def command(base: str, workdir: epath.Path, point: dict, extra: list[str]) -> li
 
 def planned(base: str, point: dict, extra: list[str]):
   """The point's config as train.py runs it: the base file, the point's keys, then `extra`'s --config overrides."""
-  return config_lib.load(ROOT / base, overrides(point) | config_lib.split_overrides(extra)[1])
+  return validate.check(config_lib.load(ROOT / base, overrides(point) | config_lib.split_overrides(extra)[1]))
 
 
 def summarize(workdir: epath.Path, point: dict) -> dict:
   """Parameters, final dev loss, tokens/s and (if its final step is evaluated) average BLEU of one finished
   point."""
   row = {"name": point["name"], **{k: v for k, v in point.items() if k != "name"}}
-  config = config_lib.load_saved(workdir)
+  config = config_lib.load_saved(workdir, validate.check)
   row["parameters"] = count_params(config)
   metrics = io.read_jsonl(workdir / "metrics.jsonl")
   dev = [m for m in metrics if "dev_loss" in m]

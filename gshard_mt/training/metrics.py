@@ -20,7 +20,7 @@ from tensorboardX.proto import event_pb2
 from tensorboardX.record_writer import masked_crc32c
 
 from gshard_mt import io
-from gshard_mt.moe import gating
+from gshard_mt.moe import gating, routers
 from gshard_mt.parallel import chips
 
 
@@ -87,7 +87,7 @@ def step_flops(params, moe_cfg, source_tokens: float, target_tokens: float) -> f
   `moe_cfg`)."""
   logits = params["logits"] if "logits" in params else params["embed"]["embedding"]
   E = moe_cfg.num_experts
-  experts = [moe_cfg.router_class(decoder).active_experts(moe_cfg) for decoder in (False, True)]
+  experts = [routers.router_class(moe_cfg, decoder).active_experts(moe_cfg) for decoder in (False, True)]
   encoder = active_params(params["encoder"], E, experts[0])
   decoder = active_params(params["decoder"], E, experts[1]) + logits.size
   return 6 * (encoder * source_tokens + decoder * target_tokens)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from gshard_mt.config.choices import SCHEDULES
+from gshard_mt.registry import Registry
+
+SCHEDULES = Registry("optimizer.schedule")  # classes
 
 
 class Schedule:

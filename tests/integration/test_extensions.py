@@ -9,13 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gshard_mt.config.choices import ROUTERS, SCHEDULES, SOURCES
 from gshard_mt.data import corpus
-from gshard_mt.data.sources import Part, Source
+from gshard_mt.data.sources import SOURCES, Part, Source
 from gshard_mt.moe import gating
-from gshard_mt.moe.routers import Router
+from gshard_mt.moe.routers import ROUTERS, Router
 from gshard_mt.training import loop
-from gshard_mt.training.schedules import Schedule
+from gshard_mt.training.schedules import SCHEDULES, Schedule
 from tests.helpers import small_config
 
 pytestmark = pytest.mark.slow  # trains

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gshard_mt.config.choices import DISPATCHES
+from gshard_mt.moe.experts import PATHS as DISPATCHES
 from tests.helpers import ROOT
 
 

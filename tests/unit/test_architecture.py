@@ -121,16 +121,24 @@ def test_the_core_imports_none_of_the_package_inside_a_function():
 
 
 def test_the_core_reaches_the_kernels_through_one_seam():
-  """Outside config (whose option values name them) the core names no kernel and imports the kernels' folder only
-  through the seam, from the one module that builds the train state."""
+  """The core names no kernel and imports the kernels' folder only through the seam: where the train state is built
+  (the kernels it picks) and where the config is validated (the options they serve)."""
   named = [f"{p.relative_to(PACKAGE.parent)}:{i}" for p in sorted(PACKAGE.rglob("*.py"))
-           if unit_of(module_name(p)) in CORE and unit_of(module_name(p)) != "config"
-           for i, line in enumerate(p.read_text().splitlines(), 1)
+           if unit_of(module_name(p)) in CORE for i, line in enumerate(p.read_text().splitlines(), 1)
            if any(word in line for word in ("pallas", "kernel_vmem", "gshard_mt.tpu"))]
   assert not named, "\n".join(named)
-  importers = {module for module, target, _, _ in edges() if unit_of(module) in CORE and unit_of(target) == "kernels"}
-  assert importers == {"gshard_mt.training.setup"}
-  assert {t for m, t, _, _ in edges() if m == "gshard_mt.training.setup" and unit_of(t) == "kernels"} == {SEAM}
+  imported = {(m, t) for m, t, _, _ in edges() if unit_of(m) in CORE and unit_of(t) == "kernels"}
+  assert imported == {("gshard_mt.training.setup", SEAM), ("gshard_mt.training.validate", SEAM)}
+
+
+def test_the_config_is_a_leaf():
+  """gshard_mt/config imports nothing of the package but the shared base (errors, io, hints), and names no module
+  of it in a string (no registry that imports code by name)."""
+  config = [(m, t) for m, t, _, _ in edges() if unit_of(m) == "config" and unit_of(t) not in ("config", "base")]
+  assert not config, config
+  named = [f"{p.name}:{i}" for p in sorted((PACKAGE / "config").glob("*.py"))
+           for i, line in enumerate(p.read_text().splitlines(), 1) if '"gshard_mt.' in line or "'gshard_mt." in line]
+  assert not named, named
 
 
 @pytest.mark.parametrize("module", ["gshard_mt.config"])

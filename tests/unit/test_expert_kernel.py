@@ -9,12 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gshard_mt.config import Config
 from gshard_mt.config.moe import MoeConfig
 from gshard_mt.errors import ConfigError
 from gshard_mt.kernels import expert_ffn as expert_kernel
 from gshard_mt.moe import ffn
 from gshard_mt.ops import Ops
-from tests.helpers import ROOT, run_on_cpu_devices
+from gshard_mt.training import validate
+from tests.helpers import ROOT, load_checked, run_on_cpu_devices
 
 
 def buffers(E=2, G=3, C=8, M=16, H=32, dtype=jnp.float32, seed=0):
@@ -104,17 +106,16 @@ def test_tpu_problem_names_what_does_not_fit():
 ])
 def test_config_refuses_what_the_kernels_do_not_compute(change, message):
   with pytest.raises(ConfigError, match=message):
-    MoeConfig(**{"expert_kernel": "pallas", **change}).check_combination()
+    validate.check(Config(moe=MoeConfig(**{"expert_kernel": "pallas", **change})))
 
 
 def test_config_refuses_the_experts_hidden_dim_split_over_model():
-  from gshard_mt import config as config_lib
   from tests.helpers import small_overrides
 
   with pytest.raises(ConfigError, match=r"moe.expert_kernel='pallas' needs each expert's H whole on a device: "
                                         r"partitioning='expert_model' splits it over the model axis, "
                                         r"mesh.model=1 x dcn_mesh.model=2"):
-    config_lib.load(ROOT / "configs" / "tiny.py", small_overrides(**{
+    load_checked(ROOT / "configs" / "tiny.py", small_overrides(**{
         "moe.expert_kernel": "pallas", "partitioning": "expert_model", "dcn_mesh.model": "2"}))
 
 

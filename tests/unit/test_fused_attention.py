@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 
 from gshard_mt import config as config_lib
-from gshard_mt.config.sections import ModelConfig
 from gshard_mt.errors import ConfigError
 from gshard_mt.kernels import seam
 from gshard_mt.kernels.attention import pallas_attention
 from gshard_mt.model import layers
 from gshard_mt.model.transformer import Transformer, TransformerConfig
-from gshard_mt.training import step
-from tests.helpers import ROOT, small_config
+from gshard_mt.training import step, validate
+from tests.helpers import ROOT, load_checked, small_config
 
 # Largest |fused - xla| / max |xla| of one attention in bfloat16, about twice the measured 7.1e-3 (outputs) and
 # 6.3e-3 (gradients): the reference rounds the logits to bfloat16, XLA's dot_product_attention keeps them in float32.
@@ -135,11 +134,11 @@ def test_transformer_loss_and_gradients_equal_between_the_two(dtype, loss_tolera
 def test_fused_attention_refuses_attention_dropout():
   with pytest.raises(ConfigError, match=r"model.attention='fused' has no attention dropout: it needs "
                                         r"model.attention_dropout_rate=0, not 0.1"):
-    config_lib.load(ROOT / "configs" / "tiny.py", {"model.attention": "fused", "model.attention_dropout_rate": "0.1"})
+    load_checked(ROOT / "configs" / "tiny.py", {"model.attention": "fused", "model.attention_dropout_rate": "0.1"})
   with pytest.raises(ConfigError, match=r"model.attention='flash': expected one of \('auto', 'xla', 'fused', "
                                         r"'pallas'\)"):
-    config_lib.load(ROOT / "configs" / "tiny.py", {"model.attention": "flash"})
-  assert ModelConfig.CHOICES["attention"].allowed is layers.ATTENTIONS  # and auto
+    load_checked(ROOT / "configs" / "tiny.py", {"model.attention": "flash"})
+  assert validate.CHOICES["model.attention"].allowed is layers.ATTENTIONS  # and auto, and the kernels' values
 
 
 def test_cudnn_on_a_gpu_when_it_takes_the_inputs_else_xla():

@@ -5,10 +5,11 @@ import dataclasses
 import pytest
 
 from gshard_mt import config as config_lib
-from gshard_mt.config import choices, defaults
+from gshard_mt.config import Config, defaults
 from gshard_mt.config.moe import MoeConfig
 from gshard_mt.errors import ConfigError
 from gshard_mt.moe import dispatch, experts, grouped
+from gshard_mt.training import validate
 
 
 def test_the_config_files_moe_section_is_exactly_moe_config():
@@ -16,14 +17,15 @@ def test_the_config_files_moe_section_is_exactly_moe_config():
   assert config_lib.parse(defaults.get_config()).moe == MoeConfig()
 
 
-def test_choices_are_the_registries_the_layer_fills():
-  assert experts.ACTIVATIONS is choices.ACTIVATIONS and experts.PATHS is choices.DISPATCHES
-  assert grouped.GROUPED_KERNELS is choices.GROUPED_KERNELS
-  assert choices.DISPATCHES.names() == ("einsum", "index", "index_gather", "grouped", "shard_map")
-  assert set(dispatch.DISPATCHERS) | {"shard_map"} == set(choices.DISPATCHES)
+def test_the_validation_checks_names_against_the_registries_beside_their_classes():
+  assert validate.CHOICES["moe.activation"] is experts.ACTIVATIONS
+  assert validate.CHOICES["moe.grouped_kernel"] is grouped.GROUPED_KERNELS
+  assert validate.CHOICES["moe.dispatch"].allowed is experts.PATHS
+  assert experts.PATHS.names() == ("einsum", "index", "index_gather", "grouped", "shard_map")
+  assert set(dispatch.DISPATCHERS) | {"shard_map"} == set(experts.PATHS)
   buffers = r"moe.dispatch in \('einsum', 'index', 'index_gather'\), not 'relu' and 'grouped'"
   with pytest.raises(ConfigError, match=buffers):
-    dataclasses.replace(MoeConfig(), expert_kernel="pallas", dispatch="grouped").check_combination()
+    validate.check(Config(moe=dataclasses.replace(MoeConfig(), expert_kernel="pallas", dispatch="grouped")))
 
 
 @pytest.mark.parametrize("change, message", [
@@ -40,10 +42,11 @@ def test_choices_are_the_registries_the_layer_fills():
 ])
 def test_checks_name_the_key(change, message):
   with pytest.raises(ConfigError, match=message):
-    dataclasses.replace(MoeConfig(), **change).check_combination()
+    validate.check(Config(moe=dataclasses.replace(MoeConfig(), **change)))
 
 
 def test_a_dense_model_checks_only_the_choices():
-  MoeConfig(num_experts=1)
-  with pytest.raises(ConfigError, match="moe.dispatch"):
-    MoeConfig(dispatch="x")
+  dense = dataclasses.replace(Config(), model=dataclasses.replace(Config().model, moe_interval=0))
+  validate.check(dataclasses.replace(dense, moe=MoeConfig(num_experts=1)))  # a combination the MoE layer refuses
+  with pytest.raises(ConfigError, match="moe.dispatch='x': expected one of"):
+    validate.check(dataclasses.replace(dense, moe=MoeConfig(dispatch="x")))

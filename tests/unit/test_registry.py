@@ -40,14 +40,3 @@ def test_the_registry_imports_no_jax():
   subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_builtins_are_imported_when_the_registry_is_first_read(tmp_path, monkeypatch):
-  (tmp_path / "my_builtin_entries.py").write_text(
-      "from tests.unit.test_registry import REG\n\n@REG.register('builtin')\nclass Builtin:\n  pass\n")
-  monkeypatch.syspath_prepend(str(tmp_path))
-  global REG
-  REG = Registry("thing", builtins="my_builtin_entries")
-  REG.register("mine")(int)  # registering does not import the built-ins
-  assert "my_builtin_entries" not in sys.modules
-  assert REG.names() == ("mine", "builtin") and REG.get("builtin").__name__ == "Builtin"
-  assert REG.names() == ("mine", "builtin")  # imported once
-  sys.modules.pop("my_builtin_entries")

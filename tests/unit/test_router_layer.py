@@ -11,10 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gshard_mt.config import Config
 from gshard_mt.config.moe import MoeConfig
 from gshard_mt.errors import ConfigError
 from gshard_mt.moe import balance, gating, routers
 from gshard_mt.moe.layer import MoeFeedForward
+from gshard_mt.training import validate
 from tests.helpers import small_config
 
 B, L, M, H, E, S = 4, 16, 8, 16, 4, 16  # G = B * L / S = 4 groups
@@ -115,7 +117,8 @@ def test_the_layer_writes_the_assignments_its_router_asked_for_while_training():
   (_, stats), updates = jax.jit(lambda p: layer.apply(p, x, mask, deterministic=False,
                                                       mutable=[balance.COLLECTION]))(params)
   counts = np.asarray(updates[balance.COLLECTION][balance.NAME])
-  assert counts.dtype == np.int32 and counts.sum() == cfg.experts_per_token() * np.asarray(mask).astype(bool).sum()
+  k = routers.experts_per_token(cfg)
+  assert counts.dtype == np.int32 and counts.sum() == k * np.asarray(mask).astype(bool).sum()
   np.testing.assert_allclose(counts / counts.sum(), stats["metrics"]["requested_load"], rtol=1e-6)
   moved = balance.moved_biases(params["params"], updates[balance.COLLECTION], 0.25)
   merged = balance.with_updated_biases(params["params"], moved)
@@ -151,7 +154,7 @@ def test_language_router_sends_a_sentence_to_one_set_of_experts():
 ])
 def test_config_refuses_impossible_combinations_in_one_line(change, message):
   with pytest.raises(ConfigError, match=message) as error:
-    dataclasses.replace(MoeConfig(), **change).check_combination()
+    validate.check(Config(moe=dataclasses.replace(MoeConfig(), **change)))
   assert "\n" not in str(error.value)
 
 
