@@ -7,7 +7,7 @@ See README.md for what it prints and writes. The logic lives in gshard_mt/traini
 
 import contextlib
 
-from gshard_mt import cli, hints, io
+from gshard_mt import cli, hints, io, tidy
 
 
 def main(argv):
@@ -22,7 +22,7 @@ def main(argv):
 
   distributed.initialize_distributed(config)
   # A start that fails (refused, interrupted) leaves the work directory as it found it: not made, no empty folder.
-  with io.left_as_found(args.workdir) if jax.process_index() == 0 else contextlib.nullcontext():
+  with tidy.left_as_found(args.workdir) if jax.process_index() == 0 else contextlib.nullcontext():
     # Before any data is read: a work directory that cannot be created or written ends here, in one line (exit 74).
     distributed.checked_on_process_0(lambda: io.check_writable(args.workdir, "work directory"))
     result = loop.train_and_evaluate(config, args.workdir)

@@ -10,9 +10,10 @@ steps 200 / 400 / 600 since the dev loss takes the pairs that fit the training r
 3.24, 3.08 with 16 rows x 48 / 48 tokens, 73% of them real where now 91.9% are; 5.02, 4.60, 4.36 before the lossless
 tokenizer and the new initialisation). Top-2 routing over 4 experts every other layer. `make eval` then decodes the
 8,887 test sentences with beam 4, 8 per batch (1 min 15 s: 131 sentences/s); BLEU is low after so few steps (0.82 on
-average): a smoke test, which learns but does not translate (configs/multi30k.py does). The greedy dev BLEU that training logs (32 sentences of each language, 10-16 s per evaluation) read 0.96 /
-1.11 / 1.07 at steps 200 / 400 / 600; at step 600 `make eval SPLIT=dev ARGS="--beam_size 1"` gave 0.86 on the whole
-dev split and `make eval SPLIT=dev` (beam 4) 0.84 (2026-11-27).
+average): a smoke test, which learns but does not translate (configs/multi30k.py does). The greedy dev BLEU that
+training logs (32 sentences of each language, 10-16 s per evaluation) read 0.96 / 1.11 / 1.07 at steps 200 / 400 /
+600; at step 600 `make eval SPLIT=dev ARGS="--beam_size 1"` gave 0.86 on the whole dev split and `make eval
+SPLIT=dev` (beam 4) 0.84 (2026-11-27).
 """
 
 from gshard_mt.config import defaults

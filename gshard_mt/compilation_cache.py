@@ -16,7 +16,7 @@ import os
 
 import jax
 
-from gshard_mt import io
+from gshard_mt import hints, io
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,8 @@ def _on_event(event: str, **_):
   elif event == USED:
     folder, source = _state["folder"], _state["source"]
     where = "the default" if source == "default" else f"from {source}"
-    log.info("compilation cache: %s (%s; %s DIR moves it, %s off turns it off)", folder, where, FLAG, FLAG)
+    log.info("compilation cache: %s (%s; %s moves it to DIR, off turns it off)", folder, where,
+             hints.command({FLAG: "DIR"}))
     if jax.process_count() > 1 and io.is_local(folder):
       log.info("compilation cache: only process 0 writes it, so the other hosts share its programs only when %s "
                "is on storage every host sees (NFS, gs://...)", folder)

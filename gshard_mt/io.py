@@ -11,7 +11,6 @@ import errno
 import importlib.util
 import json
 import os
-import pathlib
 import re
 import shutil
 
@@ -202,27 +201,6 @@ def make_directory(directory: PathLike, what: str = "directory") -> epath.Path:
   return directory
 
 
-@contextlib.contextmanager
-def left_as_found(directory: PathLike):
-  """Runs the block; when it raises, removes the local folders it made and left empty: under `directory`,
-  `directory` itself and the parents made for it. A start that fails leaves the directory as it found it, but for
-  the files it wrote (a prepared corpus, which the next start reuses)."""
-  if not is_local(directory):  # object storage has no empty folders to leave
-    yield
-    return
-  made = pathlib.Path(os.path.abspath(directory))
-  found = made if made.exists() else next(p for p in made.parents if p.exists())
-  before = {root for root, _, _ in os.walk(made)}
-  try:
-    yield
-  except BaseException:
-    empty = [pathlib.Path(root) for root, _, _ in os.walk(made, topdown=False) if root not in before]
-    for folder in [*empty, *(p for p in made.parents if found in p.parents)]:  # deepest first
-      with contextlib.suppress(OSError):  # not empty (what the block wrote), or gone
-        folder.rmdir()
-    raise
-
-
 def check_writable(directory: PathLike, what: str = "output directory", *, create: bool = True) -> epath.Path:
   """Creates `directory` and writes and removes a probe file in it: a directory that cannot be written is refused
   in one line, as a storage fault, before any expensive work. With create=False a missing local directory is not
@@ -293,7 +271,7 @@ def describe_fault(fault: OSError) -> str:
   if isinstance(fault, PathFault):
     return f"{where}: {fault.strerror}"
   what, cause = STORAGE_ERRNOS[fault.errno], fault.strerror or os.strerror(fault.errno)
-  line = f"{where}: {what}" + ("" if cause.lower() == what else f" ({cause})")  # not 'read-only (Read-only)
+  line = f"{where}: {what}" + ("" if cause.lower() == what else f" ({cause})")  # the system's words if they add
   if where != "(a file)" and is_local(where):
     with contextlib.suppress(OSError):
       line += f"; {_size(shutil.disk_usage(_existing_part(os.path.abspath(where))).free)} free on its filesystem"

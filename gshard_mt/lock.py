@@ -57,7 +57,8 @@ def _file_lock(directory, name: str):
     os.pwrite(fd, json.dumps(_holder()).encode(), 0)
     yield
   finally:
-    os.unlink(directory / name)  # while held: a writer waiting on this file finds it gone and makes its own
+    with contextlib.suppress(FileNotFoundError):  # removed by hand
+      os.unlink(directory / name)  # while held: a writer waiting on this file finds it gone and makes its own
     os.close(fd)  # releases the flock
 
 

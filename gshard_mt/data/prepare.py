@@ -149,10 +149,8 @@ def build(data_config, stage: pathlib.Path, processes: int):
     lap("read", f"read {sum(n for _, n in splits['train'])} train pairs")
     tags = tokenizer_lib.tag_pieces([s for s, _ in splits["train"]], data_config.source_tags)
     sentences = 2 * min(sum(n for _, n in splits["train"]), tokenizer_lib.MAX_SENTENCES // 2)
-    log.info("data: training the tokenizer (SentencePiece, %d pieces, %d sentences: about %.0f s here; Ctrl-C stops "
-             "it)", data_config.vocab_size, sentences, tokenizer_lib.seconds_to_train(sentences))
-    model = tokenizer_lib.train_apart(functools.partial(_staged_sentences, stage, splits), data_config.vocab_size,
-                                      tags, data_config.character_coverage)
+    model = tokenizer_lib.train_apart(functools.partial(_staged_sentences, stage, splits), sentences,
+                                      data_config.vocab_size, tags, data_config.character_coverage)
     (stage / shards.MODEL).write_bytes(model)
     lap("tokenizer", "trained the tokenizer")
     log.info("data: tokenizing every split")

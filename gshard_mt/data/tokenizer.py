@@ -12,6 +12,7 @@ back to their UTF-8 bytes (256 byte pieces), so UNK never appears.
 from __future__ import annotations
 
 import itertools
+import logging
 import multiprocessing
 import os
 import signal
@@ -24,6 +25,8 @@ import sentencepiece as spm
 from gshard_mt import io
 from gshard_mt.data.corpus import language_of
 from gshard_mt.errors import DataError
+
+log = logging.getLogger(__name__)
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 # Lossless: raw text in and out (no NFKC: it would turn "…" into "..." and references keep "…").
@@ -114,14 +117,16 @@ def seconds_to_train(sentences: int) -> float:
   return max(1.0, sentences / (SENTENCES_PER_CORE_S * (os.cpu_count() or 1)))
 
 
-def train_apart(sentences: Callable[[], Iterator[str]], vocab_size: int, tags: list[str],
-                character_coverage: float = 0.9995) -> bytes:
-  """`train` in a process of its own (spawned: the caller may be a threaded JAX program), so that Ctrl-C stops it
-  at once: SentencePiece's trainer is native code that sees no signal until it ends. The child ignores Ctrl-C and is
-  killed when this process is interrupted; `sentences` (picklable) makes its sentences there."""
+def train_apart(sentences: Callable[[], Iterator[str]], count: int, vocab_size: int, *args) -> bytes:
+  """`train(sentences(), vocab_size, *args)` in a process of its own (spawned: the caller may be a threaded JAX
+  program), so that Ctrl-C stops it at once: SentencePiece's trainer is native code that sees no signal until it
+  ends. The child ignores Ctrl-C and is killed when this process is interrupted; `sentences` (picklable) makes its
+  `count` sentences there. It says first what it does and about how long it takes."""
+  log.info("data: training the tokenizer (SentencePiece, %d pieces, %d sentences: about %.0f s here; Ctrl-C stops "
+           "it)", vocab_size, count, seconds_to_train(count))
   context = multiprocessing.get_context("spawn")
   with context.Pool(1, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:
-    return pool.apply(_train_from, (sentences, vocab_size, tags, character_coverage))
+    return pool.apply(_train_from, (sentences, vocab_size, *args))
 
 
 def _train_from(sentences: Callable[[], Iterator[str]], *args) -> bytes:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from gshard_mt import cli, io
+from gshard_mt import cli, tidy
 from gshard_mt.data import pipeline
 from gshard_mt.data import prepare as prepare_lib
 
@@ -27,7 +27,7 @@ def main(argv):
                       help="processes that read and tokenize (default: one per core, one for a small corpus)")
   args, config = cli.parse_with_overrides(parser, argv)
   start = time.perf_counter()
-  with io.left_as_found(prepare_lib.root(config.data, args.workdir)):  # a failure leaves no empty folder behind
+  with tidy.left_as_found(prepare_lib.root(config.data, args.workdir)):  # a failure leaves no empty folder behind
     directory = prepare_lib.ensure(config.data, args.workdir, args.processes or None)
   data = pipeline.load(config, args.workdir, directory.name)
   batches = data.train_batches(config)

@@ -48,10 +48,10 @@ def test_trained_in_a_process_of_its_own_as_in_this_one():
   """What Ctrl-C can stop at once (tests/integration/test_workdir_faults.py): the same model, the same errors."""
   words = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away", "home", "late", "sun", "is", "bright"]
   sentences = [" ".join(words[(i * k) % len(words)] for k in range(1, 8)) for i in range(500)]
-  assert tokenizer.train_apart(functools.partial(iter, sentences), 290, ["<fra>"]) == tokenizer.train(
+  assert tokenizer.train_apart(functools.partial(iter, sentences), 500, 290, ["<fra>"]) == tokenizer.train(
       iter(sentences), 290, ["<fra>"])
   with pytest.raises(DataError, match="data.vocab_size=500 is too large"):
-    tokenizer.train_apart(functools.partial(iter, ["a b", "c d"] * 3), 500, [])
+    tokenizer.train_apart(functools.partial(iter, ["a b", "c d"] * 3), 6, 500, [])
 
 
 def test_the_time_it_takes_is_said_at_the_pace_measured():
