@@ -8,6 +8,8 @@ reference paths, bit-exact against earlier runs.
 
 from __future__ import annotations
 
+import dataclasses
+
 AUTO = "auto"
 REFERENCE = {"model.dropout_rng": "threefry", "model.attention": "xla", "model.residual_dtype": "float32",
              "moe.dispatch": "index"}
@@ -22,14 +24,23 @@ APPLIES = {
 PLATFORM_NAMES = {"cuda": "gpu", "rocm": "gpu"}  # jax.Device.platform spellings of the same kind
 
 
-def dispatch_on(dispatch: str, platform: str) -> str:
-  """moe.dispatch on `platform`: `auto` resolved, any other value as it is."""
-  return chosen({"moe.dispatch": dispatch}, platform).get("moe.dispatch", dispatch)
-
-
 def chosen(values: dict, platform: str) -> dict[str, str]:
   """{key: its value on `platform`} for each 'section.key' of `values` that is `auto` (an unknown platform: the
   reference paths); `values` holds the settings that APPLIES reads for the keys it resolves."""
   table = BY_PLATFORM.get(PLATFORM_NAMES.get(platform, platform), REFERENCE)
   return {key: table[key] if APPLIES.get(key, lambda _: True)(values) else REFERENCE[key]
           for key, value in values.items() if key in table and value == AUTO}
+
+
+def resolve(config, platform: str):
+  """(`config` (a `Config`) with every `auto` option replaced by its value on `platform`, {key: value} of those):
+  the one place `auto` is resolved, where the devices are known."""
+  values = {f"{section}.{f.name}": getattr(getattr(config, section), f.name)
+            for section in ("model", "moe") for f in dataclasses.fields(getattr(config, section))}
+  picked = chosen(values, platform)
+  changes: dict[str, dict] = {}
+  for key, value in picked.items():
+    section, name = key.split(".")
+    changes.setdefault(section, {})[name] = value
+  return dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **fields)
+                                        for section, fields in changes.items()}), picked

@@ -65,19 +65,16 @@ class TransformerConfig(ModelConfig):
   dtype: Any = jnp.float32
   residual_dtype: Any = jnp.float32  # the stream the layers add to (layer norms compute in float32)
   ops: Ops = Ops()  # the optional kernels, picked by the training setup (none: XLA's reference paths)
-  moe: MoeConfig = MoeConfig()
+  moe: MoeConfig = MoeConfig(dispatch=platforms.REFERENCE["moe.dispatch"])
 
   @classmethod
   def from_config(cls, config, vocab_size: int, platform: str | None = None) -> TransformerConfig:
     """From a config's `model` and `moe` sections, each `auto` option resolved for `platform` (the devices'
-    `jax.Device.platform`; None: JAX's default backend)."""
-    platform = platform or jax.default_backend()
+    `jax.Device.platform`; None: JAX's default backend) by `platforms.resolve`."""
+    config, _ = platforms.resolve(config, platform or jax.default_backend())
     model = dataclasses.asdict(config.model)
-    flat = {f"model.{key}": value for key, value in model.items()}
-    model |= {key[6:]: value for key, value in platforms.chosen(flat, platform).items()}
     model |= {key: jnp.dtype(model[key]) for key in ("dtype", "residual_dtype")}
-    moe = dataclasses.replace(config.moe, dispatch=platforms.dispatch_on(config.moe.dispatch, platform))
-    return cls(vocab_size=vocab_size, moe=moe, **model)
+    return cls(vocab_size=vocab_size, moe=config.moe, **model)
 
   @property
   def unit_size(self) -> int:

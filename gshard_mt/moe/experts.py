@@ -17,7 +17,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from gshard_mt.config import platforms
 from gshard_mt.config.moe import MoeConfig
 from gshard_mt.moe import dispatch, ffn, grouped, manual
 from gshard_mt.moe.axes import EGCM, EGCM_BY_GROUP, EMH, GSM
@@ -92,7 +91,6 @@ PATHS = Registry("moe.dispatch").add({"einsum": Buffers, "index": Buffers, "inde
 
 
 def expert_path(cfg: MoeConfig, dtype, ops: Ops | None = None) -> ExpertPath:
-  """The path of moe.dispatch, with the optional kernels of `ops` (None: none)."""
-  if cfg.dispatch == platforms.AUTO:  # a MoeConfig not resolved by the model's config: JAX's default backend's
-    cfg = dataclasses.replace(cfg, dispatch=platforms.dispatch_on(cfg.dispatch, jax.default_backend()))
+  """The path of moe.dispatch (`auto` resolved by the model's config: `platforms.resolve`), with the optional
+  kernels of `ops` (None: none)."""
   return PATHS[cfg.dispatch](cfg, dtype, ops or Ops())

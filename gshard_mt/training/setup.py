@@ -12,7 +12,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gshard_mt import config as config_lib
 from gshard_mt.config import platforms
 from gshard_mt.kernels import seam
 from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch
@@ -67,7 +66,7 @@ def build(config, vocab_size: int, devices=None) -> Setup:
   `auto` options are resolved for the mesh's platform (and logged)."""
   mesh = mesh_lib.make_mesh(config, devices)
   device = mesh.devices.flat[0]
-  if chosen := platforms.chosen(config_lib.flatten(config_lib.to_dict(config)), device.platform):
+  if chosen := platforms.resolve(config, device.platform)[1]:
     log.info("auto options on %s: %s", device.platform, ", ".join(f"{k}={v}" for k, v in chosen.items()))
   model_cfg = TransformerConfig.from_config(config, vocab_size, device.platform)
   model_cfg = dataclasses.replace(model_cfg, ops=seam.pick(config, model_cfg, device))  # the optional kernels

@@ -125,7 +125,8 @@ def moe_layer_outputs_and_grads(kernel_name: str):
 
   from gshard_mt.moe.layer import MoeFeedForward
 
-  cfg = MoeConfig(num_experts=4, hidden_dim=32, group_size=16, second_expert_policy="all", expert_kernel=kernel_name)
+  cfg = MoeConfig(num_experts=4, hidden_dim=32, group_size=16, second_expert_policy="all", expert_kernel=kernel_name,
+                  dispatch="index")
   ops = Ops(expert_ffn=expert_kernel.expert_ffn if kernel_name == "pallas" else None)  # the kernels' seam's pick
   layer = MoeFeedForward(cfg, ops=ops)
   rng = np.random.default_rng(0)

@@ -20,6 +20,7 @@ B, L, M, H, E = 4, 16, 8, 16, 4
 
 def make_layer(dtype=jnp.float32, **kw):
   defaults = dict(num_experts=E, hidden_dim=H, group_size=16, train_capacity_factor=1.0, eval_capacity_factor=1.0,
+                  dispatch="index",
                   min_capacity=1, second_expert_policy="all")
   return MoeFeedForward(MoeConfig(**{**defaults, **kw}), dtype=dtype)
 
@@ -251,7 +252,8 @@ def bfloat16_shard_map_check():
   from gshard_mt.parallel import mesh as mesh_lib
   from gshard_mt.parallel import rules as rules_lib
 
-  cfg = MoeConfig(num_experts=4, hidden_dim=16, group_size=8, second_expert_policy="all", activation="gelu")
+  cfg = MoeConfig(num_experts=4, hidden_dim=16, group_size=8, second_expert_policy="all", activation="gelu",
+                  dispatch="index")
   x = jax.random.normal(jax.random.key(0), (4, 8, 8))
   params = nn.unbox(MoeFeedForward(cfg).init(jax.random.key(1), x))
   for shape in ((2, 2, 1), (4, 1, 1), (1, 2, 2)):

@@ -75,3 +75,18 @@ def test_config_json_keeps_auto_and_runs_with_explicit_values_resume(tmp_path):
 def test_auto_is_refused_where_an_option_has_no_platform_value():
   with pytest.raises(ConfigError, match=r"model.remat='auto': expected one of"):
     small_config(**{"model.remat": "auto"})
+
+
+def test_resolve_gives_the_config_every_auto_option_of_the_platform_in_one_place():
+  from gshard_mt.config import Config
+
+  config = Config()
+  on_cpu, chosen = platforms.resolve(config, "cpu")
+  assert chosen == {"model.dropout_rng": "threefry", "model.attention": "xla", "model.residual_dtype": "float32",
+                    "moe.dispatch": "index"}
+  assert (on_cpu.model.attention, on_cpu.moe.dispatch, on_cpu.model.emb_dim) == ("xla", "index", config.model.emb_dim)
+  on_gpu, _ = platforms.resolve(config, "cuda")
+  assert (on_gpu.model.attention, on_gpu.model.residual_dtype, on_gpu.moe.dispatch) == (
+      "fused", "bfloat16", "index_gather")
+  assert config.moe.dispatch == config.model.attention == "auto"  # the config itself keeps `auto`
+  assert platforms.resolve(on_gpu, "cpu") == (on_gpu, {})  # nothing left to resolve

@@ -21,7 +21,7 @@ from tests.helpers import small_config
 
 B, L, M, H, E, S = 4, 16, 8, 16, 4, 16  # G = B * L / S = 4 groups
 BASE = MoeConfig(num_experts=E, hidden_dim=H, group_size=S, train_capacity_factor=1.0, eval_capacity_factor=1.0,
-                 min_capacity=1, second_expert_policy="all", z_loss_weight=0.1)
+                 min_capacity=1, second_expert_policy="all", z_loss_weight=0.1, dispatch="index")
 
 
 @functools.cache
