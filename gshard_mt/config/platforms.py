@@ -1,9 +1,8 @@
 """`auto`: the options whose best value differs by platform, and what `auto` means on each, resolved where the
-devices are known; config.json keeps `auto`, so a work directory moves between platforms. GPUs: cuDNN attention, the
-bf16 residual stream and the index dispatch's gather backward (base's step 1.10x faster on an H200, measured with rbg
-dropout bits, learning the same; rbg alone saved 0.1 ms and draws the whole batch's bits on every device, so dropout
-stays threefry: docs/decisions.md); TPUs: XLA's own paths, no kernel that has never run on a TPU; CPUs: the
-reference paths, bit-exact against earlier runs.
+devices are known (`resolve`); config.json keeps `auto`, so a work directory moves between platforms. GPUs: cuDNN
+attention, the bf16 residual stream and the index dispatch's gather backward, and threefry dropout bits (why, with
+the numbers: docs/decisions.md); TPUs: XLA's own paths, no kernel that has never run on a TPU; CPUs: the reference
+paths, bit-exact against earlier runs.
 """
 
 from __future__ import annotations
