@@ -74,7 +74,7 @@ def language_counts(run, split: str = "dev", max_pairs: int | None = None) -> di
         for layer, c in jax.device_get(count(run.params, batch)).items():
           layer_out = out.setdefault(layer, {})
           layer_out[lang] = layer_out.get(lang, 0) + np.asarray(c, np.int64)
-  return out
+  return {layer: out[layer] for layer in sorted(out, key=lambda n: (n.startswith("decoder"), int(n.split("_")[1])))}
 
 
 def shares(counts: np.ndarray) -> np.ndarray:

@@ -98,14 +98,17 @@ def plot_similarity(distances: np.ndarray, tree, languages: list[str], order: li
   if tree is not None:
     hierarchy.dendrogram(tree, orientation="left", labels=languages, ax=axes[0], leaf_font_size=label_size(n),
                          color_threshold=0, above_threshold_color="0.3")
-    axes[0].invert_yaxis()  # top to bottom as the matrix's rows
+    axes[0].set_ylim(10 * n, 0)  # leaf i at 10 i + 5: top to bottom as the matrix's rows
     axes[0].set_xlabel("Jensen-Shannon distance", fontsize=8)
   else:
     axes[0].axis("off")
-  image = axes[1].imshow(distances[np.ix_(order, order)], cmap="magma_r", vmin=0.0, interpolation="nearest")
+  image = axes[1].imshow(distances[np.ix_(order, order)], cmap="magma_r", vmin=0.0, interpolation="nearest",
+                         aspect="auto")  # as tall as the dendrogram, row by row beside its leaves
+  axes[1].yaxis.tick_right()
   axes[1].set_xticks(range(n), names, rotation=90, fontsize=label_size(n))
   axes[1].set_yticks(range(n), names, fontsize=label_size(n))
-  fig.colorbar(image, ax=axes[1], shrink=0.6, label="Jensen-Shannon distance of expert use (mean over layers)")
+  fig.colorbar(image, ax=axes[1], shrink=0.6, pad=0.06,
+               label="Jensen-Shannon distance of expert use (mean over layers)")
   fig.suptitle("Languages by their expert use", fontsize=10)
   fig.savefig(path, dpi=110)
   plt.close(fig)
