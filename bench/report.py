@@ -17,6 +17,7 @@ import json
 import pathlib
 import sys
 
+from prune_report import pruning_tables  # bench/prune_report.py: the pruning study's table
 from suite_report import loss_cell  # bench/suite_report.py: the loss column, as the suite prints it
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -58,8 +59,8 @@ def load(results: pathlib.Path = RESULTS) -> list[tuple[str, dict, dict]]:
 
 
 def kind(data: dict) -> str:
-  if "compile_width" in data:
-    return "compile"
+  if "compile_width" in data or "pruning" in data:
+    return "compile" if "compile_width" in data else "pruning"
   if "environment" in data:
     return "suite"
   if "parts" in data:
@@ -268,12 +269,12 @@ def compile_tables(files) -> list[str]:
 def render(results: pathlib.Path = RESULTS) -> str:
   files = load(results)
   by_kind = {k: [f for f in files if kind(f[1]) == k]
-             for k in ("suite", "profile", "scores", "routers", "study", "bias", "cache", "compile")}
+             for k in ("suite", "profile", "scores", "routers", "study", "bias", "cache", "compile", "pruning")}
   suite = by_kind["suite"]
-  lines = [HEADER]
-  lines += training_tables(suite) + moe_tables(suite) + decoding_table(suite)
+  lines = [HEADER] + training_tables(suite) + moe_tables(suite) + decoding_table(suite)
   lines += profile_tables(suite + by_kind["profile"])
-  lines += score_tables(by_kind["scores"]) + router_table(by_kind["routers"]) + study_tables(by_kind["study"])
+  lines += score_tables(by_kind["scores"]) + pruning_tables(by_kind["pruning"], provenance, table)
+  lines += router_table(by_kind["routers"]) + study_tables(by_kind["study"])
   lines += bias_tables(by_kind["bias"]) + cache_table(by_kind["cache"]) + compile_tables(by_kind["compile"])
   return "\n".join(lines).rstrip() + "\n"
 
