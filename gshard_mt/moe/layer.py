@@ -89,7 +89,7 @@ class MoeFeedForward(nn.Module):
     router_in = in_groups(language, G, S) if router.reads_language else x
     mask = group_mask(padding_mask, B * L, G, S)
     routing = self._route(router, router_in, wg, mask, deterministic)
-    if self.is_mutable_collection(ROUTING):
+    if self.is_mutable_collection(ROUTING) and not self.is_initializing():  # init makes every collection mutable
       for name, value in (("expert_index", routing.expert_index), ("kept", routing.kept), ("mask", mask)):
         self.put_variable(ROUTING, name, value)
     x = x.astype(self.dtype)

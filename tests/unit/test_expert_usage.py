@@ -3,14 +3,17 @@ known structure, the counts against a plain loop over tokens, and the command on
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from gshard_mt.config import row_lengths
+from gshard_mt.config.moe import MoeConfig
 from gshard_mt.data import pipeline
 from gshard_mt.evaluation import evaluate
 from gshard_mt.evaluation import expert_usage as usage
+from gshard_mt.moe.layer import ROUTING, MoeFeedForward
 from gshard_mt.tools import expert_usage as tool
 from tests.unit.test_extract import random_run
 
@@ -83,3 +86,14 @@ def test_the_command_counts_every_real_token_of_each_language(tmp_path, tokenize
   assert json.loads((out / "expert_usage.json").read_text())["order"] == result["order"]
   assert "| encoder_0 |" in (out / "report.md").read_text()
   assert (out / "heatmaps.png").exists() and (out / "similarity.png").exists()
+
+
+def test_the_layer_writes_its_routing_only_where_asked_and_never_at_initialisation():
+  layer = MoeFeedForward(MoeConfig(num_experts=4, hidden_dim=8, group_size=8))
+  x = jnp.ones((2, 4, 6))
+  variables = layer.init(jax.random.key(0), x)
+  assert set(variables) == {"params"}  # init makes every collection mutable: the routing stays out
+  _, written = layer.apply(variables, x, mutable=[ROUTING])
+  assert {k: v.shape for k, v in written[ROUTING].items()} == {"expert_index": (1, 8, 2), "kept": (1, 8, 2),
+                                                               "mask": (1, 8)}
+  assert layer.apply(variables, x)[0].shape == x.shape  # not asked: nothing written, nothing to return
