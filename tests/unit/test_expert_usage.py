@@ -97,3 +97,19 @@ def test_the_layer_writes_its_routing_only_where_asked_and_never_at_initialisati
   assert {k: v.shape for k, v in written[ROUTING].items()} == {"expert_index": (1, 8, 2), "kept": (1, 8, 2),
                                                                "mask": (1, 8)}
   assert layer.apply(variables, x)[0].shape == x.shape  # not asked: nothing written, nothing to return
+
+
+def test_layer_counts_name_the_moe_layers_of_scanned_and_looped_stacks_in_order():
+  def routing(expert, kept=True):  # the 2 real tokens of a group of 3 ask `expert` first, then expert 0
+    return {"expert_index": jnp.array([[[expert, 0]] * 3]), "kept": jnp.array([[[True, kept]] * 3]),
+            "mask": jnp.array([[True, True, False]])}
+
+  looped = {f"unit_{u}": {"layer_1": {"moe": routing(e)}} for u, e in ((0, 1), (2, 2), (10, 3))}
+  scanned = {"units": {"layer_1": {"moe": jax.tree.map(lambda *a: jnp.stack(a), routing(2, False), routing(3))}}}
+  counts = usage.layer_counts({"encoder": looped, "decoder": scanned}, 4, {"encoder": False, "decoder": False})
+  assert list(counts) == ["encoder_0", "encoder_1", "encoder_2", "decoder_0", "decoder_1"]
+  for layer, expert in (("encoder_0", 1), ("encoder_1", 2), ("encoder_2", 3), ("decoder_1", 3)):  # unit 10 last
+    np.testing.assert_array_equal(counts[layer], [np.eye(4)[0] * 2 + np.eye(4)[expert] * 2] * 2)
+  np.testing.assert_array_equal(counts["decoder_0"], [[2, 0, 2, 0], [0, 0, 2, 0]])  # second choices dropped
+  chosen_by_experts = usage.layer_counts({"decoder": scanned}, 4, {"encoder": False, "decoder": True})
+  np.testing.assert_array_equal(chosen_by_experts["decoder_0"], [[0, 0, 2, 0], [0, 0, 2, 0]])  # asked = kept

@@ -103,3 +103,15 @@ def test_an_upcycled_model_at_step_0_computes_its_dense_parent(tmp_path, tokeniz
             for r in (dense, up)]
   np.testing.assert_array_equal(greedy[1], greedy[0])
   assert evaluate.restore(tmp_path / "up").step == 1  # and it trains on from there
+
+
+def test_layers_are_matched_by_index_between_scanned_and_looped_stacks():
+  dense = dense_tree()
+  scanned = moe_tree()["encoder"]["units"]
+  looped = {"encoder": {f"unit_{u}": jax.tree.map(lambda a, u=u: a[u], scanned) for u in range(2)},
+            "embed": {"embedding": np.zeros((7, 3))}}
+  looped["encoder"]["final_norm"] = {"scale": np.zeros(3)}
+  up = init_from.initial_params(dense, looped, name="dense")
+  ffn = dense["encoder"]["units"]["layer_0"]["ffn"]
+  np.testing.assert_array_equal(up["encoder"]["unit_1"]["layer_0"]["ffn"]["wi"], ffn["wi"][2])
+  np.testing.assert_array_equal(up["encoder"]["unit_1"]["layer_1"]["moe"]["wo"][3], ffn["wo"][3])
