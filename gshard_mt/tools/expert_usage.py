@@ -21,19 +21,15 @@ from __future__ import annotations
 
 import json
 
-import matplotlib
 import numpy as np
 from scipy.cluster import hierarchy
 from scipy.spatial.distance import squareform
 
-from gshard_mt import cli, io
+from gshard_mt import cli, figures, io
 from gshard_mt import config as config_lib
 from gshard_mt.errors import WorkdirError
 from gshard_mt.evaluation import evaluate
 from gshard_mt.evaluation import expert_usage as usage
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  after the backend is chosen
 
 SHARE = 0.9  # the share of a language's assignments that report.md counts the experts of
 SPLITS = ("train", "dev", "test")
@@ -74,8 +70,8 @@ def plot_heatmaps(layers: dict, languages: list[str], order: list[int], path):
   mats = {layer: usage.shares(np.stack([layers[layer][languages[i]][0] for i in order])) for layer in layers}
   vmax = max(float(m.max()) for m in mats.values()) or 1.0
   panel = max(1.3, 0.22 * E)
-  fig, axes = plt.subplots(1, len(mats), figsize=(1.6 + panel * len(mats) + 1.0, 1.8 + 0.12 * max(n, 12)),
-                           sharey=True, squeeze=False, layout="constrained")
+  fig, axes = figures.subplots(1, len(mats), figsize=(1.6 + panel * len(mats) + 1.0, 1.8 + 0.12 * max(n, 12)),
+                               sharey=True, squeeze=False, layout="constrained")
   for ax, (layer, m) in zip(axes[0], mats.items()):
     image = ax.imshow(m, aspect="auto", cmap="viridis", vmin=0.0, vmax=vmax, interpolation="nearest")
     ax.set_title(layer.replace("_", " "), fontsize=9)
@@ -85,17 +81,16 @@ def plot_heatmaps(layers: dict, languages: list[str], order: list[int], path):
   fig.colorbar(image, ax=axes[0].tolist(), shrink=min(1.0, 30 / max(n, 1) + 0.3), label="share of the language's "
                "assignments (asked)")
   fig.suptitle("Expert use by language (languages ordered by clustering)", fontsize=10)
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  figures.save(fig, path, dpi=110)
 
 
 def plot_similarity(distances: np.ndarray, tree, languages: list[str], order: list[int], path):
   """The dendrogram (where there is a tree) beside the distance matrix, both in `order`."""
   n = len(languages)
   size = 3.0 + 0.12 * max(n, 12)
-  fig, axes = plt.subplots(1, 2, figsize=(size * 1.45, size), width_ratios=(1, 2.2), layout="constrained")
+  fig, axes = figures.subplots(1, 2, figsize=(size * 1.45, size), width_ratios=(1, 2.2), layout="constrained")
   names = [languages[i] for i in order]
-  if tree is not None:
+  if tree is not None and distances.max() > 0:  # all alike: no tree to draw
     hierarchy.dendrogram(tree, orientation="left", labels=languages, ax=axes[0], leaf_font_size=label_size(n),
                          color_threshold=0, above_threshold_color="0.3")
     axes[0].set_ylim(10 * n, 0)  # leaf i at 10 i + 5: top to bottom as the matrix's rows
@@ -110,8 +105,7 @@ def plot_similarity(distances: np.ndarray, tree, languages: list[str], order: li
   fig.colorbar(image, ax=axes[1], shrink=0.6, pad=0.06,
                label="Jensen-Shannon distance of expert use (mean over layers)")
   fig.suptitle("Languages by their expert use", fontsize=10)
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  figures.save(fig, path, dpi=110)
 
 
 def report(result: dict) -> str:
