@@ -9,14 +9,20 @@ per seed s, in --root: `dense_s<s>` (model.moe_interval=0) trained N = --dense_s
 --extra_steps more: `continued_s<s>`, the dense model trained on (init_from, a fresh optimizer), `upcycled_s<s>`,
 its MoE upcycled (init_from: every expert a copy of the dense FFN, the router fresh, a fresh optimizer), and
 `scratch_s<s>`, the MoE trained from scratch for N + M steps. Each arm's last checkpoint is decoded on the test
-split (eval.py). Writes into --report_dir report.json (per arm and seed: the test BLEU per language and on
-average, the dev-loss curve on the total-steps axis) and dev_loss.png (the curves, the continued arms from step N).
+split (eval.py). Writes into --report_dir report.json (its date, device and command, which bench/report.py renders
+into docs/performance.md; per arm and seed: the test BLEU per language and on average, the dev-loss curve on the
+total-steps axis) and dev_loss.png (the curves, the continued arms from step N).
 Finished runs are neither trained nor decoded again.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
+import os
+import shlex
+
+import jax
 
 from gshard_mt import cli, figures, io
 from gshard_mt.evaluation import outputs
@@ -87,9 +93,11 @@ def main(argv):
       run_arm(args.config, root / point["name"], point, extra)
       runs.append(summary(root / point["name"], point, offset))
   out.mkdir(parents=True, exist_ok=True)
-  io.write_atomically(out / "report.json", json.dumps(
-      {"config": args.config, "dense_steps": args.dense_steps, "extra_steps": args.extra_steps, "extra": extra,
-       "runs": runs}, indent=2))
+  io.write_atomically(out / "report.json", json.dumps({  # with its provenance: bench/report.py renders it
+      "date": datetime.date.today().isoformat(), "device": f"{jax.devices()[0].device_kind} ({os.cpu_count()} cores)",
+      "jax": jax.__version__, "command": "python -m gshard_mt.tools.upcycle_study " + shlex.join(argv),
+      "upcycling": {"config": args.config, "dense_steps": args.dense_steps, "extra_steps": args.extra_steps,
+                    "extra": extra, "runs": runs}}, indent=2))
   plot(runs, out / "dev_loss.png")
   for r in runs:
     print(f"{r['name']}: test BLEU {r['average_bleu']:.2f}, last dev loss {r['curve'][-1][1] if r['curve'] else '-'}")
