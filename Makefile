@@ -21,7 +21,7 @@ PY := $(VENV)/bin/python
 # for drivers older than 580) or neither (cpu); `make train JAX_BUILD=cpu` (tpu, cuda12, cuda13) chooses instead.
 JAX_BUILD ?= auto
 
-.PHONY: venv test test-fast lint mutate prepare train eval translate sweep study router-study bench bench-gpu inspect-data clean
+.PHONY: venv test test-fast lint mutate prepare train eval translate sweep study router-study upcycle-study bench bench-gpu inspect-data clean
 
 # The stamp holds the build installed; a JAX_BUILD other than it (and than auto) installs again.
 ifneq ($(JAX_BUILD),auto)
@@ -82,6 +82,9 @@ study: venv  # the MoE-versus-dense study (configs/sweeps/study.py): runs/sweeps
 
 router-study: venv  # every router against the dense twin, 2 seeds, ~90 min on 2 CPU cores: bench/results/routers/
 	$(PY) -m gshard_mt.tools.router_study --sweep configs/sweeps/routers.py $(ARGS)
+
+upcycle-study: venv  # dense N steps, then dense continued / upcycled / MoE from scratch, 2 seeds: bench/results/upcycling/
+	$(PY) -m gshard_mt.tools.upcycle_study --config configs/routers.py $(ARGS)
 
 bench: venv
 	$(PY) bench/moe_layer.py --small

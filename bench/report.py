@@ -17,6 +17,7 @@ import json
 import pathlib
 import sys
 
+from expert_reports import pruning_tables, upcycling_tables  # bench/expert_reports.py: pruning, upcycling
 from suite_report import loss_cell  # bench/suite_report.py: the loss column, as the suite prints it
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -58,8 +59,8 @@ def load(results: pathlib.Path = RESULTS) -> list[tuple[str, dict, dict]]:
 
 
 def kind(data: dict) -> str:
-  if "compile_width" in data:
-    return "compile"
+  if found := [k for k in ("compile_width", "pruning", "upcycling") if k in data]:
+    return {"compile_width": "compile"}.get(found[0], found[0])
   if "environment" in data:
     return "suite"
   if "parts" in data:
@@ -267,13 +268,14 @@ def compile_tables(files) -> list[str]:
 
 def render(results: pathlib.Path = RESULTS) -> str:
   files = load(results)
-  by_kind = {k: [f for f in files if kind(f[1]) == k]
-             for k in ("suite", "profile", "scores", "routers", "study", "bias", "cache", "compile")}
+  kinds = ("suite", "profile", "scores", "routers", "study", "bias", "cache", "compile", "pruning", "upcycling")
+  by_kind = {k: [f for f in files if kind(f[1]) == k] for k in kinds}
   suite = by_kind["suite"]
-  lines = [HEADER]
-  lines += training_tables(suite) + moe_tables(suite) + decoding_table(suite)
+  lines = [HEADER] + training_tables(suite) + moe_tables(suite) + decoding_table(suite)
   lines += profile_tables(suite + by_kind["profile"])
-  lines += score_tables(by_kind["scores"]) + router_table(by_kind["routers"]) + study_tables(by_kind["study"])
+  lines += score_tables(by_kind["scores"]) + pruning_tables(by_kind["pruning"], provenance, table)
+  lines += upcycling_tables(by_kind["upcycling"], provenance, table)
+  lines += router_table(by_kind["routers"]) + study_tables(by_kind["study"])
   lines += bias_tables(by_kind["bias"]) + cache_table(by_kind["cache"]) + compile_tables(by_kind["compile"])
   return "\n".join(lines).rstrip() + "\n"
 

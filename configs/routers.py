@@ -1,7 +1,7 @@
 """The router study's model (configs/sweeps/routers.py): Multi30k (deu, fra, ces -> eng) at half configs/multi30k.py's
 width and depth, one MoE layer per stack, 800 steps.
 
-  make router-study  # = python -m gshard_mt.tools.router_study --sweep configs/sweeps/routers.py: bench/results/routers/
+  make router-study  # writes bench/results/routers/ (python -m gshard_mt.tools.router_study --sweep ...)
 
 Its sizing and results: docs/performance.md ("Which router wins").
 """

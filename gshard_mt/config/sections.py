@@ -142,7 +142,7 @@ class Config(Section):
                                          "checkpoint_every", "keep_checkpoints", "eval_bleu_sentences",
                                          "eval_bleu_per_language")
   NONNEGATIVE: ClassVar[dict[str, str]] = {"eval_bleu_every": "0 = never", "eval_every": "0 = never",
-                                           "eval_batches": "0 = all"}
+                                           "eval_batches": "0 = all", "init_from_noise": "0 = exact copies"}
 
   seed: int = 0
   batch_size: int = 64  # global rows per step; each row packs several pairs
@@ -159,6 +159,8 @@ class Config(Section):
   checkpoint_every: int = 500
   keep_checkpoints: int = 3
   nonfinite: str = "stop"  # 'stop': stop with a message naming the step; 'skip': skip the update
+  init_from: str = ""  # a run to start from: a dense one is upcycled (its FFN copied into every expert), or fine-tuned
+  init_from_noise: float = 0.0  # upcycled experts: plus Gaussian noise of this share of the dense weight's std
   data: DataConfig = _default(DataConfig)
   model: ModelConfig = _default(ModelConfig)
   moe: MoeConfig = _default(MoeConfig)

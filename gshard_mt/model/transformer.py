@@ -22,7 +22,7 @@ from gshard_mt.config.sections import ModelConfig
 from gshard_mt.model import layers
 from gshard_mt.model.layers import Attention, DenseFFN, layer_norm, packing_mask, shift_right, sinusoidal, source_bias
 from gshard_mt.moe import balance, routers
-from gshard_mt.moe.layer import MoeFeedForward
+from gshard_mt.moe.layer import ROUTING, MoeFeedForward
 from gshard_mt.ops import Ops
 from gshard_mt.parallel.einsum import weight_einsum
 from gshard_mt.registry import Registry
@@ -163,7 +163,8 @@ class Stack(Unit):
     num_units = self.num_layers // cfg.unit_size
     unit = Unit if cfg.remat == "none" else nn.remat(Unit, static_argnums=(), policy=REMAT_POLICIES[cfg.remat])
     if cfg.scan_layers:
-      scanned = nn.scan(unit, variable_axes={"params": 0, "cache": 0, "memory": 0, balance.COLLECTION: 0},
+      scanned = nn.scan(unit, variable_axes={"params": 0, "cache": 0, "memory": 0, balance.COLLECTION: 0,
+                                             ROUTING: 0},
                         split_rngs={"params": True, "dropout": True, "gating": True},
                         in_axes=(nn.broadcast,), length=num_units, unroll=max(1, min(cfg.scan_unroll, num_units)),
                         metadata_params={nn.PARTITION_NAME: "layers"})

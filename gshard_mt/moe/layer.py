@@ -16,6 +16,7 @@ from gshard_mt.moe.axes import EHM, EMH, GSM, ME, ZHM, ZMH
 from gshard_mt.moe.experts import ACTIVATIONS
 from gshard_mt.ops import Ops
 
+ROUTING = "routing"  # the collection where each token went: read by tools.expert_usage, never written while training
 EXPERT_INIT = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=1, out_axis=2,
                                                batch_axis=(0,))
 
@@ -58,6 +59,8 @@ class MoeFeedForward(nn.Module):
   into its loss and logs. deterministic=True: the evaluation capacity factor, no noise nor random routing, and a
   token count that S does not divide (a last evaluation batch, beams) padded instead of an error. With
   moe.balance='bias', while training, it writes the assignments asked of each expert to the 'balance' collection.
+  Where the 'routing' collection (ROUTING) is mutable, it writes the routing's expert_index and kept [G, S, K] and
+  the token mask [G, S] there.
   """
 
   cfg: MoeConfig
@@ -84,7 +87,11 @@ class MoeFeedForward(nn.Module):
     x = in_groups(x, G, S)
     # Task-level routing reads the sentence's language, the same for all its tokens (Kudugunta et al., section 3).
     router_in = in_groups(language, G, S) if router.reads_language else x
-    routing = self._route(router, router_in, wg, group_mask(padding_mask, B * L, G, S), deterministic)
+    mask = group_mask(padding_mask, B * L, G, S)
+    routing = self._route(router, router_in, wg, mask, deterministic)
+    if self.is_mutable_collection(ROUTING) and not self.is_initializing():  # init makes every collection mutable
+      for name, value in (("expert_index", routing.expert_index), ("kept", routing.kept), ("mask", mask)):
+        self.put_variable(ROUTING, name, value)
     x = x.astype(self.dtype)
     y = experts.expert_path(cfg, self.dtype, self.ops)(x, routing, ffn.ExpertWeights(wi, wo))
     if cfg.shared_experts:

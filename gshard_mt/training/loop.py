@@ -31,7 +31,7 @@ from gshard_mt.model.transformer import Transformer
 from gshard_mt.parallel import distributed
 from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.training import checkpoint as checkpoint_lib
-from gshard_mt.training import dev_eval
+from gshard_mt.training import dev_eval, init_from
 from gshard_mt.training import metrics as metrics_lib
 from gshard_mt.training.setup import Setup, build
 
@@ -193,6 +193,9 @@ def restore_or_init(config, workdir, setup: Setup, ckpts: checkpoint_lib.Checkpo
     step, state, data_state = restored
     batches.set_state(data_state)
     log.info("resumed from %s at step %d", ckpts.directory, step)
+  elif config.init_from:  # upcycled or fine-tuned: the starting point saved as step 0
+    step, state = 0, init_from.initial_state(config, workdir, setup)
+    ckpts.save(0, state, batches.state(0), force=True)
   else:
     step, state = 0, setup.init_state(config.seed)
   if jax.process_index() == 0 and step < config.num_train_steps:

@@ -50,14 +50,15 @@ def test_chosen_experts_follow_the_routers_rule_bias_included():
   np.testing.assert_array_equal(extract.chosen_experts(biased, vectors, top1), [[0, 0, 0, 1], [0, 1, 1, 1]])
 
 
-def random_run(workdir, tokenizer_dir, **overrides):
-  """A work directory holding a checkpoint, at step 1, of random parameters for small_config(**overrides): what
-  eval.py and the extraction need, without compiling the model's initialisation."""
+def random_run(workdir, tokenizer_dir, tweak=lambda params: params, **overrides):
+  """A work directory holding a checkpoint, at step 1, of random parameters for small_config(**overrides) (changed
+  by `tweak`): what eval.py and the extraction need, without compiling the model's initialisation."""
   shutil.copytree(tokenizer_dir, workdir / "tokenizer")
   config = small_config(**overrides)
   setup = build(config, pipeline.load(config, workdir).tokenizer.vocab_size)
   rng = np.random.default_rng(0)
-  params = jax.tree.map(lambda s: jnp.asarray(rng.normal(0, 0.5, s.shape), s.dtype), setup.abstract_state.params)
+  params = tweak(jax.tree.map(lambda s: jnp.asarray(rng.normal(0, 0.5, s.shape), s.dtype),
+                              setup.abstract_state.params))
   state = setup.abstract_state.replace(step=jnp.ones((), jnp.int32), params=params,
                                        opt_state=jax.jit(setup.tx.init)(params), rng=jnp.zeros((2,), jnp.uint32))
   with checkpoint_lib.Checkpoints(workdir / "checkpoints", async_save=False) as ckpts:
@@ -83,7 +84,8 @@ def test_extracted_model_translates_its_languages_as_the_full_model(tmp_path, to
 def test_runs_it_cannot_extract_exactly_are_refused_before_anything_is_read(tmp_path):
   """Only language routing gives each language fixed experts, and with bias balancing the top-k of softmax + bias
   over fewer experts may differ."""
-  for overrides, reason in (({"moe.router": "gshard"}, "needs a MoE model routed by language"),
+  for overrides, reason in (({"moe.router": "gshard"}, "routed by token"),
+                            ({"moe.router": "expert_choice", "moe.decoder_router": "gshard"}, "token-level routers"),
                             ({"moe.balance": "bias", "moe.aux_loss_weight": 0.0}, "trained with moe.balance='bias'")):
     run = tmp_path / reason[:5]
     config_lib.save(small_config(**{"moe.router": "language", "moe.dispatch": "grouped", **overrides}), run)
