@@ -2,7 +2,8 @@
 
   python train.py --config configs/multi30k.py --workdir runs/multi30k  # test BLEU deu 30.1, fra 37.4, ces 28.7
 
-Measurements and longer runs: docs/performance.md ("The shipped configs' results", "Translation quality").
+Measurements and longer runs: docs/decisions.md ("The shipped configs' results") and docs/performance.md
+("Translation quality").
 """
 
 from gshard_mt.config import defaults

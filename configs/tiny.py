@@ -3,7 +3,7 @@
   make train  # dev loss 3.53 / 3.16 / 3.02 at steps 200 / 400 / 600, test BLEU 0.8: learns, does not translate
 
 It is a smoke test; configs/multi30k.py trains a model that translates. How these numbers came about:
-docs/performance.md ("The shipped configs' results").
+docs/decisions.md ("The shipped configs' results").
 """
 
 from gshard_mt.config import defaults
