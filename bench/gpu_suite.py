@@ -158,7 +158,7 @@ def moe_layer_section(small: bool, repeats: int) -> dict:
       model_cfg = TransformerConfig(vocab_size=8, emb_dim=M, dtype=jnp.bfloat16, moe=cfg)
       ops = Ops(grouped_matmuls=seam.grouped_matmuls(model_cfg, jax.devices()[0]))
       if dispatch == "grouped":
-        row |= dict(kernels=repr(ops.grouped_matmuls or "RaggedDot()"))
+        row |= dict(kernels=repr(ops.grouped_matmuls or grouped.RaggedDot()))
         row["variant"] += f", {row['kernels']}"
       layer = MoeFeedForward(cfg, dtype=jnp.bfloat16, ops=ops)
       rows.append(row | dict(ms=moe_layer.time_fwd_bwd(layer, x, repeats)))

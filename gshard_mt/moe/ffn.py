@@ -1,6 +1,6 @@
 """The experts' FFN, written once for every dispatch path: act(x wi + bi) wo + bo, each expert on its own tokens,
 wherever the path put them. A layout says how one matmul, one per-expert bias and the hidden activations' placement
-look in its arrangement of the tokens:
+look in its arrangement of the tokens (`up` by wi, `down` by wo):
 
 - `BufferLayout`: capacity buffers [E, G, C, M] (the einsum and index dispatches; the manual path per device);
 - `grouped.RowLayout`: rows in blocks by expert [R, M] (the grouped dispatch's grouped matmuls).
@@ -45,11 +45,11 @@ relu.defvjp(lambda x: (relu(x), relu(x)), lambda y, g: (jnp.where(y > 0, g, 0),)
 def apply_experts(x: jax.Array, weights: ExpertWeights, layout, activation: Callable) -> jax.Array:
   """Each expert's FFN on its tokens: x [.., M] arranged as `layout` says (buffers [E, G, C, M] or rows [R, M])
   -> [.., M] in the same arrangement, in x's dtype."""
-  h = layout.matmul(x, weights.wi)  # [.., H]
+  h = layout.up(x, weights.wi)  # [.., H]
   if weights.bi is not None:
     h = h + layout.per_expert(weights.bi).astype(h.dtype)
   h = layout.hidden(activation(h))
-  y = layout.output(layout.matmul(h, weights.wo))  # [.., M]
+  y = layout.output(layout.down(h, weights.wo))  # [.., M]
   if weights.bo is not None:
     y = y + layout.per_expert(weights.bo).astype(y.dtype)
   return y
@@ -65,9 +65,13 @@ class BufferLayout:
   constrain: bool = True
   model_axis: str | None = None
 
-  def matmul(self, x: jax.Array, w: jax.Array) -> jax.Array:
-    """[E, G, C, X] x [E, X, Y] -> [E, G, C, Y]."""
-    return weight_einsum("EGCX,EXY->EGCY", x, w)
+  def up(self, x: jax.Array, wi: jax.Array) -> jax.Array:
+    """[E, G, C, M] x [E, M, H] -> [E, G, C, H]."""
+    return weight_einsum("EGCM,EMH->EGCH", x, wi)
+
+  def down(self, h: jax.Array, wo: jax.Array) -> jax.Array:
+    """[E, G, C, H] x [E, H, M] -> [E, G, C, M]."""
+    return weight_einsum("EGCH,EHM->EGCM", h, wo)
 
   def per_expert(self, b: jax.Array) -> jax.Array:
     """[E, Y] -> [E, 1, 1, Y]."""

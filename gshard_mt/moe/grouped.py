@@ -87,9 +87,13 @@ class RowLayout:
   num_rows: int  # R
   kernels: Any = RaggedDot()  # by_weights and by_rows: XLA's, or a kernel's (`ops.Ops.grouped_matmuls`)
 
-  def matmul(self, x: jax.Array, w: jax.Array) -> jax.Array:
-    """[R, X] x [E, X, Y] -> [R, Y]."""
-    return grouped_matmul(x, w, self.group_sizes, self.kernels)
+  def up(self, x: jax.Array, wi: jax.Array) -> jax.Array:
+    """[R, M] x [E, M, H] -> [R, H]."""
+    return grouped_matmul(x, wi, self.group_sizes, self.kernels)
+
+  def down(self, h: jax.Array, wo: jax.Array) -> jax.Array:
+    """[R, H] x [E, H, M] -> [R, M]."""
+    return grouped_matmul(h, wo, self.group_sizes, self.kernels)
 
   def per_expert(self, b: jax.Array) -> jax.Array:
     """[E, Y] -> [R, Y]: each row its expert's."""
