@@ -164,6 +164,14 @@ class TestGating:
       call()
 
 
+# What report.md says under its table of languages, for report_scores()'s three languages.
+INTERVAL_NOTE = ("95% interval: the 2.5th to 97.5th percentile of the language's corpus BLEU over 1,000 resamples of "
+                 "its test sentences (with replacement, seed 0); the fewer sentences, the wider. ≈: the interval "
+                 "holds the average BLEU (11.00), so this test set cannot tell the language's score from the average "
+                 "(2 of 3 languages). Two languages whose intervals do not overlap differ beyond doubt; where they "
+                 "overlap, this test set may not tell them apart.")
+
+
 class TestReport:
   """The whole report text, byte for byte: kills the mutants of report.markdown, report.summary and report._fmt
   that change a separator, a blank line, a header, a sign or a format (x_markdown__mutmut_17, _35, _39, _40, _52 to
@@ -194,11 +202,7 @@ class TestReport:
         "| high | 12.00 | 32.00 | - |",
         "| low | 10.50 | 30.50 | +0.25 |",
         "",
-        "95% interval: the 2.5th to 97.5th percentile of the language's corpus BLEU over 1,000 resamples of its "
-        "test sentences (with replacement, seed 0); the fewer sentences, the wider. ≈: the interval holds the "
-        "average BLEU (11.00), so this test set cannot tell the language's score from the average (2 of 3 "
-        "languages). Two languages whose intervals do not overlap differ beyond doubt; where they overlap, this test "
-        "set may not tell them apart.",
+        INTERVAL_NOTE,
         "",
         "| language | train pairs | resource | sentences | BLEU | 95% interval | ≈ | chrF++ | ΔBLEU |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -224,11 +228,7 @@ class TestReport:
         "| high | 12.00 | 32.00 |",
         "| low | 10.50 | 30.50 |",
         "",
-        "95% interval: the 2.5th to 97.5th percentile of the language's corpus BLEU over 1,000 resamples of its "
-        "test sentences (with replacement, seed 0); the fewer sentences, the wider. ≈: the interval holds the "
-        "average BLEU (11.00), so this test set cannot tell the language's score from the average (2 of 3 "
-        "languages). Two languages whose intervals do not overlap differ beyond doubt; where they overlap, this test "
-        "set may not tell them apart.",
+        INTERVAL_NOTE,
         "",
         "| language | train pairs | resource | sentences | BLEU | 95% interval | ≈ | chrF++ |",
         "|---|---|---|---|---|---|---|---|",
