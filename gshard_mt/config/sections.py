@@ -67,10 +67,13 @@ class ModelConfig(Section):
   POSITIVE: ClassVar[tuple[str, ...]] = ("emb_dim", "num_heads", "head_dim", "mlp_dim", "max_position",
                                           "scan_unroll")
   NONNEGATIVE: ClassVar[dict[str, str]] = {"moe_interval": "0 = dense", "num_encoder_layers": "0 = none",
-                                           "num_decoder_layers": "0 = none"}
-  RANGES: ClassVar[dict[str, tuple]] = {"dropout_rate": fraction(), "attention_dropout_rate": fraction()}
+                                           "num_decoder_layers": "0 = none", "position_offset": "0 = from 0",
+                                           "vocab_size": "0 = the tokenizer's"}
+  RANGES: ClassVar[dict[str, tuple]] = {"dropout_rate": fraction(), "attention_dropout_rate": fraction(),
+                                        "layer_norm_epsilon": (lambda x: x > 0, "> 0")}
 
   emb_dim: int = 512  # M
+  vocab_size: int = 0  # V, the embedding's rows; 0 = the tokenizer's (an imported model may have more)
   num_heads: int = 8
   head_dim: int = 64
   mlp_dim: int = 2048  # hidden size of the dense FFNs
@@ -82,6 +85,9 @@ class ModelConfig(Section):
   embedding: str = "vaswani"  # embedding scale scheme: 'vaswani' or 't5' (model.transformer.EMBEDDING_SCHEMES)
   positions: str = "sinusoidal"  # or 'learned'
   max_position: int = 512  # for learned positions
+  position_offset: int = 0  # a pair's first token's position (fairseq's and NLLB's: 2, padding_idx + 1)
+  bias: bool = False  # a bias on every attention projection (q, k, v, out) and dense FFN matmul (NLLB, M2M100)
+  layer_norm_epsilon: float = 1e-6  # flax's default; NLLB's and M2M100's: 1e-5
   dropout_rate: float = 0.1
   dropout_rng: str = "auto"  # the dropout masks' bits: 'threefry', 'rbg' (XLA's RngBitGenerator); auto: threefry
   attention_dropout_rate: float = 0.0
@@ -174,10 +180,11 @@ class Config(Section):
     super().check_values()
     if self.batch_size % self.num_microbatches:
       raise ConfigError(f"num_microbatches={self.num_microbatches} does not divide batch_size={self.batch_size}")
-    if self.model.positions == "learned" and max(row_lengths(self)) > self.model.max_position:  # NaN beyond it
-      raise ConfigError(f"data.max_length={self.data.max_length} (data.max_target_length="
-                        f"{self.data.max_target_length}) exceeds model.max_position={self.model.max_position}, the "
-                        "learned positions")
+    model = self.model
+    if model.positions == "learned" and max(row_lengths(self)) + model.position_offset > model.max_position:
+      raise ConfigError(f"data.max_length={self.data.max_length} (data.max_target_length="  # NaN beyond the table
+                        f"{self.data.max_target_length}) + model.position_offset={model.position_offset} exceeds "
+                        f"model.max_position={model.max_position}, the learned positions")
 
 
 SECTIONS = {name: kind for name, kind in typing.get_type_hints(Config).items() if dataclasses.is_dataclass(kind)}

@@ -24,6 +24,7 @@ from gshard_mt.config import row_lengths
 from gshard_mt.config.platforms import AUTO
 from gshard_mt.errors import ConfigError
 from gshard_mt.kernels import adafactor, attention, expert_ffn, logit_stats, mosaic_gpu, vmem
+from gshard_mt.model.layers import LAYER_NORM_EPSILON
 from gshard_mt.moe.experts import PATHS
 from gshard_mt.ops import Ops
 from gshard_mt.parallel import chips
@@ -94,7 +95,11 @@ def grouped_matmuls(model_cfg, device) -> mosaic_gpu.MosaicGpu | None:
 def check(config) -> None:
   """A ConfigError, in one line naming the keys, where a kernel option asks what its kernel cannot serve (checked
   with the config, before any data is read: `training.validate`)."""
-  opt, moe = config.optimizer, config.moe
+  opt, moe, model = config.optimizer, config.moe, config.model
+  if model.attention == PALLAS and (model.bias or model.layer_norm_epsilon != LAYER_NORM_EPSILON):
+    raise ConfigError(f"model.attention='{PALLAS}' has no biases and a layer norm epsilon of {LAYER_NORM_EPSILON}: it "
+                      f"needs model.bias=False and model.layer_norm_epsilon={LAYER_NORM_EPSILON}, not {model.bias} "
+                      f"and {model.layer_norm_epsilon}")
   if opt.kernel == PALLAS and opt.name != "adafactor":
     raise ConfigError(f"optimizer.kernel='{PALLAS}' is Adafactor's update: it needs optimizer.name='adafactor', "
                       f"not {opt.name!r}")
@@ -105,6 +110,9 @@ def check(config) -> None:
     raise ConfigError(f"moe.expert_kernel='{PALLAS}' computes relu(x wi) wo on capacity buffers: it needs "
                       f"moe.activation='relu' and moe.dispatch in {buffers}, not {moe.activation!r} and "
                       f"{moe.dispatch!r}")
+  if moe.expert_bias or moe.expert_dropout:
+    raise ConfigError(f"moe.expert_kernel='{PALLAS}' has no biases nor output dropout: it needs "
+                      f"moe.expert_bias=False and moe.expert_dropout=0, not {moe.expert_bias} and {moe.expert_dropout}")
   if config.partitioning == "expert_model" and config.mesh.model * config.dcn_mesh.model > 1:
     raise ConfigError(f"moe.expert_kernel='{PALLAS}' needs each expert's H whole on a device: "
                       f"partitioning='expert_model' splits it over the model axis, mesh.model={config.mesh.model} x "

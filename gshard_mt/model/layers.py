@@ -134,25 +134,30 @@ def param(module: nn.Module, name: str, shape: tuple, names: tuple, init=None):
   return module.param(name, nn.with_logical_partitioning(init, names), shape, jnp.float32)
 
 
-def layer_norm(name: str) -> nn.LayerNorm:
+def layer_norm(name: str, epsilon: float = LAYER_NORM_EPSILON) -> nn.LayerNorm:
   """LayerNorm over M whose scale and bias carry the 'embed' axis."""
-  return nn.LayerNorm(name=name, epsilon=LAYER_NORM_EPSILON,
+  return nn.LayerNorm(name=name, epsilon=epsilon,
                       scale_init=nn.with_logical_partitioning(NORM_INITS["scale"], ("embed",)),
                       bias_init=nn.with_logical_partitioning(NORM_INITS["bias"], ("embed",)))
 
 
-def norm_terms(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+def norm_terms(x: jax.Array, epsilon: float = LAYER_NORM_EPSILON) -> tuple[jax.Array, jax.Array]:
   """x [..., M] -> (x - mean, 1 / std [..., 1]) over M in float32, exactly as flax's LayerNorm computes them."""
   x = x.astype(jnp.float32)
   mean = x.mean(-1, keepdims=True)
   var = jnp.maximum(0.0, (x * x).mean(-1, keepdims=True) - mean * mean)
-  return x - mean, jax.lax.rsqrt(var + LAYER_NORM_EPSILON)
+  return x - mean, jax.lax.rsqrt(var + epsilon)
 
 
-def normalize(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
+def normalize(x: jax.Array, scale: jax.Array, bias: jax.Array, epsilon: float = LAYER_NORM_EPSILON) -> jax.Array:
   """x [..., M], scale, bias [M] -> the float32 layer norm over M as `layer_norm` (flax's LayerNorm) computes it."""
-  centered, inv = norm_terms(x)
+  centered, inv = norm_terms(x, epsilon)
   return centered * (inv * scale) + bias
+
+
+def biased(y: jax.Array, b: jax.Array | None) -> jax.Array:
+  """y [..., *b.shape] + b (cast to y's dtype), or y where there is no bias."""
+  return y if b is None else y + b.astype(y.dtype)
 
 
 class NormParams(nn.Module):
@@ -182,6 +187,8 @@ class Attention(nn.Module):
   attention: str = "xla"  # model.attention: what `bias` is outside decoding (`packing_mask`)
   causal: bool = False  # the decoder's self-attention (the bias or mask holds it; the kernel is told too)
   kernel: Callable | None = None  # the whole block outside decoding (`ops.Ops.attention`; `bias`: segment ids)
+  use_bias: bool = False  # model.bias: biases on q, k, v [A, D] and out [M]
+  epsilon: float = LAYER_NORM_EPSILON  # of the layer norm before it
 
   @nn.compact
   def __call__(self, x, kv, bias, *, norm, deterministic: bool, decode_step=None):
@@ -192,25 +199,32 @@ class Attention(nn.Module):
     wq, wk, wv = (param(self, n, (M, A, D), ("embed", "heads", "kv"), init) for n in ("query", "key", "value"))
     wo = param(self, "out", (A, D, M), ("heads", "kv", "embed"),
                nn.initializers.variance_scaling(1.0, "fan_in", "normal", in_axis=(0, 1), out_axis=2))
-    if self.kernel is not None and not self.decode:
+    bq, bk, bv, bo = [None] * 4
+    if self.use_bias:
+      bq, bk, bv = (param(self, f"{n}_bias", (A, D), ("heads", "kv"), nn.initializers.zeros)
+                    for n in ("query", "key", "value"))
+      bo = param(self, "out_bias", (M,), ("embed",), nn.initializers.zeros)
+    if self.kernel is not None and not self.decode:  # model.bias is refused with a kernel (kernels.seam.check)
       return self.kernel(x, kv if self.is_cross else None, norm, (wq, wk, wv, wo), *bias, causal=self.causal, dtype=dt)
-    x = normalize(x, *norm)
+    x = normalize(x, *norm, self.epsilon)
     kv = kv if self.is_cross else x
-    q = weight_einsum("BQM,MAD->BQAD", x.astype(dt), wq) * D ** -0.5
-    project = lambda w: weight_einsum("BKM,MAD->BKAD", kv.astype(dt), w)  # noqa: E731
+    q = biased(weight_einsum("BQM,MAD->BQAD", x.astype(dt), wq), bq) * D ** -0.5  # scaled after the bias, as fairseq
+    project = lambda w, b: biased(weight_einsum("BKM,MAD->BKAD", kv.astype(dt), w), b)  # noqa: E731
     if self.decode and self.is_cross:
-      k = self.variable("memory", "key", lambda: jnp.einsum("BKM,MAD->ABDK", kv.astype(dt), wk.astype(dt))).value
-      v = self.variable("memory", "value", lambda: jnp.einsum("BKM,MAD->ABKD", kv.astype(dt), wv.astype(dt))).value
+      k = self.variable("memory", "key", lambda: biased(jnp.einsum("BKM,MAD->ABDK", kv.astype(dt), wk.astype(dt)),
+                                                        None if bk is None else bk[:, None, :, None])).value
+      v = self.variable("memory", "value", lambda: biased(jnp.einsum("BKM,MAD->ABKD", kv.astype(dt), wv.astype(dt)),
+                                                          None if bv is None else bv[:, None, None, :])).value
       out = cached_attention(per_sentence(q, k.shape[1]), k, v, bias).reshape(q.shape)
     elif self.decode:
-      out = self._decode_step(q, project(wk), project(wv), bias, decode_step)
+      out = self._decode_step(q, project(wk, bk), project(wv, bv), bias, decode_step)
     elif self.attention == "fused":
-      out = fused_attention(q, project(wk), project(wv), bias, self.causal)
+      out = fused_attention(q, project(wk, bk), project(wv, bv), bias, self.causal)
     else:
-      k, v = project(wk), project(wv)
+      k, v = project(wk, bk), project(wv, bv)
       probs = nn.Dropout(self.dropout_rate)(attention_probs(q, k, bias), deterministic=deterministic)
       out = jnp.einsum("BAQK,BKAD->BQAD", probs.astype(dt), v)
-    return weight_einsum("BQAD,ADM->BQM", out.astype(dt), wo)
+    return biased(weight_einsum("BQAD,ADM->BQM", out.astype(dt), wo), bo)
 
   def _decode_step(self, q, k, v, bias, step):
     """q, k, v [N, 1, A, D] of one step, N = B x R rows, bias [B, 1, R, L*R] -> [N, 1, A, D]. Row b*R + r writes
@@ -230,18 +244,21 @@ class Attention(nn.Module):
 
 
 class DenseFFN(nn.Module):
-  """x [B, L, M] -> relu(x wi [M, F]) wo [F, M] -> [B, L, M]."""
+  """x [B, L, M] -> relu(x wi [M, F] + bi) wo [F, M] + bo -> [B, L, M] (biases with model.bias)."""
 
   mlp_dim: int
   dtype: Any = jnp.float32
   dropout_rate: float = 0.0
+  use_bias: bool = False
 
   @nn.compact
   def __call__(self, x, *, deterministic: bool):
     M, F, dt = x.shape[-1], self.mlp_dim, self.dtype
     wi = param(self, "wi", (M, F), ("embed", "mlp"))
     wo = param(self, "wo", (F, M), ("mlp", "embed"))
-    h = jax.nn.relu(weight_einsum("BLM,MF->BLF", x.astype(dt), wi))
+    bi, bo = (param(self, n, (d,), (axis,), nn.initializers.zeros) if self.use_bias else None
+              for n, d, axis in (("bi", F, "mlp"), ("bo", M, "embed")))
+    h = jax.nn.relu(biased(weight_einsum("BLM,MF->BLF", x.astype(dt), wi), bi))
     h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
-    return weight_einsum("BLF,FM->BLM", h, wo)
+    return biased(weight_einsum("BLF,FM->BLM", h, wo), bo)

@@ -19,6 +19,7 @@ from gshard_mt.batch import BATCH_KEYS
 from gshard_mt.config import platforms
 from gshard_mt.config.moe import MoeConfig
 from gshard_mt.config.sections import ModelConfig
+from gshard_mt.errors import ConfigError
 from gshard_mt.model import layers
 from gshard_mt.model.layers import Attention, DenseFFN, layer_norm, packing_mask, shift_right, sinusoidal, source_bias
 from gshard_mt.moe import balance, routers
@@ -74,7 +75,9 @@ class TransformerConfig(ModelConfig):
     config, _ = platforms.resolve(config, platform or jax.default_backend())
     model = dataclasses.asdict(config.model)
     model |= {key: jnp.dtype(model[key]) for key in ("dtype", "residual_dtype")}
-    return cls(vocab_size=vocab_size, moe=config.moe, **model)
+    if model["vocab_size"] and model["vocab_size"] < vocab_size:
+      raise ConfigError(f"model.vocab_size={model['vocab_size']} is smaller than the tokenizer's {vocab_size} ids")
+    return cls(moe=config.moe, **model | {"vocab_size": model["vocab_size"] or vocab_size})
 
   @property
   def unit_size(self) -> int:
@@ -109,7 +112,8 @@ class Layer(nn.Module):
     cfg = self.cfg
     drop = nn.Dropout(cfg.dropout_rate)
     attention = dict(num_heads=cfg.num_heads, head_dim=cfg.head_dim, dtype=cfg.dtype, decode=self.decode,
-                     dropout_rate=cfg.attention_dropout_rate, attention=cfg.attention, kernel=cfg.ops.attention)
+                     dropout_rate=cfg.attention_dropout_rate, attention=cfg.attention, kernel=cfg.ops.attention,
+                     use_bias=cfg.bias, epsilon=cfg.layer_norm_epsilon)
     norm = lambda name: layers.NormParams(x.shape[-1], name=name)()  # noqa: E731  applied by Attention
     h = Attention(**attention, causal=self.is_decoder, name="self_attention")(
         x, None, inputs.self_bias, norm=norm("pre_self_attention"), deterministic=deterministic,
@@ -119,13 +123,13 @@ class Layer(nn.Module):
       h = Attention(**attention, is_cross=True, name="cross_attention")(
           x, inputs.memory, inputs.cross_bias, norm=norm("pre_cross_attention"), deterministic=deterministic)
       x = x + drop(h, deterministic=deterministic).astype(x.dtype)
-    h = layer_norm("pre_ffn")(x)
+    h = layer_norm("pre_ffn", cfg.layer_norm_epsilon)(x)
     stats = {}
     if self.use_moe:
       moe = MoeFeedForward(cfg.moe, dtype=cfg.dtype, decoder=self.is_decoder, ops=cfg.ops, name="moe")
       h, stats = moe(h, inputs.token_mask, deterministic=deterministic, language=inputs.language)
     else:
-      h = DenseFFN(cfg.mlp_dim, cfg.dtype, cfg.dropout_rate, name="ffn")(h, deterministic=deterministic)
+      h = DenseFFN(cfg.mlp_dim, cfg.dtype, cfg.dropout_rate, cfg.bias, name="ffn")(h, deterministic=deterministic)
     x = x + drop(h, deterministic=deterministic).astype(x.dtype)
     return nn.with_logical_constraint(x, BLM), stats
 
@@ -175,7 +179,7 @@ class Stack(Unit):
         x, s = unit(cfg, self.is_decoder, self.deterministic, self.decode, name=f"unit_{u}")(x, inputs)
         per_unit.append(s)
       stats = jax.tree.map(lambda *s: jnp.stack(s), *per_unit) if per_unit and per_unit[0] else {}
-    return layer_norm("final_norm")(x), stats
+    return layer_norm("final_norm", cfg.layer_norm_epsilon)(x), stats
 
 
 class Transformer(nn.Module):
@@ -210,6 +214,7 @@ class Transformer(nn.Module):
 
   def _embed(self, table, tokens, positions):
     x = table(tokens) * self._scales[1]
+    positions = positions + self.cfg.position_offset
     if self.cfg.positions == "learned":
       x = x + jnp.take(self.position_table, positions, axis=0)
     else:

@@ -11,6 +11,7 @@ interface: `path(x [G, S, M], routing, weights: ffn.ExpertWeights) -> y [G, S, M
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import flax.linen as nn
@@ -35,6 +36,7 @@ class ExpertPath:
   cfg: MoeConfig
   dtype: Any = jnp.float32
   ops: Ops = Ops()
+  output: Callable | None = None  # on each expert's output (`ffn.output_dropout`)
   capacity_buffers: ClassVar[bool] = False  # fills [E, G, C, M] buffers (what the experts' kernel runs on)
 
   def __call__(self, x: jax.Array, routing: Routing, weights: ffn.ExpertWeights) -> jax.Array:
@@ -50,13 +52,12 @@ class Buffers(ExpertPath):
 
   def experts(self, buffers: jax.Array, weights: ffn.ExpertWeights) -> jax.Array:
     """The experts' FFN on the dispatched buffers [E, G, C, M] -> [E, G, C, M]."""
-    if self.ops.expert_ffn is not None:
-      if weights.bi is not None or weights.bo is not None:
-        raise ValueError("the experts' kernel (moe.expert_kernel) has no biases: use moe.expert_kernel='xla'")
+    if self.ops.expert_ffn is not None:  # no biases nor output dropout: kernels.seam.check refuses them
       buffers = nn.with_logical_constraint(buffers, EGCM_BY_GROUP)
       return self.ops.expert_ffn(buffers, weights.wi, weights.wo, EGCM_BY_GROUP, EMH)
     buffers = nn.with_logical_constraint(buffers, EGCM)  # G -> E reshard: an all-to-all
-    return ffn.apply_experts(buffers, weights, ffn.BufferLayout(), ACTIVATIONS[self.cfg.activation])
+    return ffn.apply_experts(buffers, weights, ffn.BufferLayout(), ACTIVATIONS[self.cfg.activation],
+                             self.output)
 
   def __call__(self, x, routing, weights):
     dispatcher = dispatch.make_dispatcher(self.cfg.dispatch, routing)
@@ -72,7 +73,7 @@ class Grouped(ExpertPath):
     dispatcher = dispatch.GroupedDispatcher(routing)
     kernels = self.ops.grouped_matmuls or grouped.RaggedDot()
     layout = grouped.RowLayout(dispatcher.group_sizes, dispatcher.num_rows, kernels)
-    rows = ffn.apply_experts(dispatcher.dispatch(x), weights, layout, ACTIVATIONS[self.cfg.activation])
+    rows = ffn.apply_experts(dispatcher.dispatch(x), weights, layout, ACTIVATIONS[self.cfg.activation], self.output)
     return nn.with_logical_constraint(dispatcher.combine(rows), GSM)
 
 
@@ -81,7 +82,7 @@ class ShardMap(ExpertPath):
   as in `Buffers` (weight_einsum casts them, and their gradients, summed over the data axis, stay float32)."""
 
   def __call__(self, x, routing, weights):
-    return manual.moe_shard_map(x, routing, weights, ACTIVATIONS[self.cfg.activation],
+    return manual.moe_shard_map(x, routing, weights, ACTIVATIONS[self.cfg.activation], self.output,
                                 group_spec=nn.logical_to_mesh_axes(GSM), expert_spec=nn.logical_to_mesh_axes(EMH))
 
 
@@ -90,7 +91,7 @@ PATHS = Registry("moe.dispatch").add({"einsum": Buffers, "index": Buffers, "inde
                                 "shard_map": ShardMap})
 
 
-def expert_path(cfg: MoeConfig, dtype, ops: Ops | None = None) -> ExpertPath:
+def expert_path(cfg: MoeConfig, dtype, ops: Ops | None = None, output: Callable | None = None) -> ExpertPath:
   """The path of moe.dispatch (`auto` resolved by the model's config: `platforms.resolve`), with the optional
-  kernels of `ops` (None: none)."""
-  return PATHS[cfg.dispatch](cfg, dtype, ops or Ops())
+  kernels of `ops` (None: none) and the transform of each expert's output (`ffn.output_dropout`)."""
+  return PATHS[cfg.dispatch](cfg, dtype, ops or Ops(), output)

@@ -42,9 +42,10 @@ def relu(x: jax.Array) -> jax.Array:
 relu.defvjp(lambda x: (relu(x), relu(x)), lambda y, g: (jnp.where(y > 0, g, 0),))
 
 
-def apply_experts(x: jax.Array, weights: ExpertWeights, layout, activation: Callable) -> jax.Array:
+def apply_experts(x: jax.Array, weights: ExpertWeights, layout, activation: Callable,
+                  output: Callable | None = None) -> jax.Array:
   """Each expert's FFN on its tokens: x [.., M] arranged as `layout` says (buffers [E, G, C, M] or rows [R, M])
-  -> [.., M] in the same arrangement, in x's dtype."""
+  -> [.., M] in the same arrangement, in x's dtype; `output` (`output_dropout`), if any, applied to the result."""
   h = layout.up(x, weights.wi)  # [.., H]
   if weights.bi is not None:
     h = h + layout.per_expert(weights.bi).astype(h.dtype)
@@ -52,7 +53,18 @@ def apply_experts(x: jax.Array, weights: ExpertWeights, layout, activation: Call
   y = layout.output(layout.down(h, weights.wo))  # [.., M]
   if weights.bo is not None:
     y = y + layout.per_expert(weights.bo).astype(y.dtype)
-  return y
+  return y if output is None else output(y)
+
+
+def output_dropout(rate: float, rng: jax.Array | None) -> Callable | None:
+  """moe.expert_dropout, NLLB-MoE's moe_token_dropout, on each expert's output [.., M] before the gates weigh it:
+  with `rng` (training) inverted dropout at `rate`; without (evaluation) the output times (1 - rate), as NLLB-MoE
+  computes it. None where rate is 0."""
+  if not rate:
+    return None
+  if rng is None:
+    return lambda y: y * jnp.asarray(1 - rate, y.dtype)
+  return lambda y: jnp.where(jax.random.bernoulli(rng, 1 - rate, y.shape), y / jnp.asarray(1 - rate, y.dtype), 0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,6 +32,11 @@ def expert_capacity(group_size: int, num_experts: int, capacity_factor: float, m
   return max(min_capacity, math.ceil(round(capacity_factor * num_selected * group_size / num_experts, 6)))
 
 
+def token_capacity(group_size: int, fraction: float) -> int:
+  """C = ceil(fraction * S), at least 1: NLLB-MoE's evaluation capacity (moe_eval_capacity_token_fraction)."""
+  return max(1, math.ceil(fraction * group_size))
+
+
 def cap_logits(logits: jax.Array, cap: float) -> jax.Array:
   """Soft cap `cap * tanh(logits / cap)`; cap <= 0 means no cap. Any shape."""
   return logits if cap <= 0 else cap * jnp.tanh(logits / cap)
@@ -80,7 +85,7 @@ class Routing:
 
 
 def topk_gating(logits: jax.Array, k: int, expert_capacity: int, *, normalize: bool = True,
-                bias: jax.Array | None = None, padding_mask: jax.Array | None = None,
+                after_drops: bool = False, bias: jax.Array | None = None, padding_mask: jax.Array | None = None,
                 second_expert_policy: str = "all", second_expert_threshold: float = 0.5,
                 rng: jax.Array | None = None) -> Routing:
   """Routes each group's tokens to their top-k experts with capacity C -> Routing with K = k.
@@ -90,6 +95,8 @@ def topk_gating(logits: jax.Array, k: int, expert_capacity: int, *, normalize: b
     k: choices per token, 1 <= k <= E.
     expert_capacity: C, slots per expert per group (S: nothing is ever dropped).
     normalize: gates divided by their sum over the k chosen (GShard); False keeps the softmax value (Switch).
+    after_drops: with normalize, the kept gates divided by their sum after capacity drops (NLLB-MoE's
+      normalize_router_prob_before_dropping=False: a token that keeps one expert weighs it by 1).
     bias: [E] added to the gates to choose the experts, not to weigh them (moe.balance='bias'), or None.
     padding_mask: [G, S], nonzero for real tokens.
     second_expert_policy: 'all', or 'random': keep a second choice iff uniform < g2 / threshold, decided before
@@ -103,7 +110,7 @@ def topk_gating(logits: jax.Array, k: int, expert_capacity: int, *, normalize: b
   # Every choice in arrays of its own ([G, S] and [G, S, E]), stacked into [G, S, K] once at the end: a TPU pads
   # [.., K] and [.., K, E] intermediates in its tiled minor dimensions (docs/decisions.md, "One top-k gating core").
   experts, weight = choices_of(gates, k, bias)
-  if normalize:
+  if normalize and not after_drops:
     weight = normalized(weight)
   wanted = [valid] * k
   if second_expert_policy == "random":
@@ -116,7 +123,10 @@ def topk_gating(logits: jax.Array, k: int, expert_capacity: int, *, normalize: b
   stack = functools.partial(jnp.stack, axis=-1)  # K arrays [G, S] -> [G, S, K]
   experts_k, kept_k = stack(experts), stack(kept)
   metrics, requested = routing_metrics(gates, valid, stack(wanted), kept_k, experts_k)
-  return Routing(expert_index=experts_k, slot=stack(slot), weight=stack([w * c for w, c in zip(weight, kept)]),
+  weight = [w * c for w, c in zip(weight, kept)]
+  if normalize and after_drops:
+    weight = renormalized(weight)
+  return Routing(expert_index=experts_k, slot=stack(slot), weight=stack(weight),
                  kept=kept_k, aux_loss=aux_loss, z_loss=z_loss, metrics=metrics, num_experts=E,
                  capacity=expert_capacity, requested=requested)
 
@@ -142,6 +152,13 @@ def choices_of(gates: jax.Array, k: int, bias: jax.Array | None = None) -> tuple
 def normalized(weights: list[jax.Array]) -> list[jax.Array]:
   """Per choice, the gates [G, S] divided by their sum + 1e-9 (GShard's g1 / (g1 + g2 + 1e-9))."""
   denom = sum(weights) + 1e-9
+  return [w / denom for w in weights]
+
+
+def renormalized(weights: list[jax.Array]) -> list[jax.Array]:
+  """Per choice, the kept gates [G, S] divided by their sum, at least float32's eps (NLLB-MoE's clamp): 0 where
+  nothing was kept."""
+  denom = jnp.maximum(sum(weights), jnp.finfo(jnp.float32).eps)
   return [w / denom for w in weights]
 
 

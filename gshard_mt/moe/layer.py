@@ -93,7 +93,9 @@ class MoeFeedForward(nn.Module):
       for name, value in (("expert_index", routing.expert_index), ("kept", routing.kept), ("mask", mask)):
         self.put_variable(ROUTING, name, value)
     x = x.astype(self.dtype)
-    y = experts.expert_path(cfg, self.dtype, self.ops)(x, routing, ffn.ExpertWeights(wi, wo))
+    training = cfg.expert_dropout and not deterministic
+    output = ffn.output_dropout(cfg.expert_dropout, self.make_rng("dropout") if training else None)
+    y = experts.expert_path(cfg, self.dtype, self.ops, output)(x, routing, self._weights(wi, wo))
     if cfg.shared_experts:
       Z = cfg.shared_experts
       shared_wi = self.param("shared_wi", nn.with_logical_partitioning(EXPERT_INIT, ZMH), (Z, M, H), self.param_dtype)
@@ -101,6 +103,15 @@ class MoeFeedForward(nn.Module):
       y = y + shared_ffn(x, shared_wi.astype(self.dtype), shared_wo.astype(self.dtype), cfg.activation)
     stats = {"aux_loss": routing.aux_loss, "z_loss": routing.z_loss, "metrics": routing.metrics}
     return y.reshape(G * S, M)[: B * L].reshape(B, L, M), stats
+
+  def _weights(self, wi: jax.Array, wo: jax.Array) -> ffn.ExpertWeights:
+    """The experts' weights, with their biases bi [E, H], bo [E, M] where moe.expert_bias asks for them."""
+    if not self.cfg.expert_bias:
+      return ffn.ExpertWeights(wi, wo)
+    E, M, H = wi.shape
+    bias = lambda name, shape, axes: self.param(  # noqa: E731
+        name, nn.with_logical_partitioning(nn.initializers.zeros, axes), shape, self.param_dtype)
+    return ffn.ExpertWeights(wi, wo, bias("bi", (E, H), (EMH[0], EMH[2])), bias("bo", (E, M), (EHM[0], EHM[2])))
 
   def _route(self, router, router_in: jax.Array, wg: jax.Array, mask: jax.Array | None,
              deterministic: bool) -> gating.Routing:
@@ -116,11 +127,21 @@ class MoeFeedForward(nn.Module):
     if cfg.balance == "bias":
       bias = self.param(balance.NAME, nn.with_logical_partitioning(nn.initializers.zeros, (None,)),
                         (cfg.num_experts,), jnp.float32)
-    factor = cfg.eval_capacity_factor if deterministic else cfg.train_capacity_factor
-    capacity = router.capacity(router_in.shape[1], cfg.num_experts, factor, cfg.min_capacity)
+    capacity = self._capacity(router, router_in.shape[1], deterministic)
     routing = router.route(logits, capacity, padding_mask=mask,
                            rng=self.make_rng("gating") if router.needs_rng else None,
                            bias=None if bias is None else jax.lax.stop_gradient(bias))  # chooses, never trained
     if bias is not None and not deterministic and self.is_mutable_collection(balance.COLLECTION):
       self.put_variable(balance.COLLECTION, balance.NAME, routing.requested)  # the train step moves the bias
     return routing
+
+  def _capacity(self, router, group_size: int, deterministic: bool) -> int:
+    """C of a group of S tokens: NLLB-MoE's rules where the config gives them (a fixed C while training, a share of
+    S in evaluation), else the router's from the capacity factor."""
+    cfg = self.cfg
+    if deterministic and cfg.eval_capacity_fraction:
+      return gating.token_capacity(group_size, cfg.eval_capacity_fraction)
+    if not deterministic and cfg.train_capacity:
+      return cfg.train_capacity
+    factor = cfg.eval_capacity_factor if deterministic else cfg.train_capacity_factor
+    return router.capacity(group_size, cfg.num_experts, factor, cfg.min_capacity)

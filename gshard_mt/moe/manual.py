@@ -28,7 +28,8 @@ def axes_of(entry) -> tuple[str, ...]:
   return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def moe_shard_map(x: jax.Array, routing: Routing, weights: ExpertWeights, activation: Callable, *,
+def moe_shard_map(x: jax.Array, routing: Routing, weights: ExpertWeights, activation: Callable,
+                  output: Callable | None = None, *,
                   group_spec: P, expert_spec: P, check_vma: bool = True) -> jax.Array:
   """x [G, S, M], its routing ([G, S, K] fields), the experts' weights (wi [E, M, H], global shapes) -> y [G, S, M],
   placed like x and equal to the automatic path's: `ffn.apply_experts` on each device's buffers [E', G', C, M] and
@@ -48,7 +49,7 @@ def moe_shard_map(x: jax.Array, routing: Routing, weights: ExpertWeights, activa
     buffers = dispatcher.dispatch(x)  # [E, G', C, M], this device's groups
     if expert_axis:  # E split, G gathered: [E/n_e, G'·n_e, C, M]
       buffers = jax.lax.all_to_all(buffers, expert_axis, split_axis=0, concat_axis=1, tiled=True)
-    out = apply_experts(buffers, weights, BufferLayout(constrain=False, model_axis=model_axis), activation)
+    out = apply_experts(buffers, weights, BufferLayout(constrain=False, model_axis=model_axis), activation, output)
     if expert_axis:  # back to [E, G', C, M]
       out = jax.lax.all_to_all(out, expert_axis, split_axis=1, concat_axis=0, tiled=True)
     return dispatcher.combine(out)

@@ -59,6 +59,11 @@ class TopK(Router):
   k: int = 2
   second_expert_policy: str = dataclasses.field(default="all", kw_only=True)  # keyword-only: TopK(3) is k = 3
   second_expert_threshold: float = dataclasses.field(default=0.5, kw_only=True)
+  after_drops: bool = dataclasses.field(default=False, kw_only=True)  # not moe.normalize_before_drops
+
+  @classmethod
+  def from_config(cls, cfg: MoeConfig, *, deterministic: bool = True) -> TopK:
+    return cls(cfg.num_selected, after_drops=not cfg.normalize_before_drops)
 
   @property
   def normalize(self) -> bool:
@@ -71,7 +76,8 @@ class TopK(Router):
     return self.second_expert_policy == "random"
 
   def route(self, logits, capacity, *, padding_mask=None, rng=None, bias=None) -> gating.Routing:
-    return gating.topk_gating(logits, self.k, capacity, normalize=self.normalize, bias=bias, padding_mask=padding_mask,
+    return gating.topk_gating(logits, self.k, capacity, normalize=self.normalize, after_drops=self.after_drops,
+                              bias=bias, padding_mask=padding_mask,
                               second_expert_policy=self.second_expert_policy,
                               second_expert_threshold=self.second_expert_threshold, rng=rng)
 
@@ -89,7 +95,7 @@ class GShard(TopK):
   def from_config(cls, cfg: MoeConfig, *, deterministic: bool = True) -> GShard:
     random = cfg.second_expert_policy == "random" and not deterministic
     return cls(2, second_expert_policy="random" if random else "all",
-               second_expert_threshold=cfg.second_expert_threshold)
+               second_expert_threshold=cfg.second_expert_threshold, after_drops=not cfg.normalize_before_drops)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,6 +56,8 @@ def copied_layer(source: dict, target: dict, where: str, noise: float, rng: np.r
     dense = EXPERT_WEIGHTS.get(path)
     if path in source and np.shape(source[path]) == np.shape(fresh):
       out[path] = source[path]
+    elif dense is not None and dense not in source and path[1].startswith("b"):
+      out[path] = fresh  # the experts' biases (zeros) under a dense FFN that has none: the same function
     elif dense is not None:
       if dense not in source:
         raise WorkdirError(f"init_from: {where} has no dense FFN to copy into this model's experts (its "

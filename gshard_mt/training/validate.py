@@ -43,6 +43,7 @@ def check(config):
   seam.check(config)
   if config.model.moe_interval:  # a dense model: its moe section is checked for its values and names only
     check_moe(config)
+    check_nllb_routing(config.moe)
   return config
 
 
@@ -86,3 +87,20 @@ def check_moe(config) -> None:
   if error := moe_group_error(config):
     raise ConfigError(error)
 
+
+def check_nllb_routing(moe) -> None:
+  """NLLB-MoE's routing options (moe.normalize_before_drops, its capacity rules, moe.expert_dropout) against the
+  routers and paths that serve them: top-k routers with capacity, any path but the manual one for the dropout."""
+  for decoder in (False, True):
+    name, kind = moe.router_of(decoder), routers.router_class(moe, decoder)
+    top_k = issubclass(kind, routers.TopK) and kind.experts_per_token(moe.num_selected) > 1
+    if not moe.normalize_before_drops and not top_k:
+      raise ConfigError(f"moe.normalize_before_drops=False renormalises the kept gates of a top-k router (k >= 2): "
+                        f"moe.router={name!r} has none to renormalise")
+    rules = [key for key in ("train_capacity", "eval_capacity_fraction") if getattr(moe, key)]
+    if rules and not (issubclass(kind, routers.TopK) and kind.uses_capacity):
+      raise ConfigError(f"moe.{rules[0]}={getattr(moe, rules[0])} sets the capacity of a top-k router: "
+                        f"moe.router={name!r} has no such capacity")
+  if moe.expert_dropout and moe.dispatch == "shard_map":
+    raise ConfigError(f"moe.expert_dropout={moe.expert_dropout} is not served by moe.dispatch='shard_map' (its "
+                      "devices would draw the same dropout mask); use another dispatch")

@@ -69,7 +69,8 @@ def test_split_overrides():
     ({"distributed.auto": "true", "distributed.num_processes": "4"}, "leave distributed.num_processes unset"),
     ({"distributed.num_processes": "0"}, "distributed.num_processes=0: expected a positive integer"),
     ({"model.positions": "learned", "model.max_position": "100"}, r"data.max_length=128 \(data.max_target_length="
-                                                                  r"80\) exceeds model.max_position=100"),
+                                                                  r"80\) \+ model.position_offset=0 exceeds "
+                                                                  r"model.max_position=100"),
 ])
 def test_validation_errors(overrides, message):
   with pytest.raises(ConfigError, match=message):
