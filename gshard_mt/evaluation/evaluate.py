@@ -130,16 +130,16 @@ def restore(workdir, *, step: int | None = None, split: str = "test", average_la
   data = pipeline.load(config, workdir)
   setup = build(config, data.tokenizer.vocab_size)
   if averaged:
-    params = average_params(_restore_state(workdir, setup.abstract_target(), s)[1].params for s in averaged)
+    params = average_params(restore_state(workdir, setup.abstract_target(), s)[1].params for s in averaged)
     step = averaged[-1]
   else:
-    step, state = _restore_state(workdir, setup.abstract_target(), step)
+    step, state = restore_state(workdir, setup.abstract_target(), step)
     params = state.params
   return Restored(workdir, config, data, setup.model_cfg, step, params, averaged,
                   batch_sharding(setup.mesh, setup.rules))
 
 
-def _restore_state(workdir: epath.Path, abstract, step: int | None):
+def restore_state(workdir: epath.Path, abstract, step: int | None):
   """(step, train state) of `step` (default: the newest that restores), checkpoint problems as WorkdirError."""
   directory = workdir / checkpoint_lib.FOLDER
   try:

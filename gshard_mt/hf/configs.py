@@ -86,9 +86,9 @@ def _check_exportable(model, moe, ids) -> None:
     _refuse("moe.hidden_dim", moe.hidden_dim, f"NllbMoe's experts are as wide as its dense FFNs ({model.mlp_dim})")
 
 
-def hf_config(config, vocab_size: int, ids, max_length: int) -> dict:
+def hf_config(config, vocab_size: int, ids, bos: int, max_length: int) -> dict:
   """A run's config -> config.json of the HF class that computes the same; `ids` the tokenizer's special ids
-  (pad, eos, bos, start), `max_length` the longest sequence it should embed."""
+  (pad, eos, start), `bos` its <s>, `max_length` the longest sequence it should embed."""
   model, moe = config.model, config.moe
   _check_exportable(model, moe, ids)
   kind = NLLB_MOE if model.moe_interval else M2M100
@@ -101,7 +101,7 @@ def hf_config(config, vocab_size: int, ids, max_length: int) -> dict:
          "attention_dropout": model.attention_dropout_rate, "activation_dropout": 0.0, "init_std": 0.02,
          "scale_embedding": True, "use_cache": True, "is_encoder_decoder": True,
          "tie_word_embeddings": model.tied_logits, "pad_token_id": ids.pad, "eos_token_id": ids.eos,
-         "bos_token_id": ids.bos, "decoder_start_token_id": ids.start, "torch_dtype": "float32"}
+         "bos_token_id": bos, "decoder_start_token_id": ids.start, "torch_dtype": "float32"}
   if kind == NLLB_MOE:
     out |= {"num_experts": moe.num_experts, "encoder_sparse_step": model.moe_interval,
             "decoder_sparse_step": model.moe_interval, "router_bias": False, "router_dtype": "float32",
