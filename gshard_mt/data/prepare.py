@@ -36,7 +36,7 @@ import time
 import numpy as np
 
 from gshard_mt import io
-from gshard_mt.data import corpus, shards, sources
+from gshard_mt.data import corpus, shards, sources, tokenizer_files
 from gshard_mt.data import tokenizer as tokenizer_lib
 from gshard_mt.errors import UserError, counted
 
@@ -264,7 +264,7 @@ def _tokenize(task: tuple[str, int, int], stage: pathlib.Path, streams: dict[str
   """Step 4 for pairs [lo, hi) of a split (task: split, lo, hi; streams: each split's, in order): ((source tokens,
   lengths), (target tokens, lengths))."""
   split, lo, hi = task
-  tok = tokenizer_lib.Tokenizer(stage / shards.MODEL)
+  tok = tokenizer_files.load(stage)
   read = lambda name: shards.read_array(shards.array_path(stage, split, name), shards.ARRAYS[name])
   src, tgt = (shards.Lines(read(f"{side}_text"), read(f"{side}_text_offsets"))[lo:hi] for side in ("src", "tgt"))
   lang = read("lang")[lo:hi]
@@ -272,7 +272,7 @@ def _tokenize(task: tuple[str, int, int], stage: pathlib.Path, streams: dict[str
   runs = zip(np.concatenate([[0], cuts]).tolist(), np.concatenate([cuts, [hi - lo]]).tolist())
   pieces = [tok.encode_flat(src[a:b], streams[split][lang[a]], dtype) for a, b in runs]
   return ((np.concatenate([t for t, _ in pieces]), np.concatenate([n for _, n in pieces])),
-          tok.encode_flat(tgt, None, dtype))
+          tok.encode_flat(tgt, corpus.TARGET, dtype, target=True))
 
 
 def _publish(stage: pathlib.Path, target: io.epath.Path):
