@@ -25,7 +25,7 @@ import numpy as np
 import sentencepiece as spm
 
 from gshard_mt import io
-from gshard_mt.data.corpus import TARGET, language_of
+from gshard_mt.data.corpus import TARGET, Pairs, language_of
 from gshard_mt.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -168,6 +168,21 @@ def train(sentences: Iterator[str], vocab_size: int, tags: list[str], character_
                       f"lower data.character_coverage={character_coverage}: {e}") from None
     raise
   return model.getvalue()
+
+
+def training_sentences(train: list[Pairs]):
+  """The tokenizer's training sentences, stream by stream: every pair's source and English lines (a line break
+  inside a sentence splits it), or those of a sample of pairs when there are more than tokenizer.MAX_SENTENCES."""
+  n = sum(map(len, train))
+  chosen = np.arange(n)
+  if 2 * n > MAX_SENTENCES:
+    chosen = np.sort(np.random.default_rng(0).choice(n, MAX_SENTENCES // 2, replace=False))
+  start = 0
+  for pairs in train:
+    for i in (chosen[(chosen >= start) & (chosen < start + len(pairs))] - start).tolist():
+      yield from pairs.src[i].splitlines()
+      yield from pairs.tgt[i].splitlines()
+    start += len(pairs)
 
 
 def seconds_to_train(sentences: int) -> float:

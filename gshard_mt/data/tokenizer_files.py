@@ -45,10 +45,11 @@ def found(path: io.PathLike, key: str = KEY) -> tuple[bool, list[io.epath.Path]]
 
 
 def digest(path: io.PathLike, key: str = KEY) -> str:
-  """A hash of the tokenizer's files (names and bytes)."""
+  """A hash of the tokenizer's bytes (an NLLB tokenizer's: its files' names and bytes)."""
   h = hashlib.sha256()
-  for f in found(path, key)[1]:
-    h.update(f.name.encode() + b"\0" + f.read_bytes())
+  kind_nllb, paths = found(path, key)
+  for f in paths:
+    h.update((f.name.encode() + b"\0" if kind_nllb else b"") + f.read_bytes())
   return h.hexdigest()[:16]
 
 
