@@ -42,6 +42,7 @@ class DataConfig(Section):
   dev_fraction: float = 0.1
   test_fraction: float = 0.1
   min_eval_pairs: int = 5
+  tokenizer: str = ""  # '' = train a SentencePiece model on the corpus; else an spm model file or NLLB tokenizer dir
   vocab_size: int = 8000
   character_coverage: float = 0.9995
   source_tags: bool = True  # prepend a <xx> source-language tag

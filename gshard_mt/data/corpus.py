@@ -20,6 +20,7 @@ from gshard_mt import hints, io
 from gshard_mt.errors import DataError
 
 SPLITS = ("train", "dev", "test")
+TARGET = "eng"  # every pair's target language: English
 INSPECT = "gshard_mt.tools.inspect_data"  # the command that lists a config's languages
 SHIPPED = pathlib.Path(__file__).resolve().parents[2] / "data"
 # Multi30k's files and language codes -> ours (ISO 639-3, as Tatoeba's).

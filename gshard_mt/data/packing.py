@@ -12,7 +12,6 @@ import dataclasses
 import numpy as np
 
 from gshard_mt.batch import FIELDS
-from gshard_mt.data.tokenizer import EOS_ID
 
 
 @dataclasses.dataclass
@@ -126,8 +125,8 @@ def pack(split: TokenizedSplit, ids: np.ndarray, row: np.ndarray, rows: int, len
 def pad(split: TokenizedSplit, ids: np.ndarray, rows: int, length: int,
         target_length: int | None = None) -> dict[str, np.ndarray]:
   """One pair per row, padded to `length` tokens (the target side to `target_length`, default `length`; truncated,
-  keeping EOS); rows beyond len(ids) are empty. Adds `index` int32 [rows]: each row's pair id, -1 for padding
-  rows."""
+  keeping the last token, EOS); rows beyond len(ids) are empty. Adds `index` int32 [rows]: each row's pair id, -1
+  for padding rows."""
   if len(ids) > rows:
     raise ValueError(f"{len(ids)} pairs do not fit in {rows} rows")
   lengths = (length, target_length or length)
@@ -138,8 +137,8 @@ def pad(split: TokenizedSplit, ids: np.ndarray, rows: int, length: int,
   for field, tokens, offsets, length in sides:
     starts = np.arange(len(ids), dtype=np.int64) * length
     _scatter(batch, field, tokens, offsets, ids, starts, ones, length)
-    full = batch[f"{field}_segmentation"][: len(ids), -1] > 0  # a truncated sequence still ends with EOS
-    batch[field][: len(ids)][full, -1] = EOS_ID
+    full = batch[f"{field}_segmentation"][: len(ids), -1] > 0  # a truncated sequence still ends as it did (EOS)
+    batch[field][: len(ids)][full, -1] = tokens[offsets[ids[full] + 1] - 1]
   batch["index"] = np.full((rows,), -1, np.int32)
   batch["index"][: len(ids)] = ids
   return batch

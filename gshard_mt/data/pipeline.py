@@ -24,7 +24,7 @@ import numpy as np
 from gshard_mt import config as config_lib
 from gshard_mt import io
 from gshard_mt.data import corpus as corpus_lib
-from gshard_mt.data import packing, sampling, shards
+from gshard_mt.data import packing, sampling, shards, tokenizer_files
 from gshard_mt.data import prepare as prepare_lib
 from gshard_mt.data import tokenizer as tokenizer_lib
 from gshard_mt.errors import DataError
@@ -270,4 +270,4 @@ def load(config, workdir: io.PathLike, prepared: str | None = None) -> Data:
   info = {"empty_lines_skipped": manifest["info"]["empty_lines_skipped"], "languages": len(counts),
           "train_pairs": sum(counts.values()), "dev_pairs": len(tokens["dev"]), "test_pairs": len(tokens["test"])}
   log.info("data: %s (%s)", info, directory)
-  return Data(tokenizer_lib.Tokenizer(directory / shards.MODEL), text, tokens, rates, info, local)
+  return Data(tokenizer_files.load(directory), text, tokens, rates, info, local)

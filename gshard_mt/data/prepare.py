@@ -9,7 +9,7 @@ preparation it started with (`for_run`), whatever happens to the files after.
 The steps, in a pool of processes (one per core) for a corpus of more than SERIAL_BELOW bytes:
   1. read: one process reads, cleans and splits each `sources.Part`, and stages its text;
   2. assemble: the streams are named and selected, and their text laid out split by split, streams sorted;
-  3. tokenizer: trained on the training pairs, or on a sample of them (seed 0) beyond tokenizer.MAX_SENTENCES;
+  3. tokenizer: data.tokenizer copied, else trained on the training pairs (a sample, seed 0, beyond MAX_SENTENCES);
   4. tokenize: chunks of CHUNK pairs are tokenized by the pool and appended in order.
 A process holds one part or one chunk at a time: memory follows the largest language, not the corpus. The local
 stage is published whole: renamed into place on a local disk, or uploaded to object storage with the manifest last
@@ -36,7 +36,7 @@ import time
 import numpy as np
 
 from gshard_mt import io
-from gshard_mt.data import corpus, shards, sources
+from gshard_mt.data import corpus, shards, sources, tokenizer_files
 from gshard_mt.data import tokenizer as tokenizer_lib
 from gshard_mt.errors import UserError, counted
 
@@ -55,16 +55,21 @@ def root(data_config, workdir: io.PathLike) -> io.epath.Path:
 
 def key(data_config) -> tuple[str, int]:
   """(the prepared directory's name `spm-<V>-<hash>`, bytes of the corpus's files), from the files' names, sizes
-  and times (`io.stamp`) and the settings; the corpus itself is not read."""
+  and times (`io.stamp`) and the settings (a given tokenizer: the hash of its bytes in place of the trainer's
+  settings); the corpus itself is not read."""
   parts = sources.parts(data_config)
   files = [(os.fspath(f), *io.stamp(f)) for part in parts for f in part.source.files(part)]
   settings = {"format": FORMAT, "parts": [p.key() for p in parts], "files": files,
               "languages": data_config.languages, "split": sources.split_settings(data_config),
-              "vocab_size": data_config.vocab_size, "character_coverage": data_config.character_coverage,
-              "source_tags": data_config.source_tags, "trainer": tokenizer_lib.TRAINER_OPTIONS,
-              "max_sentences": tokenizer_lib.MAX_SENTENCES}
+              "source_tags": data_config.source_tags}
+  if data_config.tokenizer:
+    settings["tokenizer"] = tokenizer_files.digest(data_config.tokenizer)
+  else:
+    settings |= {"vocab_size": data_config.vocab_size, "character_coverage": data_config.character_coverage,
+                 "trainer": tokenizer_lib.TRAINER_OPTIONS, "max_sentences": tokenizer_lib.MAX_SENTENCES}
   digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-  return f"spm-{data_config.vocab_size}-{digest}", sum(size for _, size, _ in files)
+  vocab = tokenizer_files.load(data_config.tokenizer).vocab_size if data_config.tokenizer else data_config.vocab_size
+  return f"spm-{vocab}-{digest}", sum(size for _, size, _ in files)
 
 
 def for_run(data_config, workdir: io.PathLike, *, record: bool = False) -> io.epath.Path:
@@ -147,14 +152,10 @@ def build(data_config, stage: pathlib.Path, processes: int):
   with _pool(processes) as run:
     splits, origins, empty = _read_and_assemble(data_config, stage, run)
     lap("read", f"read {sum(n for _, n in splits['train'])} train pairs")
-    tags = tokenizer_lib.tag_pieces([s for s, _ in splits["train"]], data_config.source_tags)
-    sentences = 2 * min(sum(n for _, n in splits["train"]), tokenizer_lib.MAX_SENTENCES // 2)
-    model = tokenizer_lib.train_apart(functools.partial(_staged_sentences, stage, splits), sentences,
-                                      data_config.vocab_size, tags, data_config.character_coverage)
-    (stage / shards.MODEL).write_bytes(model)
-    lap("tokenizer", "trained the tokenizer")
+    _tokenizer(data_config, stage, splits)
+    lap("tokenizer", "copied the tokenizer" if data_config.tokenizer else "trained the tokenizer")
     log.info("data: tokenizing every split")
-    dtype = shards.token_dtype(data_config.vocab_size)
+    dtype = shards.token_dtype(tokenizer_files.load(stage).vocab_size)
     writers = {(split, side): shards.RaggedWriter(shards.array_path(stage, split, f"{side}_tokens"),
                                                   shards.array_path(stage, split, f"{side}_offsets"))
                for split in splits for side in ("src", "tgt")}
@@ -173,6 +174,19 @@ def build(data_config, stage: pathlib.Path, processes: int):
   (stage / shards.MANIFEST).write_text(json.dumps(manifest, indent=1))
   log.info("prepared %d train pairs in %d streams with %s: %s", sum(n for _, n in splits["train"]),
            len(splits["train"]), counted(processes, "process", "processes"), seconds)
+
+
+def _tokenizer(data_config, stage: pathlib.Path, splits: dict):
+  """Step 3: the given tokenizer (data.tokenizer) copied into the stage, else one trained on the staged pairs."""
+  if data_config.tokenizer:
+    tokenizer_files.copy_into(data_config.tokenizer, stage)
+    [tokenizer_files.load(stage).source_prefix(s) for s, _ in splits["train"]]  # an unknown language: said now
+    return
+  tags = tokenizer_lib.tag_pieces([s for s, _ in splits["train"]], data_config.source_tags)
+  sentences = 2 * min(sum(n for _, n in splits["train"]), tokenizer_lib.MAX_SENTENCES // 2)
+  model = tokenizer_lib.train_apart(functools.partial(_staged_sentences, stage, splits), sentences,
+                                    data_config.vocab_size, tags, data_config.character_coverage)
+  (stage / shards.MODEL).write_bytes(model)
 
 
 def _read_and_assemble(data_config, stage: pathlib.Path, run) -> tuple[dict, dict, int]:
@@ -241,30 +255,16 @@ def _assemble(stage: pathlib.Path, split: str, streams: list[tuple[int, str, int
 
 
 def _staged_sentences(stage: pathlib.Path, splits: dict):
-  """`_tokenizer_sentences` of the training pairs staged in `stage` (read in the tokenizer's own process)."""
-  return _tokenizer_sentences(list(shards.open_text(stage, {"splits": splits, "origins": {}}, "train").values()))
-
-
-def _tokenizer_sentences(train: list[corpus.Pairs]):
-  """The tokenizer's training sentences, stream by stream: every pair's source and English lines (a line break
-  inside a sentence splits it), or those of a sample of pairs when there are more than tokenizer.MAX_SENTENCES."""
-  n = sum(map(len, train))
-  chosen = np.arange(n)
-  if 2 * n > tokenizer_lib.MAX_SENTENCES:
-    chosen = np.sort(np.random.default_rng(0).choice(n, tokenizer_lib.MAX_SENTENCES // 2, replace=False))
-  start = 0
-  for pairs in train:
-    for i in (chosen[(chosen >= start) & (chosen < start + len(pairs))] - start).tolist():
-      yield from pairs.src[i].splitlines()
-      yield from pairs.tgt[i].splitlines()
-    start += len(pairs)
+  """`tokenizer.training_sentences` of the training pairs staged in `stage` (read in the tokenizer's own process)."""
+  train = shards.open_text(stage, {"splits": splits, "origins": {}}, "train")
+  return tokenizer_lib.training_sentences(list(train.values()))
 
 
 def _tokenize(task: tuple[str, int, int], stage: pathlib.Path, streams: dict[str, list[str]], dtype: str):
   """Step 4 for pairs [lo, hi) of a split (task: split, lo, hi; streams: each split's, in order): ((source tokens,
   lengths), (target tokens, lengths))."""
   split, lo, hi = task
-  tok = tokenizer_lib.Tokenizer(stage / shards.MODEL)
+  tok = tokenizer_files.load(stage)
   read = lambda name: shards.read_array(shards.array_path(stage, split, name), shards.ARRAYS[name])
   src, tgt = (shards.Lines(read(f"{side}_text"), read(f"{side}_text_offsets"))[lo:hi] for side in ("src", "tgt"))
   lang = read("lang")[lo:hi]
@@ -272,7 +272,7 @@ def _tokenize(task: tuple[str, int, int], stage: pathlib.Path, streams: dict[str
   runs = zip(np.concatenate([[0], cuts]).tolist(), np.concatenate([cuts, [hi - lo]]).tolist())
   pieces = [tok.encode_flat(src[a:b], streams[split][lang[a]], dtype) for a, b in runs]
   return ((np.concatenate([t for t, _ in pieces]), np.concatenate([n for _, n in pieces])),
-          tok.encode_flat(tgt, None, dtype))
+          tok.encode_flat(tgt, corpus.TARGET, dtype, target=True))
 
 
 def _publish(stage: pathlib.Path, target: io.epath.Path):

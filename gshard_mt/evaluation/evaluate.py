@@ -109,7 +109,8 @@ class Restored:
 
   def translator(self, beam_size: int, alpha: float, max_len: int) -> decode.Translator:
     """The Translator of these parameters, each process passing its rows of every batch."""
-    return decode.Translator(self.model_cfg, self.params, beam_size, alpha, max_len, self.batch_sharding)
+    return decode.Translator(self.model_cfg, self.params, beam_size, alpha, max_len, self.batch_sharding,
+                             **self.data.tokenizer.decoding())
 
 
 def restore(workdir, *, step: int | None = None, split: str = "test", average_last: int | None = None) -> Restored:
@@ -128,7 +129,7 @@ def restore(workdir, *, step: int | None = None, split: str = "test", average_la
     raise WorkdirError(f"no checkpoint for step {step} in {workdir}/{checkpoint_lib.FOLDER} (have {steps})")
   averaged = steps_to_average(steps, step, average_last, workdir) if average_last is not None else ()
   data = pipeline.load(config, workdir)
-  setup = build(config, data.tokenizer.vocab_size)
+  setup = build(config, data.tokenizer)
   if averaged:
     params = average_params(restore_state(workdir, setup.abstract_target(), s)[1].params for s in averaged)
     step = averaged[-1]

@@ -2,7 +2,9 @@
 
 Beams are flattened into the batch (N = B * K rows, a sentence's beams adjacent). The cache is never reordered:
 each row writes into its own beam slot, and a table of slots [N, max_len] (which slot holds each row's ancestor at
-each position) is reordered instead; `beam_bias` makes it the self-attention bias. Sequences start from PAD.
+each position) is reordered instead; `beam_bias` makes it the self-attention bias. The tokenizer's ids
+(`SpecialIds`) say what a sequence starts from (its `start`), where it ends (EOS) and what is never output; its
+`forced` tokens (an NLLB target's language code) are the first outputs whatever the model says.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gshard_mt.batch import SOURCE_KEYS
-from gshard_mt.data.tokenizer import EOS_ID, PAD_ID, UNK_ID
+from gshard_mt.data.tokenizer import SENTENCEPIECE_IDS, SpecialIds
 from gshard_mt.errors import ConfigError
 from gshard_mt.model.layers import NEG_INF
 from gshard_mt.model.transformer import Transformer
@@ -32,21 +34,33 @@ def length_penalty(length, alpha: float):
   return ((5.0 + length) / 6.0) ** alpha
 
 
-def greedy_search(step_fn: StepFn, cache, batch_size: int, max_len: int):
-  """Argmax decoding until every row has emitted EOS or max_len tokens; returns int32 [B, max_len]."""
+def forcing(log_probs: jax.Array, step, forced: tuple[int, ...]) -> jax.Array:
+  """log_probs [N, V] at `step` -> at step k < len(forced), every token's -inf but forced[k]'s, 0 (as transformers'
+  ForcedBOSTokenLogitsProcessor); unchanged at later steps."""
+  if not forced:
+    return log_probs
+  table = jnp.asarray(forced, jnp.int32)
+  only = jnp.where(jnp.arange(log_probs.shape[-1]) == table[jnp.minimum(step, len(forced) - 1)], 0.0, -jnp.inf)
+  return jnp.where(step < len(forced), only.astype(log_probs.dtype), log_probs)
+
+
+def greedy_search(step_fn: StepFn, cache, batch_size: int, max_len: int, ids: SpecialIds = SENTENCEPIECE_IDS,
+                  forced: tuple[int, ...] = ()):
+  """Argmax decoding from ids.start until every row has emitted EOS or max_len tokens, the first outputs `forced`;
+  returns int32 [B, max_len] (PAD after EOS)."""
 
   def body(state):
     i, tokens, done, cache = state
-    prev = jnp.where(i == 0, PAD_ID, tokens[:, jnp.maximum(i - 1, 0)])
+    prev = jnp.where(i == 0, ids.start, tokens[:, jnp.maximum(i - 1, 0)])
     log_probs, cache = step_fn(prev, i, cache, ~done)
-    nxt = jnp.where(done, PAD_ID, jnp.argmax(log_probs, -1).astype(jnp.int32))
-    return i + 1, tokens.at[:, i].set(nxt), done | (nxt == EOS_ID), cache
+    nxt = jnp.where(done, ids.pad, jnp.argmax(forcing(log_probs, i, forced), -1).astype(jnp.int32))
+    return i + 1, tokens.at[:, i].set(nxt), done | (nxt == ids.eos), cache
 
   def cond(state):
     i, _, done, _ = state
     return (i < max_len) & ~jnp.all(done)
 
-  init = (jnp.int32(0), jnp.zeros((batch_size, max_len), jnp.int32), jnp.zeros((batch_size,), bool), cache)
+  init = (jnp.int32(0), jnp.full((batch_size, max_len), ids.pad, jnp.int32), jnp.zeros((batch_size,), bool), cache)
   return jax.lax.while_loop(cond, body, init)[1]
 
 
@@ -84,8 +98,10 @@ def take_rows(state, rows):
 
 
 def beam_search(step_fn: StepFn, cache, batch_size: int, beam_size: int, max_len: int, alpha: float = 0.6,
-                reorder: Callable = take_rows, n_best: int | None = None):
-  """Beam search with GNMT length penalty -> (tokens int32 [B, K, max_len], scores [B, K]), best first.
+                reorder: Callable = take_rows, n_best: int | None = None, ids: SpecialIds = SENTENCEPIECE_IDS,
+                forced: tuple[int, ...] = ()):
+  """Beam search with GNMT length penalty -> (tokens int32 [B, K, max_len], scores [B, K]), best first; sequences
+  start from ids.start and their first tokens are `forced` (`forcing`).
 
   Finished hypotheses score logprob / length_penalty(length); the search stops when no live beam can beat the
   n_best-th finished one (default: the K-th) of every sentence, so the first n_best are the full search's (for
@@ -103,13 +119,14 @@ def beam_search(step_fn: StepFn, cache, batch_size: int, beam_size: int, max_len
 
   def body(state):
     i, live, live_lp, fin, fin_score, fin_flag, cache = state
-    prev = jnp.where(i == 0, PAD_ID, live[:, :, jnp.maximum(i - 1, 0)]).reshape(B * K)
+    prev = jnp.where(i == 0, ids.start, live[:, :, jnp.maximum(i - 1, 0)]).reshape(B * K)
     opened = (live_lp > NEG_INF / 2) & ~settled(live_lp, fin_score, fin_flag)[:, None]  # [B, K]
     log_probs, cache = step_fn(prev, i, cache, opened.reshape(B * K))
+    log_probs = forcing(log_probs, i, forced)
     # The best 2K candidates: at least K of them do not end here.
     top_lp, beam, token = best_candidates(live_lp[:, :, None] + log_probs.reshape(B, K, -1), 2 * K)
     seqs = jnp.take_along_axis(live, beam[:, :, None], axis=1).at[:, :, i].set(token)  # [B, 2K, L]
-    ends = token == EOS_ID
+    ends = token == ids.eos
     # New live beams: the best K candidates that did not end.
     live_lp2 = jnp.where(ends, NEG_INF, top_lp)
     keep_lp, keep = jax.lax.top_k(live_lp2, K)
@@ -130,7 +147,7 @@ def beam_search(step_fn: StepFn, cache, batch_size: int, beam_size: int, max_len
     return (i < L) & ~jnp.all(settled(live_lp, fin_score, fin_flag))
 
   live_lp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (K - 1), jnp.float32), (B, 1))
-  init = (jnp.int32(0), jnp.zeros((B, K, L), jnp.int32), live_lp, jnp.zeros((B, K, L), jnp.int32),
+  init = (jnp.int32(0), jnp.full((B, K, L), ids.pad, jnp.int32), live_lp, jnp.full((B, K, L), ids.pad, jnp.int32),
           jnp.full((B, K), NEG_INF, jnp.float32), jnp.zeros((B, K), bool), cache)
   _, live, live_lp, fin, fin_score, fin_flag, _ = jax.lax.while_loop(cond, body, init)
   # A sentence with no finished hypothesis (max_len reached) returns its live beams.
@@ -168,20 +185,25 @@ class Translator:
   The layers are unrolled (scan_layers=False, `unscanned` parameters): each layer's cache is then an array of the
   loop state, written in place, where a scan over the layers would copy it. With `batch_sharding` (the rows'
   NamedSharding), every process passes the same whole batch, places its own rows and gets the whole output.
+  `ids` and `forced`: the tokenizer's (`SpecialIds`, its `forced(target language)`).
   """
 
   def __init__(self, model_cfg, params, beam_size: int = 4, alpha: float = 0.6, max_len: int = 64,
-               batch_sharding: jax.sharding.NamedSharding | None = None):
+               batch_sharding: jax.sharding.NamedSharding | None = None, *, ids: SpecialIds = SENTENCEPIECE_IDS,
+               forced: tuple[int, ...] = ()):
     check_length(model_cfg, max_len)
+    if ids.start != model_cfg.start_id:
+      raise ValueError(f"the tokenizer starts from {ids.start}, the model (its start_id) from {model_cfg.start_id}")
+    self.ids, self.forced = ids, tuple(forced)
     self.model_cfg, self.params = model_cfg, params
     self.model = Transformer(dataclasses.replace(model_cfg, scan_layers=False), deterministic=True, decode=True)
     self.beam_size, self.alpha, self.max_len = beam_size, alpha, max_len
     self.batch_sharding = batch_sharding
     self._translate = jax.jit(self._run)
 
-  def _run(self, params, batch):
-    """batch: padded `inputs` [B, Ls] with segmentation/position -> best tokens [B, max_len]. The source is
-    encoded once, and its cross-attention keys and values computed once per sentence."""
+  def step(self, params, batch) -> tuple[StepFn, tuple]:
+    """(the `StepFn` of a padded source batch (`inputs` [B, Ls] with segmentation/position), its initial state). The
+    source is encoded once, and its cross-attention keys and values computed once per sentence."""
     B, K, L = batch["inputs"].shape[0], self.beam_size, self.max_len
     N = B * K
     params = unscanned(params, self.model_cfg)
@@ -211,15 +233,21 @@ class Translator:
       slots = slots.at[:, i].set(own_slot)
       (logits, _), variables = decoder({"params": params, "cache": cache, "memory": source_kv}, tokens, i, slots,
                                        ["cache"], live)
-      # PAD and UNK are never outputs: PAD starts a sentence, and every character has a byte piece.
-      logits = logits[:, 0].astype(jnp.float32).at[:, (PAD_ID, UNK_ID)].set(NEG_INF)
+      logits = logits[:, 0].astype(jnp.float32)
+      if self.ids.never:  # e.g. PAD and UNK of this project's tokenizer: PAD starts, a byte piece has every character
+        logits = logits.at[:, self.ids.never].set(NEG_INF)
       return jax.nn.log_softmax(logits), (variables["cache"], slots)
 
-    state = (variables["cache"], slots)
+    return step_fn, (variables["cache"], slots)
+
+  def _run(self, params, batch):
+    """batch: padded `inputs` [B, Ls] with segmentation/position -> best tokens [B, max_len]."""
+    B, K, L = batch["inputs"].shape[0], self.beam_size, self.max_len
+    step_fn, state = self.step(params, batch)
     if K == 1:
-      return greedy_search(step_fn, state, B, L)
+      return greedy_search(step_fn, state, B, L, self.ids, self.forced)
     tokens, _ = beam_search(step_fn, state, B, K, L, self.alpha, reorder=lambda s, rows: (s[0], s[1][rows]),
-                            n_best=1)
+                            n_best=1, ids=self.ids, forced=self.forced)
     return tokens[:, 0]
 
   def __call__(self, batch: dict) -> np.ndarray:
@@ -235,10 +263,10 @@ class Translator:
 
   def by_pair(self, batch: dict) -> dict[int, list[int]]:
     """The output ids (up to EOS) of each real row (`index` >= 0) of a padded batch, keyed by its `index`."""
-    return {int(pair): seq for pair, seq in zip(batch["index"], cut_at_eos(self(batch))) if pair >= 0}
+    return {int(pair): seq for pair, seq in zip(batch["index"], cut_at_eos(self(batch), self.ids.eos)) if pair >= 0}
 
 
-def cut_at_eos(tokens: np.ndarray) -> list[list[int]]:
-  """Rows of token ids up to (not including) the first EOS."""
-  return [row[: row.index(EOS_ID)] if EOS_ID in row else row for row in np.asarray(tokens).tolist()]
+def cut_at_eos(tokens: np.ndarray, eos: int = SENTENCEPIECE_IDS.eos) -> list[list[int]]:
+  """Rows of token ids up to (not including) the first `eos`."""
+  return [row[: row.index(eos)] if eos in row else row for row in np.asarray(tokens).tolist()]
 

@@ -81,11 +81,12 @@ def source_bias(k_segments: jax.Array) -> jax.Array:
   return jnp.where(k_segments > 0, 0.0, NEG_INF)[:, None, None, :]
 
 
-def shift_right(targets: jax.Array, segments: jax.Array) -> jax.Array:
-  """[B, L] targets -> [B, L] decoder inputs: moved one step right, PAD (as BOS) at each packed pair's start."""
+def shift_right(targets: jax.Array, segments: jax.Array, start: int = 0) -> jax.Array:
+  """[B, L] targets -> [B, L] decoder inputs: moved one step right, `start` (the tokenizer's start id: PAD as BOS,
+  NLLB's EOS) at each packed pair's start."""
   shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
   prev_segments = jnp.pad(segments, ((0, 0), (1, 0)))[:, :-1]
-  return jnp.where(segments == prev_segments, shifted, 0)
+  return jnp.where(segments == prev_segments, shifted, start)
 
 
 def attention_probs(q: jax.Array, k: jax.Array, bias: jax.Array) -> jax.Array:

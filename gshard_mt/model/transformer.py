@@ -61,6 +61,7 @@ class TransformerConfig(ModelConfig):
                                        if k not in ("dtype", "residual_dtype")}
 
   vocab_size: int
+  start_id: int = 0  # the decoder's first input at each pair's start: the tokenizer's SpecialIds.start
   dropout_rng: str = "threefry"  # a key of layers.DROPOUT_KEYS (the training step makes the dropout key)
   attention: str = "xla"  # a value of layers.ATTENTIONS
   dtype: Any = jnp.float32
@@ -261,7 +262,7 @@ class Transformer(nn.Module):
 
   def __call__(self, batch):
     memory, enc_stats = self.encode(batch["inputs"], batch["inputs_segmentation"], batch["inputs_position"])
-    decoder_inputs = shift_right(batch["targets"], batch["targets_segmentation"])
+    decoder_inputs = shift_right(batch["targets"], batch["targets_segmentation"], self.cfg.start_id)
     logits, dec_stats = self.decode_logits(memory, batch["inputs_segmentation"], decoder_inputs,
                                            batch["targets_segmentation"], batch["targets_position"],
                                            src_tokens=batch["inputs"])

@@ -196,7 +196,7 @@ def main(argv):
   config = config_lib.replace(config, {"moe.num_experts": count, "data.prepared_dir": prepared if "://" in prepared
                                        else os.path.abspath(prepared)})
   config_lib.save(config, output)
-  setup = build(config, run.data.tokenizer.vocab_size)
+  setup = build(config, run.data.tokenizer)
   params = jax.device_put(params, setup.state_shardings.params)
   state = TrainState(step=jnp.asarray(run.step, jnp.int32), params=params, opt_state=jax.jit(setup.tx.init)(params),
                      rng=jax.random.key_data(jax.random.key(config.seed)))

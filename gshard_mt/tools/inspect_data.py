@@ -44,7 +44,7 @@ def main(argv):
   for k in range(min(parsed.examples, int(batch["inputs_segmentation"][0].max()))):
     src = batch["inputs"][0][batch["inputs_segmentation"][0] == k + 1]
     tgt = batch["targets"][0][batch["targets_segmentation"][0] == k + 1]
-    tag = data.tokenizer.sp.id_to_piece(int(src[0])) if config.data.source_tags else ""
+    tag = data.tokenizer.piece(int(src[0])) if config.data.source_tags or data.tokenizer.tags_every_source else ""
     print(f"  {tag} {data.tokenizer.decode(src)}\n      -> {data.tokenizer.decode(tgt)}")
 
 

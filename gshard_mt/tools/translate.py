@@ -217,7 +217,8 @@ def translate(workdir, *, input_path: str | None = None, output_path: str | None
     warn = functools.partial(print, "warning:", file=sys.stderr, flush=True) if main else lambda message: None
     lines = LineTranslator(run, translator, rows, name=name, warn=warn)
     parse = functools.partial(parse_line, default=src_lang, known=known, name=name,
-                              tagged=bool(run.config.data.source_tags), workdir=workdir)
+                              tagged=bool(run.config.data.source_tags) or run.data.tokenizer.tags_every_source,
+                              workdir=workdir)
     if main and stdout is None and output_path is None:
       sys.stdout.reconfigure(encoding="utf-8", newline="\n")  # input is UTF-8, so is the output
     sink = distributed.checked_on_process_0(

@@ -94,7 +94,8 @@ class DevEvaluator:
       if not self.sample:
         raise ConfigError("eval_bleu_every needs dev pairs to translate, and the dev split is empty")
       self.translator = decode.Translator(setup.model_cfg, params, beam_size=1, max_len=config.data.max_length,
-                                          batch_sharding=shardings.batch_sharding(setup.mesh, setup.rules))
+                                          batch_sharding=shardings.batch_sharding(setup.mesh, setup.rules),
+                                          **data.tokenizer.decoding())
 
   def due(self, step: int, last: bool, *everies: int) -> bool:
     """Whether an evaluation every `everies` steps (default: the loss's or the BLEU's) is due at `step`."""

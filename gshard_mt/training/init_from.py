@@ -13,6 +13,8 @@ hold one layer, a MoE one's `moe_interval`): layer i of unit u, position j, is i
 
 from __future__ import annotations
 
+import json
+
 import jax
 import numpy as np
 from flax import traverse_util
@@ -20,7 +22,7 @@ from flax import traverse_util
 from gshard_mt import config as config_lib
 from gshard_mt import io
 from gshard_mt.data import prepare as prepare_lib
-from gshard_mt.data import shards
+from gshard_mt.data import tokenizer_files
 from gshard_mt.errors import WorkdirError, one_line
 from gshard_mt.training import checkpoint as checkpoint_lib
 from gshard_mt.training import validate
@@ -124,16 +126,37 @@ def _same_shape(source, target, where: str):
   return source
 
 
+def source_tokenizer(source: io.PathLike) -> io.epath.Path:
+  """The tokenizer the run in `source` trained with: the copy in the prepared corpus its start recorded."""
+  source_config = config_lib.load_saved(source, validate.check)
+  record = io.path(source) / prepare_lib.RUN_RECORD
+  if not record.exists():
+    raise WorkdirError(f"init_from={source}: no {prepare_lib.RUN_RECORD}, so no tokenizer (train it first)")
+  prepared = prepare_lib.root(source_config.data, source) / json.loads(record.read_text())["name"]
+  tokenizer_files.found(prepared, f"init_from={source}: its prepared corpus")  # still there
+  return prepared
+
+
+def with_tokenizer(config):
+  """The config with its tokenizer resolved, before any data is read: a run with init_from and no data.tokenizer
+  takes the source run's (`source_tokenizer`), so that it tokenizes as the source did; a given tokenizer sets
+  data.vocab_size (its vocabulary, which the model and the mesh's checks read)."""
+  path = config.data.tokenizer or (str(source_tokenizer(config.init_from)) if config.init_from else "")
+  if not path:
+    return config
+  return config_lib.replace(config, {"data.tokenizer": path, "data.vocab_size": tokenizer_files.load(path).vocab_size})
+
+
 def source_params(config, workdir, setup: Setup) -> tuple[dict, str]:
   """(the newest checkpoint's parameters of the run config.init_from, as numpy; its name), after checking that it
-  tokenizes as this run does (the same SentencePiece model)."""
+  tokenizes as this run does (a tokenizer of the same bytes)."""
   source = io.path(config.init_from)
   source_config = config_lib.load_saved(source, validate.check)
-  mine, theirs = (prepare_lib.for_run(c.data, w) / shards.MODEL for c, w in ((config, workdir),
-                                                                            (source_config, source)))
-  if not theirs.exists() or mine.read_bytes() != theirs.read_bytes():
-    raise WorkdirError(f"init_from={source}: its tokenizer ({theirs}) is not this run's ({mine}): train on the same "
-                       "corpus and vocabulary, or set data.prepared_dir to its prepared corpus")
+  theirs = source_tokenizer(source)
+  mine = prepare_lib.for_run(config.data, workdir)
+  if tokenizer_files.digest(mine) != tokenizer_files.digest(theirs, f"init_from={source}: its prepared corpus"):
+    raise WorkdirError(f"init_from={source}: its tokenizer ({theirs}) is not this run's ({mine}, data.tokenizer="
+                       f"{config.data.tokenizer!r}): leave data.tokenizer '' to take the source run's")
   abstract = build(source_config, setup.model_cfg.vocab_size).abstract_target()
   try:
     with checkpoint_lib.Checkpoints(source / checkpoint_lib.FOLDER, read_only=True) as ckpts:

@@ -211,8 +211,9 @@ def train_and_evaluate(config, workdir: io.PathLike) -> dict:
 
 
 def _train(config, workdir) -> dict:
+  config = init_from.with_tokenizer(config)  # before the data: a fine-tuned run tokenizes as its source did
   data = prepare(config, workdir)
-  setup = build(config, data.tokenizer.vocab_size)
+  setup = build(config, data.tokenizer)
   ckpts = checkpoint_lib.Checkpoints(workdir / checkpoint_lib.FOLDER, config.checkpoint_every, config.keep_checkpoints)
   batches = data.train_batches(config, jax.process_index(), jax.process_count())
   state = restore_or_init(config, workdir, setup, ckpts, batches)

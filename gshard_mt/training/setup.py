@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from gshard_mt.config import platforms
+from gshard_mt.data.tokenizer import Tokenizer
 from gshard_mt.kernels import seam
 from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch
 from gshard_mt.parallel import mesh as mesh_lib
@@ -61,15 +62,17 @@ def _init_state(model_cfg, tx, seed, boxed=False):
                     rng=jax.random.key_data(jax.random.fold_in(key, 1)))
 
 
-def build(config, vocab_size: int, devices=None) -> Setup:
+def build(config, vocab: int | Tokenizer, devices=None) -> Setup:
   """Model, optimizer, mesh and the shardings of the train state, all without allocating anything; the model's
-  `auto` options are resolved for the mesh's platform (and logged)."""
+  `auto` options are resolved for the mesh's platform (and logged). vocab: the run's tokenizer (its vocabulary size
+  and start id), or a vocabulary size alone (start id 0: shapes, benchmarks)."""
   mesh = mesh_lib.make_mesh(config, devices)
   device = mesh.devices.flat[0]
   if chosen := platforms.resolve(config, device.platform)[1]:
     log.info("auto options on %s: %s", device.platform, ", ".join(f"{k}={v}" for k, v in chosen.items()))
+  vocab_size, start = (vocab, 0) if isinstance(vocab, int) else (vocab.vocab_size, vocab.ids.start)
   model_cfg = TransformerConfig.from_config(config, vocab_size, device.platform)
-  model_cfg = dataclasses.replace(model_cfg, ops=seam.pick(config, model_cfg, device))  # the optional kernels
+  model_cfg = dataclasses.replace(model_cfg, start_id=start, ops=seam.pick(config, model_cfg, device))
   rules = rules_lib.rules(config)
   # The model is traced once here (its trace is a good part of a warm start): the optimizer's state from the
   # parameters' shapes alone.

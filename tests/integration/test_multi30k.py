@@ -57,5 +57,5 @@ def test_tokenizer_round_trip_is_lossless_without_unk(joined):
   lines = [line for pairs in data.text["train"].values() for line in [*pairs.src, *pairs.tgt]]
   lines += ["2 men, 30 somethings: 0123456789 and 3.14159", "😀🎉 ⁇ …  two  spaces", "ዐማርኛ ქართული ᏣᎳᎩ 𝄞 ﬁ"]
   for ids, line in zip(tok.encode(lines), lines):
-    assert tokenizer.UNK_ID not in ids, line
+    assert tokenizer.SENTENCEPIECE_IDS.unk not in ids, line
     assert tok.decode(ids) == line

@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 
 from gshard_mt.batch import SOURCE_KEYS
-from gshard_mt.data.tokenizer import EOS_ID, PAD_ID, UNK_ID
+from gshard_mt.data.tokenizer import SENTENCEPIECE_IDS
 from gshard_mt.model import decode
 from gshard_mt.model.transformer import Transformer, dummy_batch
 from gshard_mt.training.setup import build
 from tests.helpers import small_config
 
 V, L = 12, 9
+EOS_ID, PAD_ID, UNK_ID = SENTENCEPIECE_IDS.eos, SENTENCEPIECE_IDS.pad, SENTENCEPIECE_IDS.unk
 
 
 def table_step_fn(seed, eos_bias=0.0):

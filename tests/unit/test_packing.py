@@ -85,7 +85,7 @@ def test_packed_batches_hold_whole_pairs(data):
       assert (tuple(src), tuple(tgt)) in pairs  # whole, untruncated
       np.testing.assert_array_equal(src_pos, np.arange(len(src)))
       np.testing.assert_array_equal(tgt_pos, np.arange(len(tgt)))
-      assert src[-1] == tokenizer.EOS_ID and tgt[-1] == tokenizer.EOS_ID
+      assert src[-1] == tokenizer.SENTENCEPIECE_IDS.eos and tgt[-1] == tokenizer.SENTENCEPIECE_IDS.eos
       found += 1
   assert found > 16  # rows hold several pairs
   for f in packing.FIELDS:
@@ -151,5 +151,5 @@ def test_eval_batches_are_padded_in_order(data):
 def test_pad_truncates_but_keeps_eos():
   split = packing.TokenizedSplit.from_lists(["xx"], [0], [list(range(3, 40)) + [1]], [[5, 1]])
   batch = packing.pad(split, np.array([0]), 2, 10)
-  assert batch["inputs"][0, -1] == tokenizer.EOS_ID and batch["inputs"][0, 0] == 3
+  assert batch["inputs"][0, -1] == tokenizer.SENTENCEPIECE_IDS.eos and batch["inputs"][0, 0] == 3
   assert batch["index"].tolist() == [0, -1]

@@ -63,7 +63,7 @@ def test_target_rows_have_their_own_length(data):
       assert b[key].shape == (config.batch_size, 16)
     pairs = ((b["inputs_position"] == 0) & (b["inputs_segmentation"] > 0)).sum()
     assert ((b["targets_position"] == 0) & (b["targets_segmentation"] > 0)).sum() == pairs
-    assert (b["targets"] == tokenizer.EOS_ID).sum() == pairs  # each target whole, up to its EOS
+    assert (b["targets"] == tokenizer.SENTENCEPIECE_IDS.eos).sum() == pairs  # each target whole, up to its EOS
   assert not long_targets & set(batches.eligible.tolist())  # never sampled, so never cut at the row's end
 
 

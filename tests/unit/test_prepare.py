@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gshard_mt import config as config_lib
-from gshard_mt.data import corpus, packing, pipeline, shards, sources
+from gshard_mt.data import corpus, packing, pipeline, shards, sources, tokenizer
 from gshard_mt.data import prepare as prepare_lib
 from gshard_mt.tools import prepare_data
 from tests import tiny_tfds
@@ -41,7 +41,7 @@ def test_prepared_corpus_and_its_batches_equal_those_made_in_memory(data):
   # the tokenizer is trained on the sentences it was trained on before: every training line, streams sorted
   lines = "".join(s + "\n" + t + "\n" for lang in sorted(text["train"])
                   for s, t in zip(text["train"][lang].src, text["train"][lang].tgt)).splitlines()
-  assert list(prepare_lib._tokenizer_sentences(list(data.text["train"].values()))) == lines
+  assert list(tokenizer.training_sentences(list(data.text["train"].values()))) == lines
   # batches: an in-memory split whose sampler index is computed in memory, as before, against the memory-mapped
   # split whose index is kept beside it; for one process and for each of two
   for count in (1, 2):

@@ -14,10 +14,11 @@ def test_tokenizer_has_fixed_ids_and_tags(data):
   tok = data.tokenizer
   assert tok.path.name == "spm.model" and tok.path.parent.name.startswith("spm-600-")
   assert tok.path.parents[1].name == "tokenizer"  # <workdir>/tokenizer/spm-<V>-<key>/, beside the shards
-  assert tok.sp.pad_id() == tokenizer.PAD_ID == 0 and tok.sp.eos_id() == tokenizer.EOS_ID == 1
-  assert tok.sp.unk_id() == tokenizer.UNK_ID == 2
+  assert tok.ids == tokenizer.SENTENCEPIECE_IDS == tokenizer.SpecialIds(pad=0, eos=1, unk=2, start=0, never=(0, 2))
+  assert (tok.sp.pad_id(), tok.sp.eos_id(), tok.sp.unk_id()) == (0, 1, 2)
+  assert tok.forced("eng") == () and not tok.tags_every_source
   ids = tok.encode(["Nous sommes de votre avis."], "fra")[0]
-  assert ids[0] == tok.tag_id("fra") and ids[-1] == tokenizer.EOS_ID
+  assert ids[0] == tok.tag_id("fra") and ids[-1] == tokenizer.SENTENCEPIECE_IDS.eos
   assert tok.decode(ids + [0, 0]) == "Nous sommes de votre avis."
   assert tok.tag_id("zzz") is None
 
