@@ -17,7 +17,7 @@ import numpy as np
 
 from gshard_mt.errors import WorkdirError
 
-M2M100, NLLB_MOE = "m2m100", "nllb-moe"  # config.json's model_type
+M2M100, NLLB_MOE = "m2m_100", "nllb-moe"  # config.json's model_type
 STACKS = ("encoder", "decoder")
 # Transforms between torch's Linear weights [out, in] and this model's kernels: ('qkv') [A*D, M] <-> [M, A, D];
 # ('out') [M, A*D] <-> [A, D, M]; ('linear') [out, in] <-> [in, out]; ('flat') [A*D] <-> [A, D]; ('copy').

@@ -53,7 +53,7 @@ def main(argv):
   io.write_atomically(out / "generation_config.json", json.dumps(generation, indent=2))
   if isinstance(tokenizer, NllbTokenizer):
     for name in nllb.FILES:
-      shutil.copyfile(tokenizer.directory / name, out / name)
+      shutil.copyfile(tokenizer.path / name, out / name)
     note = "with its NLLB tokenizer"
   else:
     note = "without a tokenizer (transformers has no class for this run's own SentencePiece vocabulary)"
