@@ -15,7 +15,8 @@ from gshard_mt import config as config_lib
 from gshard_mt.data import tokenizer_files
 from gshard_mt.errors import UserError
 from gshard_mt.evaluation import evaluate
-from gshard_mt.hf import configs, convert, safetensors
+from gshard_mt.hf import configs, safetensors
+from gshard_mt.model import decode
 from gshard_mt.model.transformer import Transformer
 from gshard_mt.tools import export_hf, import_hf
 from gshard_mt.training import validate
@@ -61,6 +62,17 @@ def test_logits_equal_transformers(imported):
   logits, _ = model.apply({"params": params}, batch)
   real = ref["decoder_attention_mask"].astype(bool)
   assert np.abs(np.asarray(logits)[real] - ref["logits"][real]).max() < 1e-5
+
+
+def test_greedy_equals_generate(imported):
+  """transformers' generate(num_beams=1, forced_bos_token_id=eng_Latn): its first token is the start (</s>), then
+  the forced code; rows that finished are padded."""
+  _, workdir, ref = imported
+  _, tokenizer, setup, params = restored(workdir)
+  steps = ref["greedy"].shape[1] - 1
+  translator = decode.Translator(setup.model_cfg, params, beam_size=1, max_len=steps, ids=tokenizer.ids,
+                                 forced=tokenizer.forced("eng_Latn"))
+  np.testing.assert_array_equal(translator(model_batch(ref)), ref["greedy"][:, 1:])
 
 
 def test_export_is_the_checkpoint_and_imports_back_bit_exact(imported, tmp_path):
