@@ -23,7 +23,7 @@ from gshard_mt import config as config_lib
 from gshard_mt import io
 from gshard_mt.data import prepare as prepare_lib
 from gshard_mt.data import tokenizer_files
-from gshard_mt.errors import WorkdirError, one_line
+from gshard_mt.errors import ConfigError, WorkdirError, one_line
 from gshard_mt.training import checkpoint as checkpoint_lib
 from gshard_mt.training import validate
 from gshard_mt.training.setup import Setup, build
@@ -129,6 +129,8 @@ def _same_shape(source, target, where: str):
 def source_tokenizer(source: io.PathLike) -> io.epath.Path:
   """The tokenizer the run in `source` trained with: the copy in the prepared corpus its start recorded."""
   source_config = config_lib.load_saved(source, validate.check)
+  if source_config.data.tokenizer:  # given to it (an imported model's)
+    return io.path(source_config.data.tokenizer)
   record = io.path(source) / prepare_lib.RUN_RECORD
   if not record.exists():
     raise WorkdirError(f"init_from={source}: no {prepare_lib.RUN_RECORD}, so no tokenizer (train it first)")
@@ -137,14 +139,40 @@ def source_tokenizer(source: io.PathLike) -> io.epath.Path:
   return prepared
 
 
-def with_tokenizer(config):
-  """The config with its tokenizer resolved, before any data is read: a run with init_from and no data.tokenizer
-  takes the source run's (`source_tokenizer`), so that it tokenizes as the source did; a given tokenizer sets
+# The model and moe keys that change the parameters' shapes: a fine-tuned run must have the source's
+PARAMETER_KEYS = tuple(f"model.{k}" for k in (
+    "emb_dim", "num_heads", "head_dim", "mlp_dim", "num_encoder_layers", "num_decoder_layers", "moe_interval",
+    "share_embeddings", "tied_logits", "positions", "max_position", "bias", "vocab_size")) + tuple(
+    f"moe.{k}" for k in ("num_experts", "hidden_dim", "shared_experts", "expert_bias", "balance"))
+
+
+def resolved(config):
+  """The config as it trains, before any data is read. With init_from: the source run's model and moe keys where
+  this config leaves their defaults (except upcycling, a MoE config from a dense run, which keeps its own moe keys
+  and moe_interval), a ConfigError naming the keys set otherwise that change the parameters; and, with no
+  data.tokenizer, the source run's tokenizer, so that it tokenizes as the source did. A given tokenizer sets
   data.vocab_size (its vocabulary, which the model and the mesh's checks read)."""
+  if config.init_from:
+    config = validate.check(config_lib.replace(config, source_keys(config)))
   path = config.data.tokenizer or (str(source_tokenizer(config.init_from)) if config.init_from else "")
   if not path:
     return config
   return config_lib.replace(config, {"data.tokenizer": path, "data.vocab_size": tokenizer_files.load(path).vocab_size})
+
+
+def source_keys(config) -> dict:
+  """{key: the source run's value} of the model and moe keys this config leaves at their defaults."""
+  source = config_lib.load_saved(config.init_from, validate.check)
+  mine, theirs, default = (config_lib.flatten(config_lib.to_dict(c)) for c in (config, source, type(config)()))
+  upcycle = not source.model.moe_interval and config.model.moe_interval
+  keys = [k for k in mine if k.split(".")[0] in ("model", "moe")
+          and not (upcycle and (k.startswith("moe.") or k == "model.moe_interval"))]
+  clash = [k for k in keys if k in PARAMETER_KEYS and mine[k] != default[k] and mine[k] != theirs.get(k, default[k])]
+  if clash:
+    raise ConfigError(f"init_from={config.init_from}: " + ", ".join(
+        f"{k}={mine[k]!r} here, {theirs.get(k, default[k])!r} there" for k in clash) + ": these change the "
+        "parameters' shapes; leave them at their defaults to take the source run's")
+  return {k: theirs[k] for k in keys if mine[k] == default[k] and k in theirs and theirs[k] != mine[k]}
 
 
 def source_params(config, workdir, setup: Setup) -> tuple[dict, str]:

@@ -211,7 +211,7 @@ def train_and_evaluate(config, workdir: io.PathLike) -> dict:
 
 
 def _train(config, workdir) -> dict:
-  config = init_from.with_tokenizer(config)  # before the data: a fine-tuned run tokenizes as its source did
+  config = init_from.resolved(config)  # before the data: a fine-tuned run's architecture and tokenizer
   data = prepare(config, workdir)
   setup = build(config, data.tokenizer)
   ckpts = checkpoint_lib.Checkpoints(workdir / checkpoint_lib.FOLDER, config.checkpoint_every, config.keep_checkpoints)

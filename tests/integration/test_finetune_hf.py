@@ -1,0 +1,52 @@
+"""Fine-tuning from an imported NLLB-MoE model (tests/fixtures/hf/nllb_moe) on another corpus: init_from takes the
+source's architecture (the model and moe keys left at their defaults) and its NLLB tokenizer; step 0 is the imported
+model; the run trains and evaluates; keys that change the parameters are refused in one line naming them."""
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from gshard_mt import config as config_lib
+from gshard_mt.errors import ConfigError
+from gshard_mt.evaluation import evaluate
+from gshard_mt.tools import import_hf
+from gshard_mt.training import init_from, loop
+
+FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "nllb_moe"
+DATA = {"data.source": "tatoeba", "data.languages": "fra,deu", "data.max_length": "24", "batch_size": "8",
+        "num_train_steps": "4", "log_every": "1", "eval_every": "4", "eval_batches": "1", "checkpoint_every": "4",
+        "data.prefetch": "1", "moe.group_size": "64"}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("finetune")
+  import_hf.main(["--from", str(FIXTURE), "--workdir", str(root / "nllb")])
+  config = config_lib.load("configs/nllb.py", DATA | {"init_from": str(root / "nllb")})
+  result = loop.train_and_evaluate(config, root / "ft")
+  return root, result
+
+
+def test_finetuning_takes_the_source_model_and_tokenizer_and_trains(runs):
+  root, result = runs
+  assert np.isfinite(result["loss"])
+  saved, source = (config_lib.load_saved(root / name) for name in ("ft", "nllb"))
+  assert saved.model == source.model and saved.moe.num_experts == 4 and saved.moe.expert_dropout == 0.2
+  assert saved.data.tokenizer == source.data.tokenizer and saved.data.source == "tatoeba"
+  start = evaluate.restore(root / "ft", step=0)  # the imported model, saved as step 0
+  imported = evaluate.restore(root / "nllb", step=0)
+  for a, b in zip(*(np.asarray(x) for x in (start.params["embed"]["embedding"], imported.params["embed"]["embedding"]))):
+    np.testing.assert_array_equal(a, b)
+  metrics = [json.loads(line) for line in (root / "ft" / "metrics.jsonl").read_text().splitlines()]
+  assert any("dev_loss" in m or "eval/loss" in m for m in metrics) or len(metrics) >= 4
+
+
+def test_keys_that_change_the_parameters_are_refused(runs):
+  root, _ = runs
+  config = config_lib.load("configs/nllb.py", DATA | {"init_from": str(root / "nllb"), "model.emb_dim": "32",
+                                                      "moe.num_experts": "8"})
+  with pytest.raises(ConfigError, match=r"model.emb_dim=32 here, 16 there, moe.num_experts=8 here, 4 there") as e:
+    init_from.resolved(config)
+  assert "\n" not in str(e.value)
