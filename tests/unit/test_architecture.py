@@ -14,7 +14,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "gshard_mt"
 # Each unit's layer; a unit imports units of lower layers only (or its own modules). Top-level modules not named
 # here are the shared base (errors, io, the registry, ...), below everything.
 LAYERS = {"base": 0, "config": 1, "data": 2, "parallel": 2, "moe": 3, "model": 4, "kernels": 5, "training": 6,
-          "evaluation": 7, "tpu.estimates": 8, "cli": 9, "tools": 10}
+          "evaluation": 7, "tpu.estimates": 8, "hf": 8, "cli": 9, "tools": 10}
 # Packages a function may import from above its own layer, when an option asks for them: the kernels.
 OPTIONAL = ("kernels",)
 # The core: no import inside a function, and no word of the optional kernels but through `ops.Ops`.

@@ -1,0 +1,1 @@
+"""Interoperation with Hugging Face transformers checkpoints."""
