@@ -1,1 +1,1 @@
-"""Interoperation with Hugging Face transformers checkpoints: M2M100 (NLLB-200) and NllbMoe (NLLB-MoE)."""
+"""Interoperation with Hugging Face transformers checkpoints."""
