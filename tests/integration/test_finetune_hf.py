@@ -5,6 +5,7 @@ model; the run trains and evaluates; keys that change the parameters are refused
 import json
 import pathlib
 
+import jax
 import numpy as np
 import pytest
 
@@ -37,10 +38,10 @@ def test_finetuning_takes_the_source_model_and_tokenizer_and_trains(runs):
   assert saved.data.tokenizer == source.data.tokenizer and saved.data.source == "tatoeba"
   start = evaluate.restore(root / "ft", step=0)  # the imported model, saved as step 0
   imported = evaluate.restore(root / "nllb", step=0)
-  for a, b in zip(*(np.asarray(x) for x in (start.params["embed"]["embedding"], imported.params["embed"]["embedding"]))):
-    np.testing.assert_array_equal(a, b)
+  for a, b in zip(jax.tree.leaves(start.params), jax.tree.leaves(imported.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   metrics = [json.loads(line) for line in (root / "ft" / "metrics.jsonl").read_text().splitlines()]
-  assert any("dev_loss" in m or "eval/loss" in m for m in metrics) or len(metrics) >= 4
+  assert any(np.isfinite(m.get("dev_loss", np.nan)) for m in metrics)  # evaluated on the new corpus's dev split
 
 
 def test_keys_that_change_the_parameters_are_refused(runs):
