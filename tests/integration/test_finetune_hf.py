@@ -10,13 +10,15 @@ import numpy as np
 import pytest
 
 from gshard_mt import config as config_lib
+from gshard_mt.data import tokenizer_files
 from gshard_mt.errors import ConfigError
 from gshard_mt.evaluation import evaluate
 from gshard_mt.tools import import_hf
 from gshard_mt.training import init_from, loop
+from gshard_mt.training.setup import build
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "nllb_moe"
-DATA = {"data.source": "tatoeba", "data.languages": "fra,deu", "data.max_length": "24", "batch_size": "8",
+DATA = {"data.source": "tsv", "data.max_length": "24", "batch_size": "8",
         "num_train_steps": "4", "log_every": "1", "eval_every": "4", "eval_batches": "1", "checkpoint_every": "4",
         "data.prefetch": "1", "moe.group_size": "64"}
 
@@ -25,7 +27,12 @@ DATA = {"data.source": "tatoeba", "data.languages": "fra,deu", "data.max_length"
 def runs(tmp_path_factory):
   root = tmp_path_factory.mktemp("finetune")
   import_hf.main(["--from", str(FIXTURE), "--workdir", str(root / "nllb")])
-  config = config_lib.load("configs/nllb.py", DATA | {"init_from": str(root / "nllb")})
+  words = ["chat", "chien", "maison", "Hund", "Katze", "Haus", "petit", "grand", "klein", "rot"]
+  lines = [f"{lang}\t{words[i % 10]} {words[(i * 3) % 10]} {i}\tthe {i} {words[(i * 7) % 10]}"
+           for i in range(200) for lang in ("fra", "deu")]
+  (root / "pairs.tsv").write_text("\n".join(lines) + "\n")
+  config = config_lib.load("configs/nllb.py", DATA | {"init_from": str(root / "nllb"),
+                                                      "data.path": str(root / "pairs.tsv")})
   result = loop.train_and_evaluate(config, root / "ft")
   return root, result
 
@@ -35,10 +42,10 @@ def test_finetuning_takes_the_source_model_and_tokenizer_and_trains(runs):
   assert np.isfinite(result["loss"])
   saved, source = (config_lib.load_saved(root / name) for name in ("ft", "nllb"))
   assert saved.model == source.model and saved.moe.num_experts == 4 and saved.moe.expert_dropout == 0.2
-  assert saved.data.tokenizer == source.data.tokenizer and saved.data.source == "tatoeba"
-  start = evaluate.restore(root / "ft", step=0)  # the imported model, saved as step 0
-  imported = evaluate.restore(root / "nllb", step=0)
-  for a, b in zip(jax.tree.leaves(start.params), jax.tree.leaves(imported.params)):
+  assert saved.data.tokenizer == source.data.tokenizer and saved.data.source == "tsv"
+  abstract = build(saved, tokenizer_files.load(saved.data.tokenizer)).abstract_target()
+  start, imported = (evaluate.restore_state(root / name, abstract, 0)[1] for name in ("ft", "nllb"))
+  for a, b in zip(jax.tree.leaves(start.params), jax.tree.leaves(imported.params)):  # step 0: the imported model
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   metrics = [json.loads(line) for line in (root / "ft" / "metrics.jsonl").read_text().splitlines()]
   assert any(np.isfinite(m.get("dev_loss", np.nan)) for m in metrics)  # evaluated on the new corpus's dev split
@@ -47,7 +54,7 @@ def test_finetuning_takes_the_source_model_and_tokenizer_and_trains(runs):
 def test_keys_that_change_the_parameters_are_refused(runs):
   root, _ = runs
   config = config_lib.load("configs/nllb.py", DATA | {"init_from": str(root / "nllb"), "model.emb_dim": "32",
-                                                      "moe.num_experts": "8"})
+                                                      "moe.num_experts": "8", "data.path": str(root / "pairs.tsv")})
   with pytest.raises(ConfigError, match=r"model.emb_dim=32 here, 16 there, moe.num_experts=8 here, 4 there") as e:
     init_from.resolved(config)
   assert "\n" not in str(e.value)
