@@ -48,10 +48,10 @@ FIXTURE_SIZES = {"m2m100": dict(d_model=16, encoder_layers=2, decoder_layers=2, 
 # Other sizes than the fixtures' (heads, layers, ffn, experts, sparse steps and dropout all differ) for a by-hand
 # check of the mapping.
 SIZED = {"m2m100": dict(d_model=32, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
-                        decoder_attention_heads=8, encoder_ffn_dim=64, decoder_ffn_dim=48),
-         "nllb_moe": dict(d_model=32, encoder_layers=6, decoder_layers=4, encoder_attention_heads=4,
-                          decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=48, num_experts=8,
-                          encoder_sparse_step=3, decoder_sparse_step=4, moe_token_dropout=0.1)}
+                        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64),
+         "nllb_moe": dict(d_model=32, encoder_layers=6, decoder_layers=6, encoder_attention_heads=4,
+                          decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_experts=8,
+                          encoder_sparse_step=3, decoder_sparse_step=3, moe_token_dropout=0.1)}
 MOE_FIXED = dict(expert_capacity=8, moe_eval_capacity_token_fraction=1.0, normalize_router_prob_before_dropping=False,
                  batch_prioritized_routing=False, second_expert_policy="all", router_bias=False,
                  router_dtype="float32")
