@@ -317,3 +317,58 @@ def test_rows_not_decoding_take_no_expert_capacity(model_and_params, beam):
     batch[key][1:] = 0
   translator = decode.Translator(cfg, params, beam_size=beam, max_len=7)
   np.testing.assert_array_equal(translator(batch)[0], translator(alone)[0])
+
+
+def test_only_live_rows_are_routed_at_a_step(model_and_params):
+  """The Translator's step routes only the rows it is told are live (`live`: not finished, a beam opened): with a
+  capacity that binds, the live rows' log-probs do not depend on what the other rows hold, and do once those are
+  live too (so the capacity binds and a routed row would show)."""
+  cfg, params = model_and_params
+  cfg = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, eval_capacity_factor=0.01, min_capacity=1))
+  params = flax.traverse_util.unflatten_dict({k: v * 20 if "moe" in k and k[-1] == "wo" else v
+                                              for k, v in flax.traverse_util.flatten_dict(params).items()})
+  batch = {k: np.asarray(v) for k, v in random_batch(2, 8, seed=4).items() if k in SOURCE_KEYS}
+  translator = decode.Translator(cfg, params, beam_size=4, max_len=7)
+  step_fn, state = translator.step(params, batch)
+  run = jax.jit(lambda tokens, live: step_fn(tokens, 1, state, live)[0])
+  live = np.array([1, 0, 1, 1, 0, 1, 0, 0], bool)  # e.g. unopened beams and finished rows among the 2 x 4
+  tokens = np.arange(8, dtype=np.int32) + 5
+  other = np.where(live, tokens, np.arange(8) * 37 % 590 + 9).astype(np.int32)  # the same live rows
+  np.testing.assert_allclose(run(tokens, live)[live], run(other, live)[live], rtol=1e-6, atol=1e-6)
+  every = np.ones(8, bool)
+  assert np.abs(run(tokens, every)[live] - run(other, every)[live]).max() > 1e-3
+
+
+def recorded_live(step_fn, search):
+  """The `live` masks `search(step_fn')` hands its steps, step by step ([steps, N] bool)."""
+  seen = []
+
+  def recording(tokens, i, cache, live):
+    jax.debug.callback(lambda live: seen.append(np.asarray(live)), live, ordered=True)
+    return step_fn(tokens, i, cache, live)
+
+  jax.block_until_ready(jax.jit(lambda: search(recording))())
+  return np.stack(seen)
+
+
+def test_searches_route_neither_finished_rows_nor_unopened_beams():
+  """Greedy: a row is live until it has emitted EOS. Beam search: at step 0 only each sentence's first beam is
+  open (and at step 1 too, its first token forced), and a sentence whose best hypothesis is settled routes none."""
+  B, K, T = 2, 3, 6
+  table = np.full((2, V, T, V), -30.0, np.float32)  # [sentence, previous, position, token]
+  table[0, :, :, EOS_ID] = 0.0  # sentence 0 ends at once (after its forced token)
+  table[1, :, :, 5:8] = 0.0  # sentence 1 never ends
+  log_probs = jax.nn.log_softmax(jnp.asarray(table))
+
+  def step_fn(tokens, i, cache, live=None):
+    return log_probs[jnp.arange(len(tokens)) * 2 // len(tokens), tokens, i], cache
+
+  greedy = recorded_live(step_fn, lambda f: decode.greedy_search(f, {}, B, T))
+  np.testing.assert_array_equal(greedy, [[1, 1]] + [[0, 1]] * (T - 1))  # row 0 ended at step 0
+  forced = recorded_live(step_fn, lambda f: decode.greedy_search(f, {}, B, T, forced=(9,)))
+  np.testing.assert_array_equal(forced, [[1, 1], [1, 1]] + [[0, 1]] * (T - 2))  # row 0 ended at step 1
+  beams = recorded_live(step_fn, lambda f: decode.beam_search(f, {}, B, K, T, forced=(9,), n_best=1)[0])
+  np.testing.assert_array_equal(beams[0], [1, 0, 0, 1, 0, 0])
+  np.testing.assert_array_equal(beams[1], [1, 0, 0, 1, 0, 0])  # the forced token leaves one beam open
+  # sentence 0 is settled once [9, EOS] has finished (step 1); sentence 1's three beams are open from step 2
+  assert len(beams) == T and not beams[2:, :K].any() and beams[2:, K:].all()

@@ -4,6 +4,7 @@ its files and settings, serial or parallel alike; TFDS datasets joined; the prep
 import json
 import logging
 import os
+import shutil
 import socket
 import subprocess
 
@@ -11,9 +12,11 @@ import numpy as np
 import pytest
 
 from gshard_mt import config as config_lib
-from gshard_mt.data import corpus, packing, pipeline, shards, sources, tokenizer
+from gshard_mt.data import corpus, nllb, packing, pipeline, shards, sources, tokenizer, tokenizer_files
 from gshard_mt.data import prepare as prepare_lib
+from gshard_mt.errors import DataError, WorkdirError
 from gshard_mt.tools import prepare_data
+from gshard_mt.training import init_from
 from tests import tiny_tfds
 from tests.helpers import ROOT, small_args, small_config
 
@@ -205,3 +208,47 @@ def test_prepare_data_command(workdir, capsys):
   assert "5 streams, 4000 train / 500 dev / 500 test pairs, vocabulary 600" in out
   assert list((workdir / "tokenizer").glob("spm-600-*/train.eligible-24x24.json"))
 
+
+def test_a_corpus_prepared_with_a_given_tokenizer_and_a_run_started_from_it(tmp_path):
+  """data.tokenizer (NLLB's): copied into the prepared directory, which its bytes key, its vocabulary the run's;
+  sources start with their language's code (whatever data.source_tags), targets with English's. A run with
+  init_from and no data.tokenizer takes its source run's, whatever corpus it trains on."""
+  given = ROOT / "tests" / "fixtures" / "hf" / "tokenizer"
+  config = config_lib.replace(write_folder(tmp_path / "corpus", n=40), {"data.tokenizer": str(given),
+                                                                         "data.source_tags": False})
+  config = init_from.with_tokenizer(config)
+  nllb_tok = tokenizer_files.load(given)
+  assert config.data.vocab_size == nllb_tok.vocab_size == 504
+  source = tmp_path / "source"
+  directory = prepare_lib.for_run(config.data, source, record=True)
+  config_lib.save(config, source)
+  manifest = shards.read_manifest(directory)
+  assert directory.name.startswith("spm-504-") and manifest["token_dtype"] == "uint16"
+  assert sorted(p.name for p in directory.glob("*.json")) == ["manifest.json", *sorted(nllb.FILES[1:])]
+  data = pipeline.load(config, source, directory.name)
+  assert isinstance(data.tokenizer, nllb.NllbTokenizer)
+  tokens, text = data.tokens["train"], data.text["train"]
+  for stream in tokens.languages:
+    i = pipeline.language_ids(tokens, stream)[0]  # the stream's first pair
+    src, tgt = text[stream].src[0], text[stream].tgt[0]
+    assert tokens.src_tokens[tokens.src_offsets[i]:tokens.src_offsets[i + 1]].tolist() == nllb_tok.encode(
+        [src], stream)[0]
+    assert tokens.tgt_tokens[tokens.tgt_offsets[i]:tokens.tgt_offsets[i + 1]].tolist() == nllb_tok.encode(
+        [tgt], "eng_Latn", target=True)[0]
+  # the key follows the tokenizer's bytes
+  changed = tmp_path / "changed"
+  shutil.copytree(given, changed)
+  (changed / "special_tokens_map.json").write_text("{}")
+  assert prepare_lib.key(config_lib.replace(config, {"data.tokenizer": str(changed)}).data)[0] != directory.name
+  # a run started from it, on another corpus
+  other = config_lib.replace(write_folder(tmp_path / "other", ("spa",), 40), {"init_from": str(source)})
+  resolved = init_from.with_tokenizer(other)
+  assert resolved.data.tokenizer == str(directory) and resolved.data.vocab_size == 504
+  prepared = prepare_lib.ensure(resolved.data, tmp_path / "fine-tuned")
+  assert tokenizer_files.digest(prepared) == tokenizer_files.digest(given)
+  with pytest.raises(DataError, match=f"^data.tokenizer={tmp_path / 'gone'}: not found$"):
+    init_from.with_tokenizer(config_lib.replace(other, {"data.tokenizer": str(tmp_path / "gone")}))
+  untrained = tmp_path / "untrained"  # a run's config, no corpus prepared yet
+  config_lib.save(config, untrained)
+  with pytest.raises(WorkdirError, match=f"^init_from={untrained}: no prepared.json, so no tokenizer"):
+    init_from.with_tokenizer(config_lib.replace(other, {"init_from": str(untrained)}))
