@@ -66,14 +66,16 @@ def main():
     tmp = pathlib.Path(tmp)
     size = synthetic(tmp / "hf", args.layers)
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "gshard_mt.tools.import_hf", "--from", str(tmp / "hf"), "--workdir",
-                    str(tmp / "run"), f"--config.optimizer.name={args.optimizer}"], check=True, cwd=ROOT)
+    done = subprocess.run([sys.executable, "-m", "gshard_mt.tools.import_hf", "--from", str(tmp / "hf"), "--workdir",
+                           str(tmp / "run"), f"--config.optimizer.name={args.optimizer}"], check=True, cwd=ROOT,
+                          capture_output=True, text=True)
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # Linux: KiB
   result = {"date": datetime.date.today().isoformat(), "device": platform.processor() or platform.machine(),
             "cores": os.cpu_count(), "jax": jax.__version__, "command": " ".join(["python", *sys.argv]),
             "checkpoint_bytes": size, "optimizer": args.optimizer, "peak_rss_bytes": peak,
-            "peak_over_checkpoint": round(peak / size, 2), "seconds": round(seconds, 1)}
+            "peak_over_checkpoint": round(peak / size, 2), "seconds": round(seconds, 1),
+            "import_hf_said": done.stdout.strip().splitlines()[-1]}
   out = ROOT / "bench" / "results" / "import_memory" / f"{result['date']}-{args.optimizer}.json"
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps(result, indent=2) + "\n")

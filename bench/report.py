@@ -17,6 +17,7 @@ import json
 import pathlib
 import sys
 
+import hf_reports  # bench/hf_reports.py: importing transformers checkpoints, decoding against transformers
 from expert_reports import pruning_tables, upcycling_tables  # bench/expert_reports.py: pruning, upcycling
 from suite_report import loss_cell  # bench/suite_report.py: the loss column, as the suite prints it
 
@@ -75,6 +76,8 @@ def kind(data: dict) -> str:
     return "bias"
   if "warm_over_cold" in data:
     return "cache"
+  if "peak_rss_bytes" in data:
+    return "import"
   raise ValueError(f"unknown result file with keys {sorted(data)}")
 
 
@@ -268,7 +271,8 @@ def compile_tables(files) -> list[str]:
 
 def render(results: pathlib.Path = RESULTS) -> str:
   files = load(results)
-  kinds = ("suite", "profile", "scores", "routers", "study", "bias", "cache", "compile", "pruning", "upcycling")
+  kinds = ("suite", "profile", "scores", "routers", "study", "bias", "cache", "compile", "pruning", "upcycling",
+           "import")
   by_kind = {k: [f for f in files if kind(f[1]) == k] for k in kinds}
   suite = by_kind["suite"]
   lines = [HEADER] + training_tables(suite) + moe_tables(suite) + decoding_table(suite)
@@ -277,6 +281,7 @@ def render(results: pathlib.Path = RESULTS) -> str:
   lines += upcycling_tables(by_kind["upcycling"], provenance, table)
   lines += router_table(by_kind["routers"]) + study_tables(by_kind["study"])
   lines += bias_tables(by_kind["bias"]) + cache_table(by_kind["cache"]) + compile_tables(by_kind["compile"])
+  lines += hf_reports.import_tables(by_kind["import"], provenance, table)
   return "\n".join(lines).rstrip() + "\n"
 
 

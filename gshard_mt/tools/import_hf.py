@@ -14,6 +14,7 @@ from their memory maps (no torch), each leaf sent to its devices when complete.
 from __future__ import annotations
 
 import json
+import resource
 import shutil
 import time
 
@@ -89,12 +90,19 @@ def main(argv):
   tokenizer = tokenizer_files.load(workdir / TOKENIZER)
   setup = build(config, tokenizer.vocab_size)
   state = convert.import_state(setup, checkpoint.tensors(), hf["model_type"], config.seed)
+  reading = peak_memory()
   config_lib.save(config, workdir)
   with checkpoint_lib.Checkpoints(workdir / checkpoint_lib.FOLDER, async_save=False) as ckpts:
     ckpts.save(0, state, {"seed": config.data.seed, "next_index": 0}, force=True)
   count = sum(x.size for x in jax.tree.leaves(state.params))
   print(f"wrote {workdir}: {hf['model_type']} with {count:,} parameters ({len(checkpoint.names())} tensors) at step "
-        f"0, its tokenizer in {workdir / TOKENIZER}, in {time.perf_counter() - start:.1f} s")
+        f"0, its tokenizer in {workdir / TOKENIZER}, in {time.perf_counter() - start:.1f} s; peak memory "
+        f"{reading / 2**30:.2f} GiB reading it, {peak_memory() / 2**30:.2f} GiB saving it")
+
+
+def peak_memory() -> int:
+  """This process's peak resident memory in bytes (Linux's getrusage counts KiB)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 if __name__ == "__main__":
