@@ -18,6 +18,7 @@ import pathlib
 import sys
 
 from expert_reports import pruning_tables, upcycling_tables  # bench/expert_reports.py: pruning, upcycling
+from hf_reports import hf_decode_tables  # bench/hf_reports.py: ours against transformers' generate
 from suite_report import loss_cell  # bench/suite_report.py: the loss column, as the suite prints it
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -75,6 +76,8 @@ def kind(data: dict) -> str:
     return "bias"
   if "warm_over_cold" in data:
     return "cache"
+  if "hf" in data and "beams" in data:
+    return "hf_decode"
   raise ValueError(f"unknown result file with keys {sorted(data)}")
 
 
@@ -268,7 +271,8 @@ def compile_tables(files) -> list[str]:
 
 def render(results: pathlib.Path = RESULTS) -> str:
   files = load(results)
-  kinds = ("suite", "profile", "scores", "routers", "study", "bias", "cache", "compile", "pruning", "upcycling")
+  kinds = ("suite", "profile", "scores", "routers", "study", "bias", "cache", "compile", "pruning", "upcycling",
+           "hf_decode")
   by_kind = {k: [f for f in files if kind(f[1]) == k] for k in kinds}
   suite = by_kind["suite"]
   lines = [HEADER] + training_tables(suite) + moe_tables(suite) + decoding_table(suite)
@@ -277,6 +281,7 @@ def render(results: pathlib.Path = RESULTS) -> str:
   lines += upcycling_tables(by_kind["upcycling"], provenance, table)
   lines += router_table(by_kind["routers"]) + study_tables(by_kind["study"])
   lines += bias_tables(by_kind["bias"]) + cache_table(by_kind["cache"]) + compile_tables(by_kind["compile"])
+  lines += hf_decode_tables(by_kind["hf_decode"], provenance, table)
   return "\n".join(lines).rstrip() + "\n"
 
 
