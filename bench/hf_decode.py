@@ -8,8 +8,9 @@ Two processes, one after the other (each model copy is GBs): bench/hf_decode_hf.
 (its docstring says how to make it) builds the model (600m: NLLB-200-distilled-600M's shape; moe: NLLB-MoE's
 layout, every 4th layer sparse, 8 experts, at the same width), save_pretrained's it, tokenizes, times generate()
 and saves the ids and outputs; then `python -m gshard_mt.tools.import_hf` makes a work directory from the
-checkpoint and this process decodes the same ids with decode.Translator. Each side: one warm-up run (ours: the
-compile, reported as the first call's seconds less the median run), then --repeats timed runs, median reported.
+checkpoint and this process decodes the same ids with decode.Translator. Each side: one warm-up run (theirs: 4
+new tokens; ours: the whole call, compiling, reported as the first call's seconds less the median run), then
+--repeats timed runs, median reported.
 Greedy outputs must be the same token ids; beam outputs may differ (our length penalty is GNMT's alpha=0.6,
 transformers' length_penalty=1.0 with early_stopping False), and the rows that agree are counted. Prints a table
 and writes bench/results/hf_decode/<date>-<device>-<model>.json (or --out): date, device, versions, commands, every
