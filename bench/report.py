@@ -78,6 +78,8 @@ def kind(data: dict) -> str:
     return "cache"
   if "peak_rss_bytes" in data:
     return "import"
+  if "hf" in data and "beams" in data:
+    return "hf_decode"
   raise ValueError(f"unknown result file with keys {sorted(data)}")
 
 
@@ -272,7 +274,7 @@ def compile_tables(files) -> list[str]:
 def render(results: pathlib.Path = RESULTS) -> str:
   files = load(results)
   kinds = ("suite", "profile", "scores", "routers", "study", "bias", "cache", "compile", "pruning", "upcycling",
-           "import")
+           "import", "hf_decode")
   by_kind = {k: [f for f in files if kind(f[1]) == k] for k in kinds}
   suite = by_kind["suite"]
   lines = [HEADER] + training_tables(suite) + moe_tables(suite) + decoding_table(suite)
@@ -282,6 +284,7 @@ def render(results: pathlib.Path = RESULTS) -> str:
   lines += router_table(by_kind["routers"]) + study_tables(by_kind["study"])
   lines += bias_tables(by_kind["bias"]) + cache_table(by_kind["cache"]) + compile_tables(by_kind["compile"])
   lines += hf_reports.import_tables(by_kind["import"], provenance, table)
+  lines += hf_reports.hf_decode_tables(by_kind["hf_decode"], provenance, table)
   return "\n".join(lines).rstrip() + "\n"
 
 
