@@ -216,7 +216,7 @@ def test_a_corpus_prepared_with_a_given_tokenizer_and_a_run_started_from_it(tmp_
   given = ROOT / "tests" / "fixtures" / "hf" / "tokenizer"
   config = config_lib.replace(write_folder(tmp_path / "corpus", n=40), {"data.tokenizer": str(given),
                                                                          "data.source_tags": False})
-  config = init_from.with_tokenizer(config)
+  config = init_from.resolved(config)
   nllb_tok = tokenizer_files.load(given)
   assert config.data.vocab_size == nllb_tok.vocab_size == 504
   source = tmp_path / "source"
@@ -242,13 +242,13 @@ def test_a_corpus_prepared_with_a_given_tokenizer_and_a_run_started_from_it(tmp_
   assert prepare_lib.key(config_lib.replace(config, {"data.tokenizer": str(changed)}).data)[0] != directory.name
   # a run started from it, on another corpus
   other = config_lib.replace(write_folder(tmp_path / "other", ("spa",), 40), {"init_from": str(source)})
-  resolved = init_from.with_tokenizer(other)
-  assert resolved.data.tokenizer == str(directory) and resolved.data.vocab_size == 504
+  resolved = init_from.resolved(other)
+  assert resolved.data.tokenizer == str(given) and resolved.data.vocab_size == 504  # the one the source was given
   prepared = prepare_lib.ensure(resolved.data, tmp_path / "fine-tuned")
   assert tokenizer_files.digest(prepared) == tokenizer_files.digest(given)
   with pytest.raises(DataError, match=f"^data.tokenizer={tmp_path / 'gone'}: not found$"):
-    init_from.with_tokenizer(config_lib.replace(other, {"data.tokenizer": str(tmp_path / "gone")}))
-  untrained = tmp_path / "untrained"  # a run's config, no corpus prepared yet
-  config_lib.save(config, untrained)
+    init_from.resolved(config_lib.replace(other, {"data.tokenizer": str(tmp_path / "gone")}))
+  untrained = tmp_path / "untrained"  # a run's config with a tokenizer of its own to train, no corpus prepared yet
+  config_lib.save(config_lib.replace(config, {"data.tokenizer": ""}), untrained)
   with pytest.raises(WorkdirError, match=f"^init_from={untrained}: no prepared.json, so no tokenizer"):
-    init_from.with_tokenizer(config_lib.replace(other, {"init_from": str(untrained)}))
+    init_from.resolved(config_lib.replace(other, {"init_from": str(untrained)}))
