@@ -15,9 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
+from gshard_mt import config as config_lib
+from gshard_mt.data import prepare as prepare_lib
+from gshard_mt.data import tokenizer_files
 from gshard_mt.errors import WorkdirError
 from gshard_mt.hf import names
-from gshard_mt.training.setup import Setup
+from gshard_mt.training import validate
+from gshard_mt.training.setup import Setup, build, state_rng
 from gshard_mt.training.step import TrainState
 
 
@@ -60,9 +64,15 @@ def import_state(setup: Setup, tensors: Iterable[tuple[str, np.ndarray]], kind: 
   params = read_params(tensors, setup.abstract_state.params, kind, cfg.unit_size, cfg.scan_layers, cfg.tied_logits,
                        lambda path, host: jax.device_put(host, param_shardings[path]))
   opt_state = jax.jit(setup.tx.init, out_shardings=setup.state_shardings.opt_state)(params)
-  key = jax.random.key(seed)
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state,
-                    rng=jax.random.key_data(jax.random.fold_in(key, 1)))
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state, rng=state_rng(seed))
+
+
+def run_setup(workdir) -> tuple:
+  """(config, tokenizer, setup) of a run, without reading its corpus (evaluate.restore reads it): the tokenizer
+  is data.tokenizer, else its prepared corpus's. `evaluate.restore_state` then restores a checkpoint into it."""
+  config = config_lib.load_saved(workdir, validate.check)
+  tokenizer = tokenizer_files.load(config.data.tokenizer or prepare_lib.for_run(config.data, workdir))
+  return config, tokenizer, build(config, tokenizer)
 
 
 def export_tensors(cfg, params: dict) -> Iterable[tuple[str, np.ndarray]]:

@@ -13,18 +13,13 @@ routes over the whole batch, this model in groups of moe.group_size tokens.
 from __future__ import annotations
 
 import json
-import shutil
 
 from gshard_mt import cli, io
-from gshard_mt import config as config_lib
-from gshard_mt.data import nllb, tokenizer_files
-from gshard_mt.data import prepare as prepare_lib
+from gshard_mt.data import tokenizer_files
 from gshard_mt.data.nllb import NllbTokenizer
 from gshard_mt.errors import WorkdirError
 from gshard_mt.evaluation import evaluate
 from gshard_mt.hf import configs, convert, safetensors
-from gshard_mt.training import validate
-from gshard_mt.training.setup import build
 
 
 def main(argv):
@@ -35,15 +30,13 @@ def main(argv):
   parser.add_argument("--max_shard_gb", type=float, default=5.0, help="larger checkpoints are written in shards")
   args = parser.parse_args(argv)
   out = io.path(args.out)
-  config = config_lib.load_saved(args.workdir, validate.check)
+  config, tokenizer, setup = convert.run_setup(args.workdir)
   if out.exists() and any(out.iterdir()):
     raise WorkdirError(f"--out {out}: not empty; export into a new directory")
-  tokenizer = tokenizer_files.load(config.data.tokenizer or prepare_lib.for_run(config.data, args.workdir))
-  setup = build(config, tokenizer)
-  step, state = evaluate.restore_state(io.path(args.workdir), setup.abstract_target(), args.step)
   ids = tokenizer.ids
   bos = 0 if isinstance(tokenizer, NllbTokenizer) else ids.start  # NLLB's <s>; ours has none
   hf = configs.hf_config(config, setup.model_cfg.vocab_size, ids, bos, 2 * config.data.max_length)
+  step, state = evaluate.restore_state(io.path(args.workdir), setup.abstract_target(), args.step)  # refusals first
   out.mkdir(parents=True, exist_ok=True)
   files = safetensors.write(out, convert.export_tensors(setup.model_cfg, state.params), {"format": "pt"},
                             max_shard_bytes=int(args.max_shard_gb * 2**30))
@@ -52,8 +45,7 @@ def main(argv):
                 "decoder_start_token_id": ids.start, "max_length": 200}
   io.write_atomically(out / "generation_config.json", json.dumps(generation, indent=2))
   if isinstance(tokenizer, NllbTokenizer):
-    for name in nllb.FILES:
-      shutil.copyfile(tokenizer.path / name, out / name)
+    tokenizer_files.copy_into(tokenizer.path, out)
     note = "with its NLLB tokenizer"
   else:
     note = "without a tokenizer (transformers has no class for this run's own SentencePiece vocabulary)"

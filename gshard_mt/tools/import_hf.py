@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import resource
-import shutil
 import time
 
 import jax
@@ -83,12 +82,11 @@ def main(argv):
   staged = workdir / f"{TOKENIZER}.tmp"
   io.remove_tree(staged)
   staged.mkdir(parents=True)
-  for name in nllb.FILES:
-    shutil.copyfile(source / name, staged / name)
+  tokenizer_files.copy_into(source, staged)
   io.remove_tree(workdir / TOKENIZER)
   staged.rename(workdir / TOKENIZER)
   tokenizer = tokenizer_files.load(workdir / TOKENIZER)
-  setup = build(config, tokenizer.vocab_size)
+  setup = build(config, tokenizer)
   state = convert.import_state(setup, checkpoint.tensors(), hf["model_type"], config.seed)
   reading = peak_memory()
   config_lib.save(config, workdir)

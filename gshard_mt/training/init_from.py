@@ -161,18 +161,19 @@ def resolved(config):
 
 
 def source_keys(config) -> dict:
-  """{key: the source run's value} of the model and moe keys this config leaves at their defaults."""
+  """{key: the source run's value} of the model and moe keys this config leaves at their defaults (a saved config
+  has every key: load_saved gives a key added since the source ran its default)."""
   source = config_lib.load_saved(config.init_from, validate.check)
   mine, theirs, default = (config_lib.flatten(config_lib.to_dict(c)) for c in (config, source, type(config)()))
   upcycle = not source.model.moe_interval and config.model.moe_interval
   keys = [k for k in mine if k.split(".")[0] in ("model", "moe")
           and not (upcycle and (k.startswith("moe.") or k == "model.moe_interval"))]
-  clash = [k for k in keys if k in PARAMETER_KEYS and mine[k] != default[k] and mine[k] != theirs.get(k, default[k])]
+  clash = [k for k in keys if k in PARAMETER_KEYS and mine[k] != default[k] and mine[k] != theirs[k]]
   if clash:
     raise ConfigError(f"init_from={config.init_from}: " + ", ".join(
-        f"{k}={mine[k]!r} here, {theirs.get(k, default[k])!r} there" for k in clash) + ": these change the "
+        f"{k}={mine[k]!r} here, {theirs[k]!r} there" for k in clash) + ": these change the "
         "parameters' shapes; leave them at their defaults to take the source run's")
-  return {k: theirs[k] for k in keys if mine[k] == default[k] and k in theirs and theirs[k] != mine[k]}
+  return {k: theirs[k] for k in keys if mine[k] == default[k] != theirs[k]}
 
 
 def source_params(config, workdir, setup: Setup) -> tuple[dict, str]:

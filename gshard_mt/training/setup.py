@@ -53,13 +53,17 @@ class Setup:
     return checkpoint_lib.abstract_with_shardings(self.abstract_state, self.state_shardings)
 
 
+def state_rng(seed: int) -> jax.Array:
+  """The train state's rng (raw key data) of a run with `seed`, however its parameters were made."""
+  return jax.random.key_data(jax.random.fold_in(jax.random.key(seed), 1))
+
+
 def _init_state(model_cfg, tx, seed, boxed=False):
   """The initial state; boxed=True keeps the parameters' logical axes (and leaves out the optimizer state)."""
-  key = jax.random.key(seed)
-  variables = Transformer(model_cfg).init({"params": key}, dummy_batch(1, 8))
+  variables = Transformer(model_cfg).init({"params": jax.random.key(seed)}, dummy_batch(1, 8))
   params = variables["params"] if boxed else nn.unbox(variables["params"])
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=None if boxed else tx.init(params),
-                    rng=jax.random.key_data(jax.random.fold_in(key, 1)))
+                    rng=state_rng(seed))
 
 
 def build(config, vocab: int | Tokenizer, devices=None) -> Setup:

@@ -10,12 +10,11 @@ import numpy as np
 import pytest
 
 from gshard_mt import config as config_lib
-from gshard_mt.data import tokenizer_files
 from gshard_mt.errors import ConfigError
 from gshard_mt.evaluation import evaluate
+from gshard_mt.hf import convert
 from gshard_mt.tools import import_hf
 from gshard_mt.training import init_from, loop
-from gshard_mt.training.setup import build
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "nllb_moe"
 DATA = {"data.source": "tsv", "data.max_length": "24", "batch_size": "8",
@@ -43,7 +42,7 @@ def test_finetuning_takes_the_source_model_and_tokenizer_and_trains(runs):
   saved, source = (config_lib.load_saved(root / name) for name in ("ft", "nllb"))
   assert saved.model == source.model and saved.moe.num_experts == 4 and saved.moe.expert_dropout == 0.2
   assert saved.data.tokenizer == source.data.tokenizer and saved.data.source == "tsv"
-  abstract = build(saved, tokenizer_files.load(saved.data.tokenizer)).abstract_target()
+  abstract = convert.run_setup(root / "ft")[2].abstract_target()
   start, imported = (evaluate.restore_state(root / name, abstract, 0)[1] for name in ("ft", "nllb"))
   for a, b in zip(jax.tree.leaves(start.params), jax.tree.leaves(imported.params)):  # step 0: the imported model
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -12,15 +12,12 @@ import pytest
 from flax import traverse_util
 
 from gshard_mt import config as config_lib
-from gshard_mt.data import tokenizer_files
 from gshard_mt.errors import UserError
 from gshard_mt.evaluation import evaluate
-from gshard_mt.hf import configs, safetensors
+from gshard_mt.hf import configs, convert, safetensors
 from gshard_mt.model import decode
 from gshard_mt.model.transformer import Transformer
 from gshard_mt.tools import export_hf, import_hf
-from gshard_mt.training import validate
-from gshard_mt.training.setup import build
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 KINDS = ("m2m100", "nllb_moe")
@@ -35,9 +32,7 @@ def imported(request, tmp_path_factory):
 
 
 def restored(workdir):
-  config = config_lib.load_saved(workdir, validate.check)
-  tokenizer = tokenizer_files.load(config.data.tokenizer)
-  setup = build(config, tokenizer)
+  config, tokenizer, setup = convert.run_setup(workdir)
   return config, tokenizer, setup, evaluate.restore_state(workdir, setup.abstract_target(), None)[1].params
 
 
