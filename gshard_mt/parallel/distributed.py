@@ -8,6 +8,7 @@ import pickle
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
@@ -24,15 +25,27 @@ def initialize_distributed(config) -> bool:
   d = config.distributed
   if d.auto:
     jax.distributed.initialize()
-    return True
-  if d.num_processes > 1:
+  elif d.num_processes > 1:
     if not d.coordinator_address:
       raise ConfigError("distributed.num_processes > 1 needs distributed.coordinator_address "
                       "(host:port of process 0)")
     jax.distributed.initialize(coordinator_address=d.coordinator_address, num_processes=d.num_processes,
                                process_id=d.process_id)
-    return True
-  return False
+  else:
+    return False
+  connect_cpu_collectives()
+  return True
+
+
+def connect_cpu_collectives():
+  """On CPU, one reduction over every device while the processes are together after their start: Gloo gives a
+  group of devices 30 s to connect at its first collective, and a process that compiles the first step that much
+  later than another (a loaded machine) would fail it; a group once connected waits as long as it must."""
+  if jax.default_backend() != "cpu":
+    return
+  sharding = jax.NamedSharding(jax.sharding.Mesh(np.array(jax.devices()), ("devices",)), jax.P("devices"))
+  ones = jax.make_array_from_process_local_data(sharding, np.ones(jax.local_device_count(), np.int32))
+  jax.block_until_ready(jax.jit(jnp.sum)(ones))
 
 
 def rows_by_process(indices: dict, rows: int, process_of: Callable = lambda device: device.process_index) -> dict:

@@ -91,6 +91,34 @@ def test_two_processes_match_one(tmp_path, tokenizer_dir, data, one_process, mes
     assert abs(a / b - 1) < GRAD_TOLERANCE
 
 
+LATE_PROCESS = """
+import sys, time
+import jax, jax.numpy as jnp, numpy as np
+from gshard_mt.parallel import distributed
+from tests.helpers import small_config
+port, process_id = sys.argv[1:]
+distributed.initialize_distributed(small_config(**{"distributed.coordinator_address": f"localhost:{port}",
+                                                   "distributed.num_processes": 2,
+                                                   "distributed.process_id": int(process_id)}))
+sharding = jax.NamedSharding(jax.sharding.Mesh(np.array(jax.devices()), ("d",)), jax.P("d"))
+if process_id == "1":
+  time.sleep(40)  # a first step compiled 40 s later than the other process's
+x = jax.make_array_from_process_local_data(sharding, np.ones(4, np.float32))
+print("total", float(jax.jit(lambda a: (a * 2).sum())(x)))
+"""
+
+
+def test_a_process_late_to_its_first_collective_over_every_device_is_waited_for():
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  workers = [subprocess.Popen([sys.executable, "-c", LATE_PROCESS, str(port), str(i)], cwd=ROOT,
+                              env=dict(ENV, JAX_NUM_CPU_DEVICES="4"), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  for out in finish(workers):
+    assert "total 16.0" in out, out[-2000:]
+
+
 def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path, tokenizer_dir):
   shutil.copytree(tokenizer_dir, tmp_path / "tokenizer")
   workers = start_two_processes(tmp_path, num_train_steps=100000, checkpoint_every=100000)
