@@ -8,6 +8,7 @@ with depth). Packed rows: segment ids (attention within a pair) and per-pair pos
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, ClassVar
 
 import flax.linen as nn
@@ -27,6 +28,8 @@ from gshard_mt.moe.layer import ROUTING, MoeFeedForward
 from gshard_mt.ops import Ops
 from gshard_mt.parallel.einsum import weight_einsum
 from gshard_mt.registry import Registry
+
+log = logging.getLogger(__name__)
 
 BLM = ("batch", "length", "embed")
 # Embedding schemes: (initial std, input multiplier, tied-logits multiplier), each as a power of M. Both real
@@ -72,8 +75,11 @@ class TransformerConfig(ModelConfig):
   @classmethod
   def from_config(cls, config, vocab_size: int, platform: str | None = None) -> TransformerConfig:
     """From a config's `model` and `moe` sections, each `auto` option resolved for `platform` (the devices'
-    `jax.Device.platform`; None: JAX's default backend) by `platforms.resolve`."""
-    config, _ = platforms.resolve(config, platform or jax.default_backend())
+    `jax.Device.platform`; None: JAX's default backend) by `platforms.resolve` (what each became is logged)."""
+    platform = platform or jax.default_backend()
+    config, chosen = platforms.resolve(config, platform)
+    if chosen:
+      log.info("auto options on %s: %s", platform, ", ".join(f"{k}={v}" for k, v in chosen.items()))
     model = dataclasses.asdict(config.model)
     model |= {key: jnp.dtype(model[key]) for key in ("dtype", "residual_dtype")}
     if model["vocab_size"] and model["vocab_size"] < vocab_size:

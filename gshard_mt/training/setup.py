@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
-from gshard_mt.config import platforms
 from gshard_mt.data.tokenizer import Tokenizer
 from gshard_mt.kernels import seam
 from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch
@@ -22,8 +20,6 @@ from gshard_mt.parallel import shardings
 from gshard_mt.training import checkpoint as checkpoint_lib
 from gshard_mt.training.optimizer import make_optimizer
 from gshard_mt.training.step import TrainState, train_step
-
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -72,8 +68,6 @@ def build(config, vocab: int | Tokenizer, devices=None) -> Setup:
   and start id), or a vocabulary size alone (start id 0: shapes, benchmarks)."""
   mesh = mesh_lib.make_mesh(config, devices)
   device = mesh.devices.flat[0]
-  if chosen := platforms.resolve(config, device.platform)[1]:
-    log.info("auto options on %s: %s", device.platform, ", ".join(f"{k}={v}" for k, v in chosen.items()))
   vocab_size, start = (vocab, 0) if isinstance(vocab, int) else (vocab.vocab_size, vocab.ids.start)
   model_cfg = TransformerConfig.from_config(config, vocab_size, device.platform)
   model_cfg = dataclasses.replace(model_cfg, start_id=start, ops=seam.pick(config, model_cfg, device))
