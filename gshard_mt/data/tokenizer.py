@@ -191,6 +191,9 @@ def seconds_to_train(sentences: int) -> float:
   return max(1.0, sentences / (SENTENCES_PER_CORE_S * (os.cpu_count() or 1)))
 
 
+POLL_S = 0.2  # how often train_apart looks for a Ctrl-C while the tokenizer trains
+
+
 def train_apart(sentences: Callable[[], Iterator[str]], count: int, vocab_size: int, *args) -> bytes:
   """`train(sentences(), vocab_size, *args)` in a process of its own (spawned: the caller may be a threaded JAX
   program), so that Ctrl-C stops it at once: SentencePiece's trainer is native code that sees no signal until it
@@ -200,7 +203,12 @@ def train_apart(sentences: Callable[[], Iterator[str]], count: int, vocab_size: 
            "it)", vocab_size, count, seconds_to_train(count))
   context = multiprocessing.get_context("spawn")
   with context.Pool(1, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:
-    return pool.apply(_train_from, (sentences, vocab_size, *args))
+    result = pool.apply_async(_train_from, (sentences, vocab_size, *args))
+    # Short waits, not one long one: Ctrl-C handled by another thread of this process does not end a blocked
+    # wait of the main thread, which sees it only between waits.
+    while not result.ready():
+      result.wait(POLL_S)
+    return result.get()
 
 
 def _train_from(sentences: Callable[[], Iterator[str]], *args) -> bytes:
