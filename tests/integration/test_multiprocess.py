@@ -45,10 +45,14 @@ def first_moment(workdir, vocab_size):
   return jax.device_get(multidevice_worker.first_moment(state.opt_state))
 
 
-def start_two_processes(workdir, **extra) -> list[subprocess.Popen]:
+def free_port() -> int:
   with socket.socket() as s:
     s.bind(("localhost", 0))
-    port = s.getsockname()[1]
+    return s.getsockname()[1]
+
+
+def start_two_processes(workdir, **extra) -> list[subprocess.Popen]:
+  port = free_port()
   return [subprocess.Popen(command(workdir, **{"distributed.coordinator_address": f"localhost:{port}",
                                                "distributed.num_processes": 2, "distributed.process_id": i},
                                    **extra),
@@ -109,9 +113,7 @@ print("total", float(jax.jit(lambda a: (a * 2).sum())(x)))
 
 
 def test_a_process_late_to_its_first_collective_over_every_device_is_waited_for():
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    port = s.getsockname()[1]
+  port = free_port()
   workers = [subprocess.Popen([sys.executable, "-c", LATE_PROCESS, str(port), str(i)], cwd=ROOT,
                               env=dict(ENV, JAX_NUM_CPU_DEVICES="4"), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for i in range(2)]
