@@ -18,6 +18,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from io import BytesIO
 
@@ -199,16 +200,26 @@ def train_apart(sentences: Callable[[], Iterator[str]], count: int, vocab_size: 
   program), so that Ctrl-C stops it at once: SentencePiece's trainer is native code that sees no signal until it
   ends. The child ignores Ctrl-C and is killed when this process is interrupted; `sentences` (picklable) makes its
   `count` sentences there. It says first what it does and about how long it takes."""
-  log.info("data: training the tokenizer (SentencePiece, %d pieces, %d sentences: about %.0f s here; Ctrl-C stops "
-           "it)", vocab_size, count, seconds_to_train(count))
-  context = multiprocessing.get_context("spawn")
-  with context.Pool(1, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:
-    result = pool.apply_async(_train_from, (sentences, vocab_size, *args))
-    # Short waits, not one long one: Ctrl-C handled by another thread of this process does not end a blocked
-    # wait of the main thread, which sees it only between waits.
-    while not result.ready():
-      result.wait(POLL_S)
-    return result.get()
+  # Ctrl-C only marks an Event, which the short waits below read: a KeyboardInterrupt raised by the default
+  # handler inside the pool's start or a wait could be lost there (seen under load), a mark cannot.
+  interrupted = threading.Event()
+  main = threading.current_thread() is threading.main_thread()  # where Python runs signal handlers
+  previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set()) if main else None
+  try:
+    log.info("data: training the tokenizer (SentencePiece, %d pieces, %d sentences: about %.0f s here; Ctrl-C "
+             "stops it)", vocab_size, count, seconds_to_train(count))
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(1, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:
+      result = pool.apply_async(_train_from, (sentences, vocab_size, *args))
+      while not result.ready() and not interrupted.is_set():
+        result.wait(POLL_S)
+      model = None if interrupted.is_set() else result.get()
+    if interrupted.is_set():  # during the training or the pool's closing
+      raise KeyboardInterrupt
+    return model
+  finally:
+    if main:
+      signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
 
 
 def _train_from(sentences: Callable[[], Iterator[str]], *args) -> bytes:
