@@ -211,12 +211,11 @@ def train_apart(sentences: Callable[[], Iterator[str]], count: int, vocab_size: 
     context = multiprocessing.get_context("spawn")
     with context.Pool(1, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:
       result = pool.apply_async(_train_from, (sentences, vocab_size, *args))
-      while not result.ready() and not interrupted.is_set():
+      while not (result.ready() or interrupted.is_set()):
         result.wait(POLL_S)
-      model = None if interrupted.is_set() else result.get()
     if interrupted.is_set():  # during the training or the pool's closing
       raise KeyboardInterrupt
-    return model
+    return result.get()  # ready: kept once the pool has closed
   finally:
     if main:
       signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
