@@ -168,9 +168,9 @@ def main(argv):
   if args.one:
     print(json.dumps(one(json.loads(args.one))), flush=True)
     return
-  from gshard_mt import config as config_lib
+  from gshard_mt import config_files
 
-  head_dim = config_lib.load(args.config, {}).model.head_dim
+  head_dim = config_files.load(args.config, {}).model.head_dim
   widths = [int(w) for w in args.widths.split(",")]
   layouts = dict(parse_layout(text) for text in (args.layout or DEFAULT_LAYOUTS))
   env = environment()

@@ -67,7 +67,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from gshard_mt import cli, io, xla_flags  # noqa: E402
+from gshard_mt import (  # noqa: E402
+  cli,
+  config_files,  # noqa: E402
+  io,
+  xla_flags,
+)
 from gshard_mt import config as config_lib  # noqa: E402
 from gshard_mt.config import platforms  # noqa: E402
 from gshard_mt.config.moe import MoeConfig  # noqa: E402
@@ -184,7 +189,7 @@ class Prepared:
 
 def prepare(name: str, variant: str, *, small: bool, workdir: pathlib.Path) -> Prepared:
   overrides = (SMALL if small else {}) | VARIANTS[variant]
-  config = config_lib.load(CONFIGS[name], overrides)
+  config = config_files.load(CONFIGS[name], overrides)
   mesh_lib.check(config, jax.device_count())
   data = pipeline.load(config, workdir)
   setup = build(config, data.tokenizer.vocab_size)

@@ -27,12 +27,12 @@ GIB = 2**30
 def dry_run(model: str, out: pathlib.Path, step_time: bool, points: dict) -> dict:
   """The report of configs/moe_<model>.py on its v3 topology; `points` as in tpu.estimates.step_cost.step_time,
   shared by the models of one expert count and batch."""
-  from gshard_mt import config as config_lib
+  from gshard_mt import config_files
   from gshard_mt.tools import dryrun
 
   path = out / model / "dryrun.json"
   config_path = ROOT / "configs" / f"moe_{model}.py"
-  config = config_lib.load_file(config_path)
+  config = config_files.load_file(config_path)
   shared = points.setdefault((config.moe.num_experts, config.batch_size), {})
   if path.exists():
     report = json.loads(path.read_text())

@@ -41,7 +41,12 @@ sys.path.insert(0, str(ROOT))
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 
-from gshard_mt import cli, io, xla_flags  # noqa: E402
+from gshard_mt import (  # noqa: E402
+  cli,
+  config_files,  # noqa: E402
+  io,
+  xla_flags,
+)
 from gshard_mt import config as config_lib  # noqa: E402
 from gshard_mt.data import pipeline  # noqa: E402
 from gshard_mt.errors import UserError  # noqa: E402
@@ -225,7 +230,7 @@ def main(argv):
     gpu_suite.small_backend()
   else:
     xla_flags.add(NO_COMMAND_BUFFERS)
-  config = config_lib.load(parsed.config, {**(gpu_suite.SMALL if parsed.small else {}), **overrides})
+  config = config_files.load(parsed.config, {**(gpu_suite.SMALL if parsed.small else {}), **overrides})
   gpu_suite.mesh_lib.check(config, jax.device_count())
   with tempfile.TemporaryDirectory() as workdir:
     data = pipeline.load(config, pathlib.Path(workdir))

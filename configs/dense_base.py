@@ -8,7 +8,7 @@ base.py alternates dense FFNs of hidden 2048 with MoE layers whose tokens each p
 
 import pathlib
 
-from gshard_mt.config import load_file
+from gshard_mt.config_files import load_file
 
 
 def get_config():

@@ -11,7 +11,7 @@ Dry run: see docs/scaling.md.
 
 import pathlib
 
-from gshard_mt.config import load_module
+from gshard_mt.config_files import load_module
 
 
 def get_config():

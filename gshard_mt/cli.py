@@ -11,7 +11,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from gshard_mt import compilation_cache, hints, io, xla_flags
+from gshard_mt import compilation_cache, config_files, hints, io, xla_flags
 from gshard_mt import config as config_lib
 from gshard_mt.errors import UserError
 from gshard_mt.training import validate
@@ -55,7 +55,7 @@ def parse_with_overrides(p: argparse.ArgumentParser, argv: list[str]):
   """(args, config): the parsed arguments, and the config file loaded with the `--config.key=value` overrides."""
   rest, overrides = config_lib.split_overrides(argv)
   args = p.parse_args(rest)
-  return args, validate.check(config_lib.load(args.config, overrides))
+  return args, validate.check(config_files.load(args.config, overrides))
 
 
 def run(main: Callable[[list[str]], object], argv: list[str] | None = None, prog: str | None = None,

@@ -3,15 +3,9 @@
 
 import difflib
 
+from gshard_mt.config.errors import ConfigError, UserError, article  # noqa: F401 - the root, in the leaf
+
 LISTED_WHOLE = 12  # known names a message lists; of more it gives the number and the command that lists them
-
-
-class UserError(ValueError):
-  """Bad input: a config, a corpus, a work directory or a command-line argument."""
-
-
-class ConfigError(UserError):
-  """A config key has a bad or impossible value; the message names the key."""
 
 
 class DataError(UserError):
@@ -30,11 +24,6 @@ def one_line(error: BaseException) -> str:
 def counted(n: int, singular: str, plural: str | None = None) -> str:
   """'1 process', '2 processes' (plural: singular + 's' unless given)."""
   return f"{n} {singular if n == 1 else plural or singular + 's'}"
-
-
-def article(word: str) -> str:
-  """'an int', 'a float' (by the first letter)."""
-  return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
 
 
 def close_matches(given: list[str], known: list[str]) -> str:

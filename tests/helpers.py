@@ -4,8 +4,7 @@ import os
 import pathlib
 import sys
 
-from gshard_mt import config as config_lib
-from gshard_mt import xla_flags
+from gshard_mt import config_files, xla_flags
 from gshard_mt.training import validate
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -25,7 +24,7 @@ def small_overrides(**overrides) -> dict[str, str]:
 
 def load_checked(path, overrides=None):
   """A config file with its overrides, parsed and validated as the commands read it (`training.validate`)."""
-  return validate.check(config_lib.load(path, overrides))
+  return validate.check(config_files.load(path, overrides))
 
 
 def small_config(**overrides):
@@ -85,5 +84,5 @@ def initialised_run(workdir, tokenizer_dir, **config_json):
   state = build(config, data.tokenizer.vocab_size).init_state(config.seed)
   with checkpoint_lib.Checkpoints(workdir / "checkpoints", async_save=False) as ckpts:
     ckpts.save(1, state, {"seed": 0, "next_index": 0}, force=True)
-  config_lib.save(small_config(**config_json), workdir)
+  config_files.save(small_config(**config_json), workdir)
   return workdir

@@ -9,9 +9,9 @@ does for the MoE-versus-dense study.
 
 import pathlib
 
-from gshard_mt import config as config_lib
+from gshard_mt import config_files
 
-ROUTERS = config_lib.load_module(pathlib.Path(__file__).with_name("routers.py"), "get_sweep")
+ROUTERS = config_files.load_module(pathlib.Path(__file__).with_name("routers.py"), "get_sweep")
 BASE = ROUTERS.BASE
 LONGER = {"num_train_steps": 8000, "eval_every": 500, "checkpoint_every": 1000, "keep_checkpoints": 8}
 

@@ -8,7 +8,7 @@ import math
 import typing
 from typing import Any, ClassVar
 
-from gshard_mt.errors import ConfigError, article
+from gshard_mt.config.errors import ConfigError, article
 
 
 class Section:

@@ -8,7 +8,7 @@ import dataclasses
 from typing import ClassVar
 
 from gshard_mt.config.checks import Section
-from gshard_mt.errors import ConfigError
+from gshard_mt.config.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

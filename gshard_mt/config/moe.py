@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any, ClassVar
 
 from gshard_mt.config.checks import Section, fraction
-from gshard_mt.errors import ConfigError
+from gshard_mt.config.errors import ConfigError
 
 SECOND_EXPERT_POLICIES = ("all", "random")
 

@@ -13,10 +13,10 @@ import typing
 from typing import Any, ClassVar
 
 from gshard_mt.config.checks import Plus, Section, fraction
+from gshard_mt.config.errors import ConfigError
 from gshard_mt.config.layout import DcnMeshConfig, DistributedConfig, MeshConfig
 from gshard_mt.config.moe import MoeConfig
 from gshard_mt.config.platforms import AUTO
-from gshard_mt.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16")
 

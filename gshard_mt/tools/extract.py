@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from gshard_mt import cli, io
+from gshard_mt import cli, config_files, io
 from gshard_mt import config as config_lib
 from gshard_mt.data import prepare as prepare_lib
 from gshard_mt.errors import WorkdirError
@@ -184,7 +184,7 @@ def main(argv):
   languages = [lang.strip() for lang in args.languages.split(",") if lang.strip()]
   suffix = "" if args.keep is None else f"-{args.keep:g}"
   output = io.path(args.output or f"{str(args.workdir).rstrip('/')}-{'-'.join(languages)}{suffix}")
-  config = config_lib.load_saved(args.workdir, validate.check)
+  config = config_files.load_saved(args.workdir, validate.check)
   io.check_writable(output, "output work directory", create=False)  # before the checkpoint and data are read
   if (output / checkpoint_lib.FOLDER).is_dir() and any((output / checkpoint_lib.FOLDER).iterdir()):
     raise WorkdirError(f"{output}: holds checkpoints already (an earlier extraction?); remove it or pass --output")
@@ -195,7 +195,7 @@ def main(argv):
   prepared = str(prepare_lib.root(config.data, args.workdir))  # the same corpus and tokenizer
   config = config_lib.replace(config, {"moe.num_experts": count, "data.prepared_dir": prepared if "://" in prepared
                                        else os.path.abspath(prepared)})
-  config_lib.save(config, output)
+  config_files.save(config, output)
   setup = build(config, run.data.tokenizer)
   params = jax.device_put(params, setup.state_shardings.params)
   state = TrainState(step=jnp.asarray(run.step, jnp.int32), params=params, opt_state=jax.jit(setup.tx.init)(params),

@@ -19,7 +19,7 @@ import time
 
 import jax
 
-from gshard_mt import cli, io
+from gshard_mt import cli, config_files, io
 from gshard_mt import config as config_lib
 from gshard_mt.data import nllb, tokenizer_files
 from gshard_mt.errors import UserError, WorkdirError, one_line
@@ -60,7 +60,7 @@ def imported_config(args, overrides: dict, source: io.epath.Path, workdir: io.ep
     raise WorkdirError(f"{where}: not JSON ({e})") from None
   if not tokenizer_files.is_nllb(source):
     raise WorkdirError(f"{source}: no NLLB tokenizer ({nllb.MODEL} and {nllb.CONFIG})")
-  config = config_lib.replace(config_lib.load(args.config, overrides),
+  config = config_lib.replace(config_files.load(args.config, overrides),
                               configs.overrides(hf, str(where)) | {"data.tokenizer": str(workdir / TOKENIZER)})
   return validate.check(config), hf
 
@@ -89,7 +89,7 @@ def main(argv):
   setup = build(config, tokenizer)
   state = convert.import_state(setup, checkpoint.tensors(), hf["model_type"], config.seed)
   reading = peak_memory()
-  config_lib.save(config, workdir)
+  config_files.save(config, workdir)
   with checkpoint_lib.Checkpoints(workdir / checkpoint_lib.FOLDER, async_save=False) as ckpts:
     ckpts.save(0, state, {"seed": config.data.seed, "next_index": 0}, force=True)
   count = sum(x.size for x in jax.tree.leaves(state.params))

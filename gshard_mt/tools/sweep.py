@@ -29,7 +29,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from gshard_mt import cli, io
+from gshard_mt import cli, config_files, io
 from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError
 from gshard_mt.evaluation import outputs
@@ -49,10 +49,10 @@ def count_params(config, vocab_size: int | None = None) -> int:
 
 def load_sweep(path: pathlib.Path) -> tuple[str, list[dict]]:
   """(the base config file, the points) of a sweep file, each point's overrides checked against the base."""
-  module = config_lib.load_module(path, "get_sweep")
+  module = config_files.load_module(path, "get_sweep")
   if not isinstance(getattr(module, "BASE", None), str):
     raise ConfigError(f"{path} has no BASE, the config file its points change (e.g. BASE = 'configs/tiny.py')")
-  points = config_lib.run_file_code(path, module.get_sweep)
+  points = config_files.run_file_code(path, module.get_sweep)
   names = [p.get("name") for p in points]
   if None in names or len(set(names)) != len(names):
     raise ConfigError(f"{path}: every sweep point needs a unique 'name', got {names}")
@@ -76,14 +76,14 @@ def command(base: str, workdir: epath.Path, point: dict, extra: list[str]) -> li
 
 def planned(base: str, point: dict, extra: list[str]):
   """The point's config as train.py runs it: the base file, the point's keys, then `extra`'s --config overrides."""
-  return validate.check(config_lib.load(ROOT / base, overrides(point) | config_lib.split_overrides(extra)[1]))
+  return validate.check(config_files.load(ROOT / base, overrides(point) | config_lib.split_overrides(extra)[1]))
 
 
 def summarize(workdir: epath.Path, point: dict) -> dict:
   """Parameters, final dev loss, tokens/s and (if its final step is evaluated) average BLEU of one finished
   point."""
   row = {"name": point["name"], **{k: v for k, v in point.items() if k != "name"}}
-  config = config_lib.load_saved(workdir, validate.check)
+  config = config_files.load_saved(workdir, validate.check)
   row["parameters"] = count_params(config)
   metrics = io.read_jsonl(workdir / "metrics.jsonl")
   dev = [m for m in metrics if "dev_loss" in m]

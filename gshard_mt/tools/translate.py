@@ -23,8 +23,7 @@ from typing import BinaryIO, TextIO
 import jax
 import numpy as np
 
-from gshard_mt import config as config_lib
-from gshard_mt import hints, io
+from gshard_mt import config_files, hints, io
 from gshard_mt.data import pipeline
 from gshard_mt.data.corpus import language_of
 from gshard_mt.data.packing import TokenizedSplit
@@ -67,7 +66,7 @@ def quality_note(workdir) -> str | None:
 
 def languages_of(workdir) -> list[str]:
   """The source languages of a work directory's model (translate.py --list_languages), from its prepared corpus."""
-  data = pipeline.load(config_lib.load_saved(workdir), workdir)
+  data = pipeline.load(config_files.load_saved(workdir), workdir)
   return sorted({language_of(stream) for stream in data.tokens["train"].languages})
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from gshard_mt import compilation_cache, io, lock
+from gshard_mt import compilation_cache, config_files, io, lock
 from gshard_mt import config as config_lib
 from gshard_mt.data import pipeline
 from gshard_mt.data import prepare as prepare_lib
@@ -179,7 +179,7 @@ def prepare(config, workdir) -> pipeline.Data:
   mesh_lib.check(config, jax.device_count())
   distributed.check_batch_split(config)
   if jax.process_index() == 0:
-    config_lib.check_same_run(config, workdir, started=any((io.path(workdir) / checkpoint_lib.FOLDER).glob("*")))
+    config_files.check_same_run(config, workdir, started=any((io.path(workdir) / checkpoint_lib.FOLDER).glob("*")))
   prepared = distributed.checked_on_process_0(lambda: prepare_lib.for_run(config.data, workdir, record=True).name)
   return pipeline.load(config, workdir, distributed.broadcast_object(prepared))
 
@@ -199,7 +199,7 @@ def restore_or_init(config, workdir, setup: Setup, ckpts: checkpoint_lib.Checkpo
   else:
     step, state = 0, setup.init_state(config.seed)
   if jax.process_index() == 0 and step < config.num_train_steps:
-    config_lib.save(config, workdir)
+    config_files.save(config, workdir)
   return state
 
 

@@ -66,11 +66,11 @@ def test_malformed_corpus(tmp_path, case, command):
 
 
 def test_work_directory_for_another_model(tmp_path):
-  from gshard_mt import config as config_lib
+  from gshard_mt import config_files
   from tests.helpers import small_config
 
   workdir = tmp_path / "run"
-  config_lib.save(small_config(), workdir)
+  config_files.save(small_config(), workdir)
   (workdir / "checkpoints" / "3").mkdir(parents=True)  # a run that has started: its config.json protects it
   proc = run("train.py", "--config", "configs/tiny.py", "--workdir", str(workdir), "--config.model.emb_dim=64")
   assert_one_line_error(proc, str(workdir / "config.json"), "model.emb_dim")

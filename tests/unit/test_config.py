@@ -6,6 +6,7 @@ import re
 import pytest
 
 from gshard_mt import config as config_lib
+from gshard_mt import config_files
 from gshard_mt.config.sections import Config, ModelConfig
 from gshard_mt.errors import ConfigError
 from gshard_mt.parallel import mesh as mesh_lib
@@ -119,23 +120,23 @@ def test_remat_true_and_false_of_older_runs_are_full_and_none(tmp_path):
   old = json.loads(json.dumps(config_lib.to_dict(small_config())))
   old["model"]["remat"] = False  # as runs before the remat policies saved it
   (tmp_path / "config.json").write_text(json.dumps(old))
-  assert config_lib.load_saved(tmp_path).model.remat == "none"
-  config_lib.save(small_config(**{"model.remat": "dots"}), tmp_path)  # the policy changes no result: resumes
+  assert config_files.load_saved(tmp_path).model.remat == "none"
+  config_files.save(small_config(**{"model.remat": "dots"}), tmp_path)  # the policy changes no result: resumes
   old["model"]["remat"] = True
   (tmp_path / "config.json").write_text(json.dumps(old))
-  assert config_lib.load_saved(tmp_path).model.remat == "full"
+  assert config_files.load_saved(tmp_path).model.remat == "full"
 
 
 def test_saved_config_protects_a_run(tmp_path):
-  config_lib.save(small_config(), tmp_path)
-  config_lib.save(small_config(**{"num_train_steps": 100}), tmp_path)  # training length may change
-  config_lib.save(small_config(**{"model.scan_unroll": 2}), tmp_path)  # the parameters stay as they are
-  config_lib.save(small_config(**{"moe.expert_kernel": "pallas", "moe.eval_capacity_factor": 3.0}), tmp_path)
+  config_files.save(small_config(), tmp_path)
+  config_files.save(small_config(**{"num_train_steps": 100}), tmp_path)  # training length may change
+  config_files.save(small_config(**{"model.scan_unroll": 2}), tmp_path)  # the parameters stay as they are
+  config_files.save(small_config(**{"moe.expert_kernel": "pallas", "moe.eval_capacity_factor": 3.0}), tmp_path)
   with pytest.raises(ConfigError, match="moe.aux_loss_weight: 0.01 -> 0.1"):  # the objective is the run's
-    config_lib.save(small_config(**{"moe.aux_loss_weight": 0.1}), tmp_path)
+    config_files.save(small_config(**{"moe.aux_loss_weight": 0.1}), tmp_path)
   with pytest.raises(ConfigError, match="moe.num_experts: 4 -> 8; to train this config, use a new work directory: "):
-    config_lib.save(small_config(**{"moe.num_experts": 8}), tmp_path)
-  assert config_lib.load_saved(tmp_path).moe.num_experts == 4
+    config_files.save(small_config(**{"moe.num_experts": 8}), tmp_path)
+  assert config_files.load_saved(tmp_path).moe.num_experts == 4
 
 
 def test_a_key_added_since_a_run_started_resumes_at_its_default(tmp_path):
@@ -143,10 +144,10 @@ def test_a_key_added_since_a_run_started_resumes_at_its_default(tmp_path):
   old = json.loads(json.dumps(config_lib.to_dict(small_config())))
   del old["data"]["max_target_length"]
   (tmp_path / "config.json").write_text(json.dumps(old))
-  config_lib.save(small_config(), tmp_path)  # 0, the default: the same run
+  config_files.save(small_config(), tmp_path)  # 0, the default: the same run
   (tmp_path / "config.json").write_text(json.dumps(old))
   with pytest.raises(ConfigError, match="data.max_target_length: 0 -> 16; to train this config, use a new work "):
-    config_lib.save(small_config(**{"data.max_target_length": 16}), tmp_path)
+    config_files.save(small_config(**{"data.max_target_length": 16}), tmp_path)
 
 
 @pytest.mark.parametrize("text, line, error", [
@@ -205,7 +206,7 @@ def test_a_section_given_a_value_and_an_unreadable_config_json_are_one_line(tmp_
     small_config(**{"moe": 3})
   (tmp_path / "config.json").write_text('{"moe": {\n')
   with pytest.raises(ConfigError, match=r"config.json:2: not valid JSON \(.*\); the run's config cannot be read"):
-    config_lib.load_saved(tmp_path)
+    config_files.load_saved(tmp_path)
 
 
 def test_a_bad_value_of_a_run_s_config_json_names_the_file(tmp_path):
@@ -213,7 +214,7 @@ def test_a_bad_value_of_a_run_s_config_json_names_the_file(tmp_path):
   values["moe"]["jitter_noise"] = "x"
   (tmp_path / "config.json").write_text(json.dumps(values))
   with pytest.raises(ConfigError) as raised:
-    config_lib.load_saved(tmp_path)
+    config_files.load_saved(tmp_path)
   assert str(raised.value) == (f"{tmp_path}/config.json: moe.jitter_noise='x': expected a float, got a str (in the "
                                "run's saved config)")
 
@@ -235,4 +236,4 @@ def test_a_config_given_as_a_sweep_says_how_to_train_it(monkeypatch):
   started_as(monkeypatch, ["python", "-m", "gshard_mt.tools.sweep", "--sweep", "configs/multi30k.py"], make=True)
   with pytest.raises(ConfigError, match=re.escape("configs/multi30k.py has no get_sweep: it is a config; train it "
                                                   "with make train CONFIG=configs/multi30k.py WORKDIR=runs/multi30k")):
-    config_lib.load_module("configs/multi30k.py", "get_sweep")
+    config_files.load_module("configs/multi30k.py", "get_sweep")

@@ -6,10 +6,14 @@ import dataclasses
 import re
 import sys
 
+import numpy as np
 import pytest
 
+from gshard_mt import config_files
 from gshard_mt.config.defaults import get_config
 from gshard_mt.config.moe import MoeConfig
+from gshard_mt.moe.routers import ROUTERS
+from gshard_mt.training import validate
 from tests.helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -109,3 +113,19 @@ def test_relative_links_lead_to_files(doc):
 def test_the_router_tables_lead_over_gshard_wherever_the_study_files_it(best, labels, expected):
   verdict = {"best": best, "against": {label: {"beyond_noise": flag} for label, flag in labels.items()}}
   assert report.lead_over_default(verdict) == expected
+
+
+def test_the_readmes_router_registers_and_routes():
+  """The README's example router, run as written: it registers under 'mine', routes each token to its k experts,
+  and the validation accepts `moe.router=mine`."""
+  block = re.search(r"```python\n(import dataclasses\n.*?@ROUTERS.register.*?)```", (ROOT / "README.md").read_text(),
+                    re.S)
+  try:
+    exec(block[1], {})  # noqa: S102 - the document's own code
+    logits = np.arange(16, dtype=np.float32).reshape(1, 4, 4) % 5  # [G, S, E]
+    routing = ROUTERS.get("mine")(k=2).route(logits, 4)
+    assert routing.expert_index.shape == (1, 4, 2) and bool(routing.kept.all())
+    np.testing.assert_array_equal(routing.expert_index[..., 0], logits.argmax(-1))
+    validate.check(config_files.load(ROOT / "configs/tiny.py", {"moe.router": "mine"}))
+  finally:
+    ROUTERS.unregister("mine")

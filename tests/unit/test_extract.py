@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gshard_mt import config as config_lib
+from gshard_mt import config_files
 from gshard_mt.batch import SOURCE_KEYS
 from gshard_mt.data import pipeline
 from gshard_mt.errors import WorkdirError
@@ -63,7 +63,7 @@ def random_run(workdir, tokenizer_dir, tweak=lambda params: params, **overrides)
                                        opt_state=jax.jit(setup.tx.init)(params), rng=jnp.zeros((2,), jnp.uint32))
   with checkpoint_lib.Checkpoints(workdir / "checkpoints", async_save=False) as ckpts:
     ckpts.save(1, state, {"seed": 0, "next_index": 0}, force=True)
-  config_lib.save(config, workdir)
+  config_files.save(config, workdir)
   return workdir
 
 
@@ -88,13 +88,13 @@ def test_runs_it_cannot_extract_exactly_are_refused_before_anything_is_read(tmp_
                             ({"moe.router": "expert_choice", "moe.decoder_router": "gshard"}, "token-level routers"),
                             ({"moe.balance": "bias", "moe.aux_loss_weight": 0.0}, "trained with moe.balance='bias'")):
     run = tmp_path / reason[:5]
-    config_lib.save(small_config(**{"moe.router": "language", "moe.dispatch": "grouped", **overrides}), run)
+    config_files.save(small_config(**{"moe.router": "language", "moe.dispatch": "grouped", **overrides}), run)
     with pytest.raises(WorkdirError, match=reason):
       extract.main(["--workdir", str(run), "--languages", "fra"])
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(reason[:5])) == [reason[:5]]  # no output
   # An output holding an earlier extraction's checkpoints: one line, not Orbax's StepAlreadyExistsError at the end.
   run, output = tmp_path / "lang", tmp_path / "lang-fra"
-  config_lib.save(small_config(**{"moe.router": "language", "moe.dispatch": "grouped"}), run)
+  config_files.save(small_config(**{"moe.router": "language", "moe.dispatch": "grouped"}), run)
   (output / checkpoint_lib.FOLDER / "600").mkdir(parents=True)
   with pytest.raises(WorkdirError, match=f"{output}: holds checkpoints already"):
     extract.main(["--workdir", str(run), "--languages", "fra"])

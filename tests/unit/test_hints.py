@@ -7,8 +7,7 @@ import subprocess
 
 import pytest
 
-from gshard_mt import cli, hints
-from gshard_mt import config as config_lib
+from gshard_mt import cli, config_files, hints
 from gshard_mt.errors import ConfigError
 from tests.helpers import ROOT, small_config, started_as
 
@@ -90,9 +89,9 @@ def test_the_hint_of_a_refused_work_directory_trains_the_config_elsewhere(make, 
   workdir = tmp_path / "run"
   argv = ["--config", TINY, "--workdir", str(workdir), "--config.moe.num_experts=8"]
   started_as(monkeypatch, [".venv/bin/python" if make else "python", "train.py", *argv], make=make)
-  config_lib.save(small_config(), workdir)
+  config_files.save(small_config(), workdir)
   with pytest.raises(ConfigError) as refused:
-    config_lib.save(small_config(**{"moe.num_experts": 8}), workdir)
+    config_files.save(small_config(**{"moe.num_experts": 8}), workdir)
   hint = str(refused.value).split("use a new work directory: ")[1]
   parser = cli.parser("train.py", config=True)
   parser.add_argument("--workdir")

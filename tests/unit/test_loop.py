@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from gshard_mt import config as config_lib
+from gshard_mt import config_files
 from gshard_mt.data import packing
 from gshard_mt.errors import ConfigError, DataError
 from gshard_mt.training import checkpoint as checkpoint_lib
@@ -100,12 +100,12 @@ def test_a_run_that_failed_before_its_first_checkpoint_starts_again_changed(tmp_
   restored or initialised); the corrected command is the same run, not one 'written for a different run'. Once a
   checkpoint exists, the config.json protects it."""
   workdir = tmp_path / "run"
-  config_lib.save(small_config(**{"data.source": "folder", "data.path": str(tmp_path / "first")}), workdir)
+  config_files.save(small_config(**{"data.source": "folder", "data.path": str(tmp_path / "first")}), workdir)
   for path in (tmp_path / "empty", tmp_path / "missing"):
     (tmp_path / "empty").mkdir(exist_ok=True)
     with pytest.raises(DataError):
       loop.prepare(small_config(**{"data.source": "folder", "data.path": str(path)}), workdir)
-  assert config_lib.load_saved(workdir).data.path == str(tmp_path / "first")
+  assert config_files.load_saved(workdir).data.path == str(tmp_path / "first")
   (workdir / checkpoint_lib.FOLDER / "3").mkdir(parents=True)
   with pytest.raises(ConfigError, match="written for a different run: data.path"):
     loop.prepare(small_config(**{"data.source": "folder", "data.path": str(tmp_path)}), workdir)

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 from gshard_mt import config as config_lib
+from gshard_mt import config_files
 from gshard_mt.config import platforms
 from gshard_mt.errors import ConfigError
 from gshard_mt.model.transformer import TransformerConfig
@@ -63,13 +64,13 @@ def test_the_model_config_is_resolved_for_the_devices_platform():
 
 def test_config_json_keeps_auto_and_runs_with_explicit_values_resume(tmp_path):
   config = small_config()
-  config_lib.save(config, tmp_path)
-  assert config_lib.load_saved(tmp_path).model.attention == "auto"
+  config_files.save(config, tmp_path)
+  assert config_files.load_saved(tmp_path).model.attention == "auto"
   old = tmp_path / "old"
-  config_lib.save(config_lib.replace(config, {"model.attention": "xla", "model.dropout_rng": "threefry"}), old)
-  config_lib.save(config, old)  # the same run: what auto means on this platform changes no parameter
+  config_files.save(config_lib.replace(config, {"model.attention": "xla", "model.dropout_rng": "threefry"}), old)
+  config_files.save(config, old)  # the same run: what auto means on this platform changes no parameter
   with pytest.raises(ConfigError, match="written for a different run: model.emb_dim"):
-    config_lib.save(config_lib.replace(config, {"model.emb_dim": 64}), old)
+    config_files.save(config_lib.replace(config, {"model.emb_dim": 64}), old)
 
 
 def test_auto_is_refused_where_an_option_has_no_platform_value():

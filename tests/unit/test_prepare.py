@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from gshard_mt import config as config_lib
+from gshard_mt import config_files
 from gshard_mt.data import corpus, nllb, packing, pipeline, shards, sources, tokenizer, tokenizer_files
 from gshard_mt.data import prepare as prepare_lib
 from gshard_mt.errors import DataError, WorkdirError
@@ -221,7 +222,7 @@ def test_a_corpus_prepared_with_a_given_tokenizer_and_a_run_started_from_it(tmp_
   assert config.data.vocab_size == nllb_tok.vocab_size == 504
   source = tmp_path / "source"
   directory = prepare_lib.for_run(config.data, source, record=True)
-  config_lib.save(config, source)
+  config_files.save(config, source)
   manifest = shards.read_manifest(directory)
   assert directory.name.startswith("spm-504-") and manifest["token_dtype"] == "uint16"
   assert sorted(p.name for p in directory.glob("*.json")) == ["manifest.json", *sorted(nllb.FILES[1:])]
@@ -249,6 +250,6 @@ def test_a_corpus_prepared_with_a_given_tokenizer_and_a_run_started_from_it(tmp_
   with pytest.raises(DataError, match=f"^data.tokenizer={tmp_path / 'gone'}: not found$"):
     init_from.resolved(config_lib.replace(other, {"data.tokenizer": str(tmp_path / "gone")}))
   untrained = tmp_path / "untrained"  # a run's config with a tokenizer of its own to train, no corpus prepared yet
-  config_lib.save(config_lib.replace(config, {"data.tokenizer": ""}), untrained)
+  config_files.save(config_lib.replace(config, {"data.tokenizer": ""}), untrained)
   with pytest.raises(WorkdirError, match=f"^init_from={untrained}: no prepared.json, so no tokenizer"):
     init_from.resolved(config_lib.replace(other, {"init_from": str(untrained)}))

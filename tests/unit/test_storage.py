@@ -10,8 +10,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from gshard_mt import config as config_lib
-from gshard_mt import io
+from gshard_mt import config_files, io
 from gshard_mt.data import pipeline, shards
 from gshard_mt.data import prepare as prepare_lib
 from gshard_mt.errors import ConfigError, UserError
@@ -29,10 +28,10 @@ def files(folder) -> list[str]:
 
 def test_config_is_saved_and_loaded_in_a_bucket(tmp_path):
   with mapped_gs(tmp_path):
-    config_lib.save(small_config(), RUN)
-    assert config_lib.load_saved(RUN).moe.num_experts == 4
+    config_files.save(small_config(), RUN)
+    assert config_files.load_saved(RUN).moe.num_experts == 4
     with pytest.raises(ConfigError, match=f"{RUN}/config.json was written for a different run"):
-      config_lib.save(small_config(**{"moe.num_experts": 8}), RUN)
+      config_files.save(small_config(**{"moe.num_experts": 8}), RUN)
   assert files(tmp_path) == ["bucket/run/config.json"]
 
 
@@ -96,7 +95,7 @@ def test_a_scheme_without_its_backend_is_one_line_naming_what_to_install(tmp_pat
   monkeypatch.setattr(importlib.util, "find_spec",
                       lambda name, *a: None if name in ("gcsfs", "tensorflow") else find_spec(name, *a))
   with pytest.raises(UserError) as raised:
-    config_lib.save(small_config(), "gs://x/y")
+    config_files.save(small_config(), "gs://x/y")
   assert str(raised.value) == ("gs://x/y: the gs:// backend is not installed (pip install -e '.[gcs]' (gcsfs, "
                                "google-cloud-storage))")
   with pytest.raises(UserError, match=r"^ftp://x/y: unknown storage scheme 'ftp://' \(local paths, gs://"):

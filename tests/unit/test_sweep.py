@@ -131,10 +131,10 @@ def test_a_points_bleu_is_its_final_steps(tmp_path):
   """A point evaluated at step 10, then trained on to 20, has no BLEU of step 20 yet: not step 10's."""
   import json
 
-  from gshard_mt import config as config_lib
+  from gshard_mt import config_files
   from tests.helpers import small_config
 
-  config_lib.save(small_config(), tmp_path)
+  config_files.save(small_config(), tmp_path)
   rows = [{"step": 10, "tokens_per_s": 100.0}, {"step": 10, "dev_loss": 5.0},
           {"step": 20, "tokens_per_s": 100.0}, {"step": 20, "dev_loss": 4.0}]
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
