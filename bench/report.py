@@ -80,6 +80,8 @@ def kind(data: dict) -> str:
     return "import"
   if "hf" in data and "beams" in data:
     return "hf_decode"
+  if "losses_base" in data:
+    return "behaviour"
   raise ValueError(f"unknown result file with keys {sorted(data)}")
 
 
@@ -271,10 +273,21 @@ def compile_tables(files) -> list[str]:
   return lines if files else []
 
 
+def behaviour_tables(files) -> list[str]:
+  lines = ["## Behaviour kept across a change", "",
+           "bench/same_behaviour.py: configs/tiny.py's first logged losses (one per step) at an older commit and at "
+           "the newer one, the older run's work directory trained on and evaluated by the newer code, and train.py's "
+           "bad-input errors (exit 2, one line) at both.", ""]
+  for name, data, source in files:
+    lines += [provenance(name, source) + f" {data['base']} -> {data['head']}, {len(data['losses_head'])} steps.", ""]
+    lines += table(["check", "result"], [[check, "yes" if ok else "**no**"] for check, ok in data["checks"].items()])
+  return lines if files else []
+
+
 def render(results: pathlib.Path = RESULTS) -> str:
   files = load(results)
   kinds = ("suite", "profile", "scores", "routers", "study", "bias", "cache", "compile", "pruning", "upcycling",
-           "import", "hf_decode")
+           "import", "hf_decode", "behaviour")
   by_kind = {k: [f for f in files if kind(f[1]) == k] for k in kinds}
   suite = by_kind["suite"]
   lines = [HEADER] + training_tables(suite) + moe_tables(suite) + decoding_table(suite)
@@ -285,6 +298,7 @@ def render(results: pathlib.Path = RESULTS) -> str:
   lines += bias_tables(by_kind["bias"]) + cache_table(by_kind["cache"]) + compile_tables(by_kind["compile"])
   lines += hf_reports.import_tables(by_kind["import"], provenance, table)
   lines += hf_reports.hf_decode_tables(by_kind["hf_decode"], provenance, table)
+  lines += behaviour_tables(by_kind["behaviour"])
   return "\n".join(lines).rstrip() + "\n"
 
 

@@ -91,13 +91,14 @@ def main(workdir):
     config = config_for(mesh, dispatch)
     setup = build(config, data.tokenizer.vocab_size, devices=jax.devices()[: int(np.prod(mesh))])
     step = setup.jit_train_step(Transformer(setup.model_cfg, deterministic=False), config)
-    if dispatch == "index":
-      steps[mesh], setups[mesh] = step, setup
     state = setup.init_state(config.seed)
     with jax.set_mesh(setup.mesh), nn.logical_axis_rules(setup.rules):
       batch = distributed.global_batch(batches[0], setup.mesh, setup.rules)
-      hlo = step.lower(state, batch).compile().as_text()
+      step = step.lower(state, batch).compile()  # compiled once: its program is read, then run
+      hlo = step.as_text()
       new, metrics = step(state, batch)
+    if dispatch == "index":
+      steps[mesh], setups[mesh] = step, setup
     params, grads = jax.device_get((new.params, first_moment(new.opt_state)))
     if reference is None:
       reference, reference_grads = params, grads
