@@ -160,7 +160,7 @@ def moe_layer_section(small: bool, repeats: int) -> dict:
     row = dict(variant=f"MoE {dispatch} dispatch", dispatch=dispatch)
     try:
       # the kernels the seam picks here (the Mosaic GPU ones on a Hopper GPU only; None: ragged_dot)
-      model_cfg = TransformerConfig(vocab_size=8, emb_dim=M, dtype=jnp.bfloat16, moe=cfg)
+      model_cfg = TransformerConfig.reference(vocab_size=8, emb_dim=M, dtype="bfloat16", moe=cfg)
       ops = Ops(grouped_matmuls=seam.grouped_matmuls(model_cfg, jax.devices()[0]))
       if dispatch == "grouped":
         row |= dict(kernels=repr(ops.grouped_matmuls or grouped.RaggedDot()))

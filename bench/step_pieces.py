@@ -129,15 +129,15 @@ def layer_chain(jax, jnp, overrides: dict, n: int):
   class Chain(nn.Module):
     @nn.compact
     def __call__(self, x, segments):
-      inputs = LayerInputs(packing_mask(segments, segments, False, cfg.attention, cfg.ops.attention is not None),
+      inputs = LayerInputs(packing_mask(segments, segments, False, cfg.model.attention, cfg.ops.attention is not None),
                            segments > 0)
       for i in range(n):
         x, _ = Layer(cfg, is_decoder=False, use_moe=False, name=f"layer_{i}")(x, inputs, deterministic=True)
       return x
 
-  x, segments = jnp.zeros((B, L, cfg.emb_dim), cfg.residual_dtype), jnp.ones((B, L), jnp.int32)
+  x, segments = jnp.zeros((B, L, cfg.model.emb_dim), cfg.residual_dtype), jnp.ones((B, L), jnp.int32)
   params = jax.eval_shape(lambda: nn.unbox(Chain().init(jax.random.key(0), x, segments)))
-  shapes = [jax.tree.map(lambda a: (a.shape, a.dtype), params), ((B, L, cfg.emb_dim), cfg.residual_dtype),
+  shapes = [jax.tree.map(lambda a: (a.shape, a.dtype), params), ((B, L, cfg.model.emb_dim), cfg.residual_dtype),
             ((B, L), jnp.int32)]
   grad = jax.grad(lambda p, x, s: jnp.sum(Chain().apply(p, x, s).astype(jnp.float32) ** 2), argnums=(0, 1))
   return grad, shapes

@@ -61,8 +61,8 @@ def import_state(setup: Setup, tensors: Iterable[tuple[str, np.ndarray]], kind: 
   """A step-0 train state whose parameters are the HF checkpoint's `tensors`, with a fresh optimizer."""
   cfg = setup.model_cfg
   param_shardings = traverse_util.flatten_dict(setup.state_shardings.params)
-  params = read_params(tensors, setup.abstract_state.params, kind, cfg.unit_size, cfg.scan_layers, cfg.tied_logits,
-                       lambda path, host: jax.device_put(host, param_shardings[path]))
+  params = read_params(tensors, setup.abstract_state.params, kind, cfg.unit_size, cfg.model.scan_layers,
+                       cfg.model.tied_logits, lambda path, host: jax.device_put(host, param_shardings[path]))
   opt_state = jax.jit(setup.tx.init, out_shardings=setup.state_shardings.opt_state)(params)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state, rng=state_rng(seed))
 
@@ -79,6 +79,7 @@ def export_tensors(cfg, params: dict) -> Iterable[tuple[str, np.ndarray]]:
   """The HF tensors of a run's parameters (a nested tree, on any devices) for its model config `cfg`, in the order
   HF models name them."""
   flat = {path: np.asarray(jax.device_get(v), np.float32) for path, v in traverse_util.flatten_dict(params).items()}
-  kind = names.NLLB_MOE if cfg.moe_interval else names.M2M100
-  layers = {"encoder": cfg.num_encoder_layers, "decoder": cfg.num_decoder_layers}
-  return names.hf_tensors(flat, kind, layers, cfg.unit_size, cfg.scan_layers, cfg.moe.num_experts, cfg.tied_logits)
+  kind = names.NLLB_MOE if cfg.model.moe_interval else names.M2M100
+  layers = {"encoder": cfg.model.num_encoder_layers, "decoder": cfg.model.num_decoder_layers}
+  return names.hf_tensors(flat, kind, layers, cfg.unit_size, cfg.model.scan_layers, cfg.moe.num_experts,
+                          cfg.model.tied_logits)

@@ -18,8 +18,6 @@ from __future__ import annotations
 import functools
 import logging
 
-import jax.numpy as jnp
-
 from gshard_mt.config import row_lengths
 from gshard_mt.config.platforms import AUTO
 from gshard_mt.errors import ConfigError
@@ -38,8 +36,8 @@ KERNEL_CHOICES = ("xla", PALLAS)  # moe.expert_kernel, optimizer.kernel, optimiz
 def pallas_options(config, model_cfg) -> list[str]:
   """The config keys that ask for Pallas kernels: those whose kernels the model or the update runs; none by
   default. model_cfg: the model's config (`auto` resolved); a dense model has no experts' kernel."""
-  return [key for key, value in (("model.attention", model_cfg.attention),
-                                 ("moe.expert_kernel", model_cfg.moe.expert_kernel if model_cfg.moe_interval else ""),
+  experts = model_cfg.moe.expert_kernel if model_cfg.model.moe_interval else ""
+  return [key for key, value in (("model.attention", model_cfg.model.attention), ("moe.expert_kernel", experts),
                                  ("optimizer.kernel", config.optimizer.kernel))
           if value == PALLAS]
 
@@ -66,13 +64,13 @@ def model_vmem(config, model_cfg, device, keys: list[str]) -> int | None:
   chip = chips.chip_of(device.device_kind) if device.platform == "tpu" else None
   if not keys or chip is None:
     return None
-  itemsize = jnp.dtype(model_cfg.dtype).itemsize
+  m, itemsize = model_cfg.model, model_cfg.dtype.itemsize
   problems = {
       "model.attention": lambda: vmem.tpu_problem(
-          chip.vmem_bytes, row_lengths(config), model_cfg.emb_dim, model_cfg.num_heads * model_cfg.head_dim,
-          jnp.dtype(model_cfg.residual_dtype).itemsize, itemsize),
-      "moe.expert_kernel": lambda: expert_ffn.tpu_problem(chip.vmem_bytes, model_cfg.emb_dim,
-                                                           model_cfg.moe.hidden_dim, itemsize)}
+          chip.vmem_bytes, row_lengths(config), m.emb_dim, m.num_heads * m.head_dim,
+          model_cfg.residual_dtype.itemsize, itemsize),
+      "moe.expert_kernel": lambda: expert_ffn.tpu_problem(chip.vmem_bytes, m.emb_dim, model_cfg.moe.hidden_dim,
+                                                           itemsize)}
   for key in keys:
     if problem := problems[key]():
       raise ConfigError(f"{key}='{PALLAS}' on {device.device_kind}: {problem}; use {key}='xla'")
@@ -84,11 +82,11 @@ def grouped_matmuls(model_cfg, device) -> mosaic_gpu.MosaicGpu | None:
   model's shapes; None (XLA's ragged_dot) elsewhere: the weight-gradient kernel asks the device for its number of
   SMs when it is traced, so it cannot be traced for a GPU elsewhere."""
   moe = model_cfg.moe
-  if not model_cfg.moe_interval or moe.grouped_kernel != "mosaic_gpu" or device.platform != "gpu":
+  if not model_cfg.model.moe_interval or moe.grouped_kernel != "mosaic_gpu" or device.platform != "gpu":
     return None
   mosaic_gpu.check_hopper(device)
   kernels = mosaic_gpu.MosaicGpu()
-  kernels.check(model_cfg.emb_dim, moe.hidden_dim, model_cfg.dtype)
+  kernels.check(model_cfg.model.emb_dim, moe.hidden_dim, model_cfg.dtype)
   return kernels
 
 

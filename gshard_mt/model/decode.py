@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gshard_mt.batch import SOURCE_KEYS
+from gshard_mt.config.sections import ModelConfig
 from gshard_mt.data.tokenizer import SENTENCEPIECE_IDS, SpecialIds
 from gshard_mt.errors import ConfigError
 from gshard_mt.model.layers import NEG_INF
@@ -157,10 +158,10 @@ def beam_search(step_fn: StepFn, cache, batch_size: int, beam_size: int, max_len
   return tokens, scores
 
 
-def unscanned(params, model_cfg) -> dict:
+def unscanned(params, model: ModelConfig) -> dict:
   """Scanned parameters (each stack's units stacked on axis 0 under 'units') as scan_layers=False names them
   ('unit_0', 'unit_1', ...)."""
-  if not model_cfg.scan_layers:
+  if not model.scan_layers:
     return params
   out = dict(params)
   for stack in ("encoder", "decoder"):
@@ -171,12 +172,12 @@ def unscanned(params, model_cfg) -> dict:
   return out
 
 
-def check_length(model_cfg, max_len: int):
-  """A ConfigError where decoding `max_len` tokens runs past the learned positions (`jnp.take` beyond the table
-  gives NaN embeddings). model_cfg: the model section or the TransformerConfig."""
-  if model_cfg.positions == "learned" and max_len > model_cfg.max_position:
+def check_length(model: ModelConfig, max_len: int):
+  """A ConfigError where decoding `max_len` tokens runs past the model section's learned positions (`jnp.take`
+  beyond the table gives NaN embeddings)."""
+  if model.positions == "learned" and max_len > model.max_position:
     raise ConfigError(f"a decoding length of {max_len} (--max_decode_len) exceeds model.max_position="
-                      f"{model_cfg.max_position}, the learned positions")
+                      f"{model.max_position}, the learned positions")
 
 
 class Translator:
@@ -191,12 +192,13 @@ class Translator:
   def __init__(self, model_cfg, params, beam_size: int = 4, alpha: float = 0.6, max_len: int = 64,
                batch_sharding: jax.sharding.NamedSharding | None = None, *, ids: SpecialIds = SENTENCEPIECE_IDS,
                forced: tuple[int, ...] = ()):
-    check_length(model_cfg, max_len)
+    check_length(model_cfg.model, max_len)
     if ids.start != model_cfg.start_id:
       raise ValueError(f"the tokenizer starts from {ids.start}, the model (its start_id) from {model_cfg.start_id}")
     self.ids, self.forced = ids, tuple(forced)
     self.model_cfg, self.params = model_cfg, params
-    self.model = Transformer(dataclasses.replace(model_cfg, scan_layers=False), deterministic=True, decode=True)
+    unrolled = dataclasses.replace(model_cfg, model=dataclasses.replace(model_cfg.model, scan_layers=False))
+    self.model = Transformer(unrolled, deterministic=True, decode=True)
     self.beam_size, self.alpha, self.max_len = beam_size, alpha, max_len
     self.batch_sharding = batch_sharding
     self._translate = jax.jit(self._run)
@@ -206,7 +208,7 @@ class Translator:
     source is encoded once, and its cross-attention keys and values computed once per sentence."""
     B, K, L = batch["inputs"].shape[0], self.beam_size, self.max_len
     N = B * K
-    params = unscanned(params, self.model_cfg)
+    params = unscanned(params, self.model_cfg.model)
     src_segments = batch["inputs_segmentation"]
     memory, _ = self.model.apply({"params": params}, batch["inputs"], src_segments, batch["inputs_position"],
                                  method=Transformer.encode)

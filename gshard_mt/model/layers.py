@@ -89,6 +89,20 @@ def shift_right(targets: jax.Array, segments: jax.Array, start: int = 0) -> jax.
   return jnp.where(segments == prev_segments, shifted, start)
 
 
+def source_tags(src_tokens, src_segments, segments, beams: bool = False) -> jax.Array:
+  """int32 [B', L]: the first source token (the `<xx>` language tag) of the pair of each token of `segments` [B', L]
+  (0 for padding), pairs matched by segment id in src_tokens, src_segments [B, Ls]. beams=True: decoding, B' = B x
+  beams rows, row n holding sentence n // beams."""
+  B, Ls = src_tokens.shape
+  starts = (src_segments > 0) & (src_segments != jnp.pad(src_segments[:, :-1], ((0, 0), (1, 0))))
+  # tag[b, k]: the tag of pair k of row b (each pair starts once: no two writes meet; the rest are dropped)
+  tag = jnp.zeros((B, Ls + 1), jnp.int32).at[jnp.arange(B)[:, None], jnp.where(starts, src_segments, Ls + 1)].set(
+      src_tokens, mode="drop")
+  if beams:
+    return jnp.repeat(tag[:, 1], segments.shape[0] // B)[:, None].repeat(segments.shape[1], axis=1)
+  return jnp.take_along_axis(tag, segments, axis=1)
+
+
 def attention_probs(q: jax.Array, k: jax.Array, bias: jax.Array) -> jax.Array:
   """q [B, Q, A, D] (already scaled), k [B, K, A, D], bias broadcastable to [B, A, Q, K] -> float32 softmax
   [B, A, Q, K]."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
@@ -54,42 +53,48 @@ REMAT_POLICIES = Registry("model.remat").add({
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TransformerConfig(ModelConfig):
-  """The model section as the model reads it (hashable): `ModelConfig` with every `auto` resolved and dtypes as
-  dtypes, plus the vocabulary, the MoE section and the kernels the run picked (`ops`); its defaults are the float32
-  reference paths."""
+class TransformerConfig:
+  """What the model reads (hashable): the config's `model` and `moe` sections themselves, every `auto` resolved and
+  `model.vocab_size` the embedding's rows, and what the run adds: the decoder's start id and the kernels it picked
+  (`ops`). `reference` makes one on the float32 reference paths (tests, benchmarks)."""
 
-  # dtypes as dtypes, not the config's names of them
-  CHOICES: ClassVar[dict[str, Any]] = {k: v for k, v in ModelConfig.CHOICES.items()
-                                       if k not in ("dtype", "residual_dtype")}
-
-  vocab_size: int
-  start_id: int = 0  # the decoder's first input at each pair's start: the tokenizer's SpecialIds.start
-  dropout_rng: str = "threefry"  # a key of layers.DROPOUT_KEYS (the training step makes the dropout key)
-  attention: str = "xla"  # a value of layers.ATTENTIONS
-  dtype: Any = jnp.float32
-  residual_dtype: Any = jnp.float32  # the stream the layers add to (layer norms compute in float32)
-  ops: Ops = Ops()  # the optional kernels, picked by the training setup (none: XLA's reference paths)
+  model: ModelConfig
   moe: MoeConfig = MoeConfig(dispatch=platforms.REFERENCE["moe.dispatch"])
+  start_id: int = 0  # the decoder's first input at each pair's start: the tokenizer's SpecialIds.start
+  ops: Ops = Ops()  # the optional kernels, picked by the training setup (none: XLA's reference paths)
 
   @classmethod
   def from_config(cls, config, vocab_size: int, platform: str | None = None) -> TransformerConfig:
     """From a config's `model` and `moe` sections, each `auto` option resolved for `platform` (the devices'
-    `jax.Device.platform`; None: JAX's default backend) by `platforms.resolve` (what each became is logged)."""
+    `jax.Device.platform`; None: JAX's default backend) by `platforms.resolve` (what each became is logged), and
+    `model.vocab_size` 0 replaced by the tokenizer's `vocab_size`."""
     platform = platform or jax.default_backend()
     config, chosen = platforms.resolve(config, platform)
     if chosen:
       log.info("auto options on %s: %s", platform, ", ".join(f"{k}={v}" for k, v in chosen.items()))
-    model = dataclasses.asdict(config.model)
-    model |= {key: jnp.dtype(model[key]) for key in ("dtype", "residual_dtype")}
-    if model["vocab_size"] and model["vocab_size"] < vocab_size:
-      raise ConfigError(f"model.vocab_size={model['vocab_size']} is smaller than the tokenizer's {vocab_size} ids")
-    return cls(moe=config.moe, **model | {"vocab_size": model["vocab_size"] or vocab_size})
+    rows = config.model.vocab_size
+    if rows and rows < vocab_size:
+      raise ConfigError(f"model.vocab_size={rows} is smaller than the tokenizer's {vocab_size} ids")
+    return cls(model=dataclasses.replace(config.model, vocab_size=rows or vocab_size), moe=config.moe)
+
+  @classmethod
+  def reference(cls, moe: MoeConfig | None = None, **model) -> TransformerConfig:
+    """The model section of `model`'s keys (the rest at their defaults) on the float32 reference paths."""
+    paths = {key.removeprefix("model."): v for key, v in platforms.REFERENCE.items() if key.startswith("model.")}
+    return cls(model=ModelConfig(**{"dtype": "float32", **paths, **model}), **{"moe": moe} if moe else {})
+
+  @property
+  def dtype(self) -> jnp.dtype:
+    return jnp.dtype(self.model.dtype)
+
+  @property
+  def residual_dtype(self) -> jnp.dtype:  # the stream the layers add to (layer norms compute in float32)
+    return jnp.dtype(self.model.residual_dtype)
 
   @property
   def unit_size(self) -> int:
     """Layers per scanned unit: `moe_interval` (the last one MoE), or 1 for a dense model."""
-    return max(self.moe_interval, 1)
+    return max(self.model.moe_interval, 1)
 
 
 @struct.dataclass
@@ -116,11 +121,11 @@ class Layer(nn.Module):
   @nn.compact
   def __call__(self, x, inputs: LayerInputs, *, deterministic: bool):
     """x [B, L, M] -> (x [B, L, M], MoE stats or {})."""
-    cfg = self.cfg
-    drop = nn.Dropout(cfg.dropout_rate)
-    attention = dict(num_heads=cfg.num_heads, head_dim=cfg.head_dim, dtype=cfg.dtype, decode=self.decode,
-                     dropout_rate=cfg.attention_dropout_rate, attention=cfg.attention, kernel=cfg.ops.attention,
-                     use_bias=cfg.bias, epsilon=cfg.layer_norm_epsilon)
+    cfg, m = self.cfg, self.cfg.model
+    drop = nn.Dropout(m.dropout_rate)
+    attention = dict(num_heads=m.num_heads, head_dim=m.head_dim, dtype=cfg.dtype, decode=self.decode,
+                     dropout_rate=m.attention_dropout_rate, attention=m.attention, kernel=cfg.ops.attention,
+                     use_bias=m.bias, epsilon=m.layer_norm_epsilon)
     norm = lambda name: layers.NormParams(x.shape[-1], name=name)()  # noqa: E731  applied by Attention
     h = Attention(**attention, causal=self.is_decoder, name="self_attention")(
         x, None, inputs.self_bias, norm=norm("pre_self_attention"), deterministic=deterministic,
@@ -130,13 +135,13 @@ class Layer(nn.Module):
       h = Attention(**attention, is_cross=True, name="cross_attention")(
           x, inputs.memory, inputs.cross_bias, norm=norm("pre_cross_attention"), deterministic=deterministic)
       x = x + drop(h, deterministic=deterministic).astype(x.dtype)
-    h = layer_norm("pre_ffn", cfg.layer_norm_epsilon)(x)
+    h = layer_norm("pre_ffn", m.layer_norm_epsilon)(x)
     stats = {}
     if self.use_moe:
       moe = MoeFeedForward(cfg.moe, dtype=cfg.dtype, decoder=self.is_decoder, ops=cfg.ops, name="moe")
       h, stats = moe(h, inputs.token_mask, deterministic=deterministic, language=inputs.language)
     else:
-      h = DenseFFN(cfg.mlp_dim, cfg.dtype, cfg.dropout_rate, cfg.bias, name="ffn")(h, deterministic=deterministic)
+      h = DenseFFN(m.mlp_dim, cfg.dtype, m.dropout_rate, m.bias, name="ffn")(h, deterministic=deterministic)
     x = x + drop(h, deterministic=deterministic).astype(x.dtype)
     return nn.with_logical_constraint(x, BLM), stats
 
@@ -155,7 +160,7 @@ class Unit(nn.Module):
     n = self.cfg.unit_size
     stats = {}
     for i in range(n):
-      use_moe = self.cfg.moe_interval > 0 and i == n - 1
+      use_moe = self.cfg.model.moe_interval > 0 and i == n - 1
       x, s = Layer(self.cfg, self.is_decoder, use_moe, self.decode, name=f"layer_{i}")(
           x, inputs, deterministic=self.deterministic)
       stats = s or stats
@@ -170,14 +175,14 @@ class Stack(Unit):
   @nn.compact
   def __call__(self, x, inputs: LayerInputs):
     """x [B, L, M] -> (x [B, L, M], MoE stats stacked over the units [U, ...])."""
-    cfg = self.cfg
+    cfg, m = self.cfg, self.cfg.model
     num_units = self.num_layers // cfg.unit_size
-    unit = Unit if cfg.remat == "none" else nn.remat(Unit, static_argnums=(), policy=REMAT_POLICIES[cfg.remat])
-    if cfg.scan_layers:
+    unit = Unit if m.remat == "none" else nn.remat(Unit, static_argnums=(), policy=REMAT_POLICIES[m.remat])
+    if m.scan_layers:
       scanned = nn.scan(unit, variable_axes={"params": 0, "cache": 0, "memory": 0, balance.COLLECTION: 0,
                                              ROUTING: 0},
                         split_rngs={"params": True, "dropout": True, "gating": True},
-                        in_axes=(nn.broadcast,), length=num_units, unroll=max(1, min(cfg.scan_unroll, num_units)),
+                        in_axes=(nn.broadcast,), length=num_units, unroll=max(1, min(m.scan_unroll, num_units)),
                         metadata_params={nn.PARTITION_NAME: "layers"})
       x, stats = scanned(cfg, self.is_decoder, self.deterministic, self.decode, name="units")(x, inputs)
     else:
@@ -186,7 +191,7 @@ class Stack(Unit):
         x, s = unit(cfg, self.is_decoder, self.deterministic, self.decode, name=f"unit_{u}")(x, inputs)
         per_unit.append(s)
       stats = jax.tree.map(lambda *s: jnp.stack(s), *per_unit) if per_unit and per_unit[0] else {}
-    return layer_norm("final_norm", cfg.layer_norm_epsilon)(x), stats
+    return layer_norm("final_norm", m.layer_norm_epsilon)(x), stats
 
 
 class Transformer(nn.Module):
@@ -198,50 +203,56 @@ class Transformer(nn.Module):
 
   def setup(self):
     """Embeddings (token [V, M], optional learned positions), the untied logits [M, V], the two stacks."""
-    cfg = self.cfg
+    cfg, m = self.cfg, self.cfg.model
     embed_init = nn.with_logical_partitioning(nn.initializers.normal(self._scales[0]), ("vocab", "embed"))
-    self.src_embed = nn.Embed(cfg.vocab_size, cfg.emb_dim, embedding_init=embed_init, name="embed")
-    self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embed(
-        cfg.vocab_size, cfg.emb_dim, embedding_init=embed_init, name="target_embed")
-    if not cfg.tied_logits:
+    self.src_embed = nn.Embed(m.vocab_size, m.emb_dim, embedding_init=embed_init, name="embed")
+    self.tgt_embed = self.src_embed if m.share_embeddings else nn.Embed(
+        m.vocab_size, m.emb_dim, embedding_init=embed_init, name="target_embed")
+    if not m.tied_logits:
       self.logits_kernel = self.param("logits", nn.with_logical_partitioning(
-          nn.initializers.lecun_normal(), ("embed", "vocab")), (cfg.emb_dim, cfg.vocab_size))
-    if cfg.positions == "learned":
+          nn.initializers.lecun_normal(), ("embed", "vocab")), (m.emb_dim, m.vocab_size))
+    if m.positions == "learned":
       self.position_table = self.param("positions", nn.with_logical_partitioning(
-          nn.initializers.normal(0.02), (None, "embed")), (cfg.max_position, cfg.emb_dim))
-    self.encoder = Stack(cfg, False, self.deterministic, num_layers=cfg.num_encoder_layers, name="encoder")
-    self.decoder = Stack(cfg, True, self.deterministic, self.decode, num_layers=cfg.num_decoder_layers,
+          nn.initializers.normal(0.02), (None, "embed")), (m.max_position, m.emb_dim))
+    self.encoder = Stack(cfg, False, self.deterministic, num_layers=m.num_encoder_layers, name="encoder")
+    self.decoder = Stack(cfg, True, self.deterministic, self.decode, num_layers=m.num_decoder_layers,
                          name="decoder")
-    self.dropout = nn.Dropout(cfg.dropout_rate)
+    self.dropout = nn.Dropout(m.dropout_rate)
 
   @property
   def _scales(self) -> tuple[float, float, float]:
-    """(initial embedding std, input multiplier, tied-logits multiplier) of `cfg.embedding`."""
-    return tuple(self.cfg.emb_dim ** e for e in EMBEDDING_SCHEMES[self.cfg.embedding])
+    """(initial embedding std, input multiplier, tied-logits multiplier) of `cfg.model.embedding`."""
+    return tuple(self.cfg.model.emb_dim ** e for e in EMBEDDING_SCHEMES[self.cfg.model.embedding])
 
   def _embed(self, table, tokens, positions):
+    m = self.cfg.model
     x = table(tokens) * self._scales[1]
-    positions = positions + self.cfg.position_offset
-    if self.cfg.positions == "learned":
+    positions = positions + m.position_offset
+    if m.positions == "learned":
       x = x + jnp.take(self.position_table, positions, axis=0)
     else:
-      x = x + sinusoidal(positions, self.cfg.emb_dim)
+      x = x + sinusoidal(positions, m.emb_dim)
     x = x.astype(self.cfg.residual_dtype)
     return nn.with_logical_constraint(self.dropout(x, deterministic=self.deterministic), BLM)
 
   def _language(self, src_tokens, src_segments, segments, decoder: bool, beams: bool = False):
     """What moe.router='language' reads for each token of `segments` [B', L]: the embedding of its pair's source
     tag (times the input multiplier, as a token's), or None where the stack routes by token."""
-    if not self.cfg.moe_interval or not routers.router_class(self.cfg.moe, decoder).reads_language:
+    if not self.cfg.model.moe_interval or not routers.router_class(self.cfg.moe, decoder).reads_language:
       return None
     if src_tokens is None:
       raise ValueError("moe.router='language' routes by the source language: decode_logits needs src_tokens")
-    return self.src_embed(source_tags(src_tokens, src_segments, segments, beams)) * self._scales[1]
+    return self.src_embed(layers.source_tags(src_tokens, src_segments, segments, beams)) * self._scales[1]
+
+  @property
+  def _attention_masks(self) -> tuple[str, bool]:
+    """(model.attention, whether a kernel reads segment ids): how `packing_mask` gives the attention its mask."""
+    return self.cfg.model.attention, self.cfg.ops.attention is not None
 
   def encode(self, inputs, segments, positions):
     """[B, Ls] tokens -> (memory [B, Ls, M], stats)."""
     x = self._embed(self.src_embed, inputs, positions)
-    self_bias = packing_mask(segments, segments, False, self.cfg.attention, self.cfg.ops.attention is not None)
+    self_bias = packing_mask(segments, segments, False, *self._attention_masks)
     return self.encoder(x, LayerInputs(self_bias, segments > 0,
                                        language=self._language(inputs, segments, segments, decoder=False)))
 
@@ -255,12 +266,13 @@ class Transformer(nn.Module):
     if self.decode:
       cross_bias = source_bias(src_segments)
     else:
-      cross_bias = packing_mask(segments, src_segments, False, self.cfg.attention, self.cfg.ops.attention is not None)
+      cross_bias = packing_mask(segments, src_segments, False, *self._attention_masks)
     if self_bias is None:
-      self_bias = packing_mask(segments, segments, True, self.cfg.attention, self.cfg.ops.attention is not None)
+      self_bias = packing_mask(segments, segments, True, *self._attention_masks)
     language = self._language(src_tokens, src_segments, segments, decoder=True, beams=self.decode)
     y, stats = self.decoder(x, LayerInputs(self_bias, segments > 0, memory, cross_bias, decode_step, language))
-    kernel = self.tgt_embed.embedding.T * self._scales[2] if self.cfg.tied_logits else self.logits_kernel  # [M, V]
+    tied = self.cfg.model.tied_logits
+    kernel = self.tgt_embed.embedding.T * self._scales[2] if tied else self.logits_kernel  # [M, V]
     # In the computation dtype, as every other matmul: float32 [B, L, V] logits would be the largest tensor of a
     # bfloat16 step, and the loss reads them in float32 anyway (training.step.cross_entropy).
     logits = weight_einsum("BLM,MV->BLV", y.astype(self.cfg.dtype), kernel)
@@ -273,20 +285,6 @@ class Transformer(nn.Module):
                                            batch["targets_segmentation"], batch["targets_position"],
                                            src_tokens=batch["inputs"])
     return logits, {"encoder": enc_stats, "decoder": dec_stats}
-
-
-def source_tags(src_tokens, src_segments, segments, beams: bool = False) -> jax.Array:
-  """int32 [B', L]: the first source token (the `<xx>` language tag) of the pair of each token of `segments` [B', L]
-  (0 for padding), pairs matched by segment id in src_tokens, src_segments [B, Ls]. beams=True: decoding, B' = B x
-  beams rows, row n holding sentence n // beams."""
-  B, Ls = src_tokens.shape
-  starts = (src_segments > 0) & (src_segments != jnp.pad(src_segments[:, :-1], ((0, 0), (1, 0))))
-  # tag[b, k]: the tag of pair k of row b (each pair starts once: no two writes meet; the rest are dropped)
-  tag = jnp.zeros((B, Ls + 1), jnp.int32).at[jnp.arange(B)[:, None], jnp.where(starts, src_segments, Ls + 1)].set(
-      src_tokens, mode="drop")
-  if beams:
-    return jnp.repeat(tag[:, 1], segments.shape[0] // B)[:, None].repeat(segments.shape[1], axis=1)
-  return jnp.take_along_axis(tag, segments, axis=1)
 
 
 def dummy_batch(batch_size: int, length: int) -> dict:

@@ -35,7 +35,7 @@ def main(argv):
     raise WorkdirError(f"--out {out}: not empty; export into a new directory")
   ids = tokenizer.ids
   bos = 0 if isinstance(tokenizer, NllbTokenizer) else ids.start  # NLLB's <s>; ours has none
-  hf = configs.hf_config(config, setup.model_cfg.vocab_size, ids, bos, 2 * config.data.max_length)
+  hf = configs.hf_config(config, setup.model_cfg.model.vocab_size, ids, bos, 2 * config.data.max_length)
   step, state = evaluate.restore_state(io.path(args.workdir), setup.abstract_target(), args.step)  # refusals first
   out.mkdir(parents=True, exist_ok=True)
   files = safetensors.write(out, convert.export_tensors(setup.model_cfg, state.params), {"format": "pt"},

@@ -53,7 +53,7 @@ TOKEN_ROUTERS = {"gshard", "switch", "topk", "dropless"}  # top-k of the token's
 def language_vectors(params: dict, model_cfg, tags: list[int]) -> np.ndarray:
   """[languages, M]: what the language router reads for each tag id, as `Transformer` computes it (the source
   embedding of the tag times the input multiplier of the embedding scheme)."""
-  scale = model_cfg.emb_dim ** EMBEDDING_SCHEMES[model_cfg.embedding][1]
+  scale = model_cfg.model.emb_dim ** EMBEDDING_SCHEMES[model_cfg.model.embedding][1]
   return np.asarray(params["embed"]["embedding"])[tags] * scale
 
 

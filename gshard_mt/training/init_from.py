@@ -186,7 +186,7 @@ def source_params(config, workdir, setup: Setup) -> tuple[dict, str]:
   if tokenizer_files.digest(mine) != tokenizer_files.digest(theirs, f"init_from={source}: its prepared corpus"):
     raise WorkdirError(f"init_from={source}: its tokenizer ({theirs}) is not this run's ({mine}, data.tokenizer="
                        f"{config.data.tokenizer!r}): leave data.tokenizer '' to take the source run's")
-  abstract = build(source_config, setup.model_cfg.vocab_size).abstract_target()
+  abstract = build(source_config, setup.model_cfg.model.vocab_size).abstract_target()
   try:
     with checkpoint_lib.Checkpoints(source / checkpoint_lib.FOLDER, read_only=True) as ckpts:
       restored = ckpts.restore(abstract)

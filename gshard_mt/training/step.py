@@ -62,7 +62,7 @@ def _microbatch_loss(params, batch, rng, *, model: Transformer, config, side_tok
   dropout_rng, gating_rng = jax.random.split(rng)
   weights = (batch["targets_segmentation"] > 0).astype(jnp.float32)
   (logits, stats), requested = model.apply({"params": params}, batch, mutable=[balance.COLLECTION],
-                                        rngs={"dropout": DROPOUT_KEYS[model.cfg.dropout_rng](dropout_rng),
+                                        rngs={"dropout": DROPOUT_KEYS[model.cfg.model.dropout_rng](dropout_rng),
                                               "gating": gating_rng})
   loss, nll, correct = cross_entropy(logits, batch["targets"], weights, config.optimizer.label_smoothing,
                                      model.cfg.ops.logit_stats or logit_stats)

@@ -1,7 +1,8 @@
-"""The package's layers, read from its own imports: config -> the shared base (errors, io, ...) -> data, parallel ->
-moe -> model -> kernels -> training -> evaluation -> tools. An import goes down the layers, never up or sideways; no module imports itself
-back through others; the core packages import nothing inside a function, and elsewhere an import inside a function
-is an optional dependency, saying so in a comment; the optional kernels reach the core through one seam."""
+"""The package's layers, read from its own imports: config -> the shared base (errors, io, ...) -> data, parallel
+-> moe -> model -> kernels -> training -> evaluation -> tools. An import goes down the layers, never up or
+sideways; no module imports itself back through others; the core packages import nothing inside a function, and
+elsewhere an import inside a function is an optional dependency, saying so in a comment; the optional kernels
+reach the core through one seam."""
 
 from __future__ import annotations
 

@@ -66,8 +66,9 @@ def test_rbg_masks_keep_one_minus_the_rate(rate):
 def residual_masks(step: int) -> list[np.ndarray]:
   """The kept positions of the self-attention residual's dropout in each encoder layer ([B, L, M] each), with the
   dropout key of `step` made as the training step makes it."""
-  cfg = TransformerConfig(vocab_size=V, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64, num_encoder_layers=3,
-                          num_decoder_layers=1, moe_interval=0, dropout_rate=0.5, scan_layers=False)
+  cfg = TransformerConfig.reference(vocab_size=V, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64,
+                                    num_encoder_layers=3, num_decoder_layers=1, moe_interval=0, dropout_rate=0.5,
+                                    scan_layers=False)
   model = Transformer(cfg, deterministic=False)
   data = batch(0, 4, 16)
   params = model.init(jax.random.key(0), dummy_batch(1, 8))

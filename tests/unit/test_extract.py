@@ -14,7 +14,7 @@ from gshard_mt.data import pipeline
 from gshard_mt.errors import WorkdirError
 from gshard_mt.evaluation import evaluate
 from gshard_mt.model import decode
-from gshard_mt.model.transformer import source_tags
+from gshard_mt.model.layers import source_tags
 from gshard_mt.tools import extract
 from gshard_mt.training import checkpoint as checkpoint_lib
 from gshard_mt.training.setup import build

@@ -107,7 +107,8 @@ def transformer_loss_and_grads(config, attention: str, batch: dict):
   config = config_lib.replace(config, {"model.attention": attention})
   model_cfg = TransformerConfig.from_config(config, config.data.vocab_size)
   model_cfg = dataclasses.replace(model_cfg, ops=seam.pick(config, model_cfg, jax.devices()[0]))
-  params = Transformer(dataclasses.replace(model_cfg, attention="xla")).init(jax.random.key(0), batch)["params"]
+  xla = dataclasses.replace(model_cfg, model=dataclasses.replace(model_cfg.model, attention="xla"))
+  params = Transformer(xla).init(jax.random.key(0), batch)["params"]
   model = Transformer(model_cfg, deterministic=False)
   loss = lambda p: step._microbatch_loss(  # noqa: E731
       p, batch, jax.random.key(1), model=model, config=config, side_tokens={"encoder": 100.0, "decoder": 100.0},

@@ -211,7 +211,7 @@ def test_the_moe_layer_on_a_hopper_gpu_gets_the_mosaic_kernels(monkeypatch):
     h100 = types.SimpleNamespace(platform="gpu", device_kind="NVIDIA H100 80GB HBM3", compute_capability="9.0")
     cfg = MoeConfig(num_experts=4, hidden_dim=256, group_size=128, dispatch="grouped", grouped_kernel=kernel,
                     second_expert_policy="all")
-    model_cfg = TransformerConfig(vocab_size=8, emb_dim=128, dtype=BF16, moe=cfg)
+    model_cfg = TransformerConfig.reference(vocab_size=8, emb_dim=128, dtype="bfloat16", moe=cfg)
     return MoeFeedForward(cfg, dtype=BF16, ops=Ops(grouped_matmuls=seam.grouped_matmuls(model_cfg, h100)))
 
   x = jax.random.normal(jax.random.key(0), (2, 128, 128), BF16)
@@ -234,10 +234,10 @@ def test_the_moe_layer_on_a_hopper_gpu_gets_the_mosaic_kernels(monkeypatch):
 def test_which_kernels_each_backend_gets():
   """The kernels' seam: the Mosaic GPU grouped matmuls on a Hopper GPU only (None: XLA's ragged_dot), refused in one
   line where the GPU or the shapes cannot take them."""
-  def picked(device, kernel="mosaic_gpu", dtype=BF16, M=128, H=256):
+  def picked(device, kernel="mosaic_gpu", dtype="bfloat16", M=128, H=256):
     config = small_config(**{"moe.grouped_kernel": kernel, "moe.dispatch": "grouped"})
     model_cfg = TransformerConfig.from_config(config, 600)
-    model_cfg = dataclasses.replace(model_cfg, emb_dim=M, dtype=dtype,
+    model_cfg = dataclasses.replace(model_cfg, model=dataclasses.replace(model_cfg.model, emb_dim=M, dtype=dtype),
                                     moe=dataclasses.replace(model_cfg.moe, hidden_dim=H))
     return seam.grouped_matmuls(model_cfg, device)
 
@@ -251,7 +251,7 @@ def test_which_kernels_each_backend_gets():
   assert picked(h100) == mosaic_gpu.MosaicGpu()
   assert picked(h100, kernel="ragged_dot") is None
   with pytest.raises(ConfigError, match=r"multiplies bf16 or f16 rows, not float32 \(model.dtype\)"):
-    picked(h100, dtype=jnp.float32)
+    picked(h100, dtype="float32")
   with pytest.raises(ConfigError, match=r"model.emb_dim=96: moe.grouped_kernel='mosaic_gpu' needs a multiple of 128"):
     picked(h100, M=96)
   with pytest.raises(ConfigError, match=r"moe.hidden_dim=200: .* multiple of 128"):

@@ -110,4 +110,4 @@ def test_what_transformers_cannot_express_is_refused(imported, override, message
   if override.keys() & {"moe.shared_experts", "moe.router"} and not config.model.moe_interval:
     pytest.skip("a MoE option")
   with pytest.raises(UserError, match=message):
-    configs.hf_config(config_lib.replace(config, override), setup.model_cfg.vocab_size, tokenizer.ids, 0, 64)
+    configs.hf_config(config_lib.replace(config, override), setup.model_cfg.model.vocab_size, tokenizer.ids, 0, 64)

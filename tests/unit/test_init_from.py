@@ -89,7 +89,7 @@ def test_an_upcycled_model_at_step_0_computes_its_dense_parent(tmp_path, tokeniz
   loop.train_and_evaluate(dense_cfg, tmp_path / "dense")
   loop.train_and_evaluate(small_config(num_train_steps=1, init_from=str(tmp_path / "dense")), tmp_path / "up")
   dense, up = evaluate.restore(tmp_path / "dense"), evaluate.restore(tmp_path / "up", step=0)
-  assert up.model_cfg.moe_interval and not dense.model_cfg.moe_interval
+  assert up.model_cfg.model.moe_interval and not dense.model_cfg.model.moe_interval
   tokens = dense.data.tokens["dev"]
   pairs = np.arange(8)
   batch = next(pipeline.eval_batches(tokens, 8, dense.config.data.max_length, pairs))

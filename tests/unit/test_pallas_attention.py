@@ -25,6 +25,10 @@ from tests.unit.test_fused_attention import (
   transformer_loss_and_grads,
 )
 
+# The whole model with one MoE layer a side: each of the three attentions (self, causal, cross) once, as few
+# interpreted kernels to compile as cover them.
+ONE_MOE_LAYER = {"model.num_encoder_layers": "1", "model.num_decoder_layers": "1", "model.moe_interval": "1"}
+
 
 @pytest.mark.parametrize("rows", [16, 3], ids=["blocks-of-8", "blocks-of-1"])
 @pytest.mark.parametrize("cross, causal", [(False, False), (False, True), (True, False)],
@@ -50,7 +54,7 @@ def test_pallas_equals_xla_in_bfloat16(cross, causal, residual):
 
 def test_transformer_loss_and_gradients_equal_xla():
   """A training step's loss (MoE layers, residual dropout on) and its gradients, from the same parameters."""
-  config = small_config(**{"model.dtype": "float32", "model.dropout_rate": "0.1"})
+  config = small_config(**{"model.dtype": "float32", "model.dropout_rate": "0.1", **ONE_MOE_LAYER})
   batch = packed_batch(config.batch_size, config.data.max_length, config.data.vocab_size)
   (loss, grads), (want_loss, want_grads) = (transformer_loss_and_grads(config, a, batch) for a in ("pallas", "xla"))
   np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
@@ -65,7 +69,7 @@ def shard_map_check():
   from gshard_mt.training.setup import build
 
   config = small_config(**{"model.dtype": "float32", "model.dropout_rate": "0.0", "batch_size": "16",
-                           "mesh.data": "4"})
+                           "mesh.data": "4", **ONE_MOE_LAYER})
   batch = packed_batch(16, config.data.max_length, config.data.vocab_size)
   want_loss, want_grads = transformer_loss_and_grads(config, "xla", batch)
   setup = build(config, config.data.vocab_size)

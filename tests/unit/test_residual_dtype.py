@@ -14,9 +14,10 @@ V = 256
 def run(residual_dtype, moe_interval: int = 2):
   """(logits, the layers' outputs, the layer norms' outputs, the parameters) of a small bf16 model (MoE every
   other layer by default) on random tokens; the parameters are initialised alike for both stream dtypes."""
-  cfg = TransformerConfig(vocab_size=V, emb_dim=64, num_heads=2, head_dim=32, mlp_dim=128, num_encoder_layers=2,
-                          num_decoder_layers=2, moe_interval=moe_interval, dropout_rate=0.0, dtype=jnp.bfloat16,
-                          residual_dtype=residual_dtype, scan_layers=False)
+  cfg = TransformerConfig.reference(vocab_size=V, emb_dim=64, num_heads=2, head_dim=32, mlp_dim=128,
+                                    num_encoder_layers=2, num_decoder_layers=2, moe_interval=moe_interval,
+                                    dropout_rate=0.0, dtype="bfloat16", residual_dtype=jnp.dtype(residual_dtype).name,
+                                    scan_layers=False)
   rng = np.random.default_rng(0)
   data = {k: np.array(v) for k, v in dummy_batch(4, 32).items()}
   data["inputs"], data["targets"] = (rng.integers(3, V, (4, 32)).astype(np.int32) for _ in range(2))

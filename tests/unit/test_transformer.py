@@ -20,9 +20,9 @@ V = 1000
 def initial_nll(emb_dim: int, embedding: str, tied_logits: bool = False) -> float:
   """Mean next-token NLL of a freshly initialised model on random tokens."""
   # One layer each side, not scanned and not jitted: the schemes of a width then share every compiled op.
-  cfg = TransformerConfig(vocab_size=V, emb_dim=emb_dim, num_heads=2, head_dim=16, mlp_dim=64, num_encoder_layers=1,
-                          num_decoder_layers=1, moe_interval=0, dropout_rate=0.0, embedding=embedding,
-                          tied_logits=tied_logits, scan_layers=False)
+  cfg = TransformerConfig.reference(vocab_size=V, emb_dim=emb_dim, num_heads=2, head_dim=16, mlp_dim=64,
+                                    num_encoder_layers=1, num_decoder_layers=1, moe_interval=0, dropout_rate=0.0,
+                                    embedding=embedding, tied_logits=tied_logits, scan_layers=False)
   rng = np.random.default_rng(0)
   batch = {k: np.array(v) for k, v in dummy_batch(4, 16).items()}
   batch["inputs"] = rng.integers(3, V, (4, 16)).astype(np.int32)
@@ -55,8 +55,8 @@ def test_layer_norm_parameters_keep_their_names():
   they were (a layer's pre_self_attention, pre_cross_attention, pre_ffn): older checkpoints restore."""
   import flax
 
-  cfg = TransformerConfig(vocab_size=V, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64, num_encoder_layers=1,
-                          num_decoder_layers=1, moe_interval=0)
+  cfg = TransformerConfig.reference(vocab_size=V, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64,
+                                    num_encoder_layers=1, num_decoder_layers=1, moe_interval=0)
   params = jax.eval_shape(lambda: Transformer(cfg).init(jax.random.key(0), dummy_batch(1, 8)))["params"]
   paths = {"/".join(k): v.shape for k, v in flax.traverse_util.flatten_dict(flax.linen.unbox(params)).items()}
   norms = {path: shape for path, shape in paths.items() if "norm" in path or "/pre_" in path}
@@ -72,8 +72,8 @@ def test_layer_norm_parameters_keep_their_names():
 def test_scan_unroll_computes_the_same_with_fewer_loop_iterations(unroll):
   """model.scan_unroll runs `unroll` layer units per iteration of the scan's loop (3 units: 2 -> one iteration of
   two and the one left over, 3 -> all in one), with the same parameters, outputs and gradients."""
-  cfg = TransformerConfig(vocab_size=V, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64, num_encoder_layers=3,
-                          num_decoder_layers=3, moe_interval=0, dropout_rate=0.0)
+  cfg = TransformerConfig.reference(vocab_size=V, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64,
+                                    num_encoder_layers=3, num_decoder_layers=3, moe_interval=0, dropout_rate=0.0)
   rng = np.random.default_rng(0)
   batch = {k: np.array(v) for k, v in dummy_batch(2, 8).items()}
   batch["inputs"] = rng.integers(3, V, (2, 8)).astype(np.int32)
@@ -83,7 +83,7 @@ def test_scan_unroll_computes_the_same_with_fewer_loop_iterations(unroll):
   def loss(cfg, params):
     return jnp.mean(Transformer(cfg).apply(params, batch)[0] ** 2)
 
-  unrolled = dataclasses.replace(cfg, scan_unroll=unroll)
+  unrolled = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, scan_unroll=unroll))
   assert jax.tree.structure(params) == jax.tree.structure(Transformer(unrolled).init(jax.random.key(0), batch))
   want, got = (jax.jit(jax.value_and_grad(functools.partial(loss, c)))(params) for c in (cfg, unrolled))
   np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
@@ -96,9 +96,9 @@ def test_scan_unroll_computes_the_same_with_fewer_loop_iterations(unroll):
 def test_a_decoding_length_beyond_the_learned_positions_is_refused():
   """jnp.take past the table gives NaN embeddings, whose argmax is garbage: refused in one line, by eval.py and
   translate.py before the data is read and by the Translator itself."""
-  cfg = TransformerConfig(vocab_size=V, positions="learned", max_position=128)
+  cfg = TransformerConfig.reference(vocab_size=V, positions="learned", max_position=128)
   decode.Translator(cfg, None, max_len=128)
   with pytest.raises(ConfigError, match=r"a decoding length of 129 \(--max_decode_len\) exceeds model.max_position"
                                         r"=128, the learned positions"):
     decode.Translator(cfg, None, max_len=129)
-  decode.check_length(dataclasses.replace(cfg, positions="sinusoidal"), 10_000)
+  decode.check_length(dataclasses.replace(cfg.model, positions="sinusoidal"), 10_000)
