@@ -50,15 +50,15 @@ def test_the_model_config_is_resolved_for_the_devices_platform():
   config = small_config()
   assert (config.model.attention, config.model.dropout_rng, config.model.residual_dtype) == ("auto",) * 3
   gpu, cpu = (TransformerConfig.from_config(config, 64, p) for p in ("gpu", "cpu"))
-  assert (gpu.attention, gpu.dropout_rng, gpu.residual_dtype, gpu.moe.dispatch) == (
+  assert (gpu.model.attention, gpu.model.dropout_rng, gpu.residual_dtype, gpu.moe.dispatch) == (
       "xla", "threefry", jnp.float32, "index_gather")  # small_config computes in float32
   bf16 = TransformerConfig.from_config(small_config(**{"model.dtype": "bfloat16"}), 64, "gpu")
-  assert (bf16.attention, bf16.residual_dtype) == ("fused", jnp.bfloat16)
-  assert (cpu.attention, cpu.dropout_rng, cpu.residual_dtype, cpu.moe.dispatch) == (
+  assert (bf16.model.attention, bf16.residual_dtype) == ("fused", jnp.bfloat16)
+  assert (cpu.model.attention, cpu.model.dropout_rng, cpu.residual_dtype, cpu.moe.dispatch) == (
       "xla", "threefry", jnp.float32, "index")
   assert config.moe.dispatch == "auto" and small_config(**{"moe.dispatch": "einsum"}).moe.dispatch == "einsum"
   explicit = small_config(**{"model.attention": "fused", "model.residual_dtype": "bfloat16"})
-  assert (TransformerConfig.from_config(explicit, 64, "gpu").attention,
+  assert (TransformerConfig.from_config(explicit, 64, "gpu").model.attention,
           TransformerConfig.from_config(explicit, 64, "cpu").residual_dtype) == ("fused", jnp.bfloat16)
 
 
