@@ -21,6 +21,9 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from gshard_mt import io  # noqa: E402
+
 OUT = ROOT / "bench" / "results" / "same_behaviour"
 # Bad input of every kind train.py meets before any data is read: a value, a name, a key, a combination, a file.
 BAD = {
@@ -39,8 +42,7 @@ def run(tree: pathlib.Path, args: list[str], **kwargs) -> subprocess.CompletedPr
 
 
 def losses(workdir: pathlib.Path) -> list[float]:
-  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-  return [row["loss"] for row in rows if "loss" in row]
+  return [row["loss"] for row in io.read_jsonl(workdir / "metrics.jsonl") if "loss" in row]
 
 
 def train(tree, workdir, steps, *extra) -> subprocess.CompletedProcess:
@@ -99,9 +101,7 @@ def main(argv):
             "errors": {c: {"base": bad_old[c], "head": bad_new[c]} for c in bad_new}}
   OUT.mkdir(parents=True, exist_ok=True)
   path = OUT / f"{args.base}.json"
-  tmp_path = path.with_suffix(".json.tmp")
-  tmp_path.write_text(json.dumps(result, indent=2) + "\n")
-  tmp_path.replace(path)
+  io.write_atomically(path, json.dumps(result, indent=2) + "\n")
   for case, pair in result["errors"].items():
     print(f"{case}: base exit {pair['base'][0]}: {pair['base'][2]}\n{' ' * len(case)}  head exit {pair['head'][0]}: "
           f"{pair['head'][2]}")
