@@ -9,12 +9,10 @@ import sys
 import numpy as np
 import pytest
 
-from gshard_mt import config_files
 from gshard_mt.config.defaults import get_config
 from gshard_mt.config.moe import MoeConfig
 from gshard_mt.moe.routers import ROUTERS
-from gshard_mt.training import validate
-from tests.helpers import ROOT
+from tests.helpers import ROOT, load_checked
 
 sys.path.insert(0, str(ROOT / "bench"))
 import report  # noqa: E402  (bench/report.py)
@@ -126,6 +124,6 @@ def test_the_readmes_router_registers_and_routes():
     routing = ROUTERS.get("mine")(k=2).route(logits, 4)
     assert routing.expert_index.shape == (1, 4, 2) and bool(routing.kept.all())
     np.testing.assert_array_equal(routing.expert_index[..., 0], logits.argmax(-1))
-    validate.check(config_files.load(ROOT / "configs/tiny.py", {"moe.router": "mine"}))
+    load_checked(ROOT / "configs/tiny.py", {"moe.router": "mine"})
   finally:
     ROUTERS.unregister("mine")
