@@ -35,7 +35,7 @@ import numpy as np
 import optax
 from flax import traverse_util
 
-from gshard_mt import config_files
+from gshard_mt import cli
 from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch
 from gshard_mt.moe import balance
 from gshard_mt.training.step import TrainState, train_step
@@ -52,7 +52,7 @@ def get_config(rate: float):
                "moe.aux_loss_weight": 0.0, "moe.bias_update_rate": rate, "data.max_length": L,
                "data.max_target_length": 0, "batch_size": B, "optimizer.name": "adam",
                "optimizer.learning_rate": 3e-3, "optimizer.warmup_steps": 20}
-  return config_files.load(ROOT / "configs" / "tiny.py", {k: str(v) for k, v in overrides.items()})
+  return cli.load(ROOT / "configs" / "tiny.py", {k: str(v) for k, v in overrides.items()})
 
 
 def batches(steps: int, seed: int):

@@ -168,9 +168,9 @@ def main(argv):
   if args.one:
     print(json.dumps(one(json.loads(args.one))), flush=True)
     return
-  from gshard_mt import config_files
+  from gshard_mt import cli
 
-  head_dim = config_files.load(args.config, {}).model.head_dim
+  head_dim = cli.load(args.config, {}).model.head_dim
   widths = [int(w) for w in args.widths.split(",")]
   layouts = dict(parse_layout(text) for text in (args.layout or DEFAULT_LAYOUTS))
   env = environment()

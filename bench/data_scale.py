@@ -32,7 +32,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gshard_mt import config_files  # noqa: E402
+from gshard_mt import cli  # noqa: E402
 from gshard_mt.data import pipeline  # noqa: E402
 
 
@@ -55,7 +55,7 @@ def timed(command: list[str]) -> tuple[float, float, float, str]:
 
 def start_seconds(root: pathlib.Path, pairs: int) -> float:
   """Seconds from `pipeline.load` to the first training batch, in a new process."""
-  code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from gshard_mt import config_files as c; "
+  code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from gshard_mt import cli as c; "
           "from gshard_mt.data import pipeline; import json; "
           "config = c.load(sys.argv[1] + '/configs/tiny.py', json.loads(sys.argv[2])); t = time.perf_counter(); "
           "pipeline.load(config, sys.argv[3]).train_batches(config).batch(0); print(time.perf_counter() - t)")
@@ -66,7 +66,7 @@ def start_seconds(root: pathlib.Path, pairs: int) -> float:
 
 def packed(root: pathlib.Path, pairs: int) -> dict[str, tuple[float, float]]:
   """{rows: (real tokens/s, packing efficiency)} from the memory-mapped corpus, one process."""
-  config = config_files.load(ROOT / "configs" / "tiny.py", overrides(root, pairs))
+  config = cli.load(ROOT / "configs" / "tiny.py", overrides(root, pairs))
   data = pipeline.load(config, root / f"train-{pairs}")
   out = {}
   for rows, lengths in ((8, (128, 80)), (512, (64, 40))):
@@ -87,7 +87,7 @@ def formats(root: pathlib.Path, pairs: int) -> dict[str, float]:
   """Milliseconds to read the source tokens of k random pairs: memory map against ArrayRecord."""
   from array_record.python import array_record_module
 
-  config = config_files.load(ROOT / "configs" / "tiny.py", overrides(root, pairs))
+  config = cli.load(ROOT / "configs" / "tiny.py", overrides(root, pairs))
   split = pipeline.load(config, root / f"train-{pairs}").tokens["train"]
   n = min(len(split), 1_000_000)
   path = root / "formats.array_record"

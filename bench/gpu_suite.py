@@ -69,7 +69,6 @@ import numpy as np  # noqa: E402
 
 from gshard_mt import (  # noqa: E402
   cli,
-  config_files,  # noqa: E402
   io,
   xla_flags,
 )
@@ -189,7 +188,7 @@ class Prepared:
 
 def prepare(name: str, variant: str, *, small: bool, workdir: pathlib.Path) -> Prepared:
   overrides = (SMALL if small else {}) | VARIANTS[variant]
-  config = config_files.load(CONFIGS[name], overrides)
+  config = cli.load(CONFIGS[name], overrides)
   mesh_lib.check(config, jax.device_count())
   data = pipeline.load(config, workdir)
   setup = build(config, data.tokenizer.vocab_size)

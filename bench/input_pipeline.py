@@ -29,8 +29,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from gshard_mt import cli  # noqa: E402
 from gshard_mt import config as config_lib  # noqa: E402
-from gshard_mt import config_files  # noqa: E402
 from gshard_mt.data import pipeline  # noqa: E402
 
 
@@ -43,7 +43,7 @@ def main():
                       help="target tokens per row (default: the config's, data.max_target_length)")
   rest, overrides = config_lib.split_overrides(sys.argv[1:])
   args = parser.parse_args(rest)
-  config = config_files.load(args.config, overrides)
+  config = cli.load(args.config, overrides)
   source_length, configured_target = config_lib.row_lengths(config)
   rows = []
   with tempfile.TemporaryDirectory() as workdir:

@@ -43,7 +43,6 @@ import jax  # noqa: E402
 
 from gshard_mt import (  # noqa: E402
   cli,
-  config_files,  # noqa: E402
   io,
   xla_flags,
 )
@@ -230,7 +229,7 @@ def main(argv):
     gpu_suite.small_backend()
   else:
     xla_flags.add(NO_COMMAND_BUFFERS)
-  config = config_files.load(parsed.config, {**(gpu_suite.SMALL if parsed.small else {}), **overrides})
+  config = cli.load(parsed.config, {**(gpu_suite.SMALL if parsed.small else {}), **overrides})
   gpu_suite.mesh_lib.check(config, jax.device_count())
   with tempfile.TemporaryDirectory() as workdir:
     data = pipeline.load(config, pathlib.Path(workdir))

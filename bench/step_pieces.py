@@ -27,8 +27,7 @@ CONFIG, CHIPS = "configs/dense_base.py", 4  # its batch over v5p:2x2x1's chips (
 
 
 def dense_base():
-  from gshard_mt import config_files
-  return config_files.load(ROOT / CONFIG)
+  return cli.load(ROOT / CONFIG)
 
 
 def pieces(jnp, jax):
@@ -117,11 +116,10 @@ def layer_chain(jax, jnp, overrides: dict, n: int):
 
   import flax.linen as nn
 
-  from gshard_mt import config_files
   from gshard_mt.kernels import seam
   from gshard_mt.model.transformer import Layer, LayerInputs, TransformerConfig, packing_mask
 
-  c = config_files.load(ROOT / CONFIG, {**LAYER_OPTIONS, **overrides})
+  c = cli.load(ROOT / CONFIG, {**LAYER_OPTIONS, **overrides})
   cfg = TransformerConfig.from_config(c, c.data.vocab_size)
   cfg = dataclasses.replace(cfg, ops=seam.pick(c, cfg, jax.devices()[0]))  # the kernels, as the training setup
   B, L = c.batch_size // CHIPS, c.data.max_length

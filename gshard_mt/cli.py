@@ -51,11 +51,18 @@ def parser(doc: str, *, config: bool = False) -> argparse.ArgumentParser:
   return p
 
 
+def load(path, overrides: dict[str, str] | None = None) -> config_lib.Config:
+  """The one frozen `Config` of the config file `path` with its `--config.key=value` overrides; each value checked,
+  the names and combinations not yet (`validate.check`)."""
+  return config_lib.parse(config_lib.apply_overrides(config_files.load_file(path), overrides or {}))
+
+
 def parse_with_overrides(p: argparse.ArgumentParser, argv: list[str]):
-  """(args, config): the parsed arguments, and the config file loaded with the `--config.key=value` overrides."""
+  """(args, config): the parsed arguments, and the config file loaded with the `--config.key=value` overrides and
+  validated, before anything is read or compiled."""
   rest, overrides = config_lib.split_overrides(argv)
   args = p.parse_args(rest)
-  return args, validate.check(config_files.load(args.config, overrides))
+  return args, validate.check(load(args.config, overrides))
 
 
 def run(main: Callable[[list[str]], object], argv: list[str] | None = None, prog: str | None = None,

@@ -1,9 +1,6 @@
-"""Config files: a Python file's `get_config()` with its `--config.key=value` overrides, parsed and checked by
-`gshard_mt.config`, and a work directory's config.json (written atomically, checked against the run it belongs
-to, read back with the keys added since at their defaults).
-
-  python train.py --config configs/tiny.py --workdir runs/tiny --config.moe.num_experts=16
-"""
+"""Config files: a Python file's `get_config()` (its errors one line naming the file and line; `cli.load` adds the
+`--config.key=value` overrides), and a work directory's config.json (written atomically, checked against the run it
+belongs to, read back with the keys added since at their defaults)."""
 
 from __future__ import annotations
 
@@ -16,7 +13,7 @@ import traceback
 import ml_collections
 
 from gshard_mt import hints, io
-from gshard_mt.config import Config, apply_overrides, flatten, parse, platforms, to_dict
+from gshard_mt.config import Config, flatten, parse, platforms, to_dict
 from gshard_mt.errors import ConfigError, UserError
 
 
@@ -62,11 +59,6 @@ def _what_it_is(path: pathlib.Path, module) -> str:
 def load_file(path: str | pathlib.Path, **kwargs) -> ml_collections.ConfigDict:
   """`get_config(**kwargs)` of a config file."""
   return run_file_code(path, load_module(path, "get_config").get_config, **kwargs)
-
-
-def load(path, overrides: dict[str, str] | None = None) -> Config:
-  """The config file `path` with its `--config.key=value` overrides, parsed and checked."""
-  return parse(apply_overrides(load_file(path), overrides or {}))
 
 
 def check_same_run(config: Config, workdir: io.PathLike, *, started: bool = True):

@@ -4,7 +4,7 @@ import os
 import pathlib
 import sys
 
-from gshard_mt import config_files, xla_flags
+from gshard_mt import cli, config_files, xla_flags
 from gshard_mt.training import validate
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -24,7 +24,7 @@ def small_overrides(**overrides) -> dict[str, str]:
 
 def load_checked(path, overrides=None):
   """A config file with its overrides, parsed and validated as the commands read it (`training.validate`)."""
-  return validate.check(config_files.load(path, overrides))
+  return validate.check(cli.load(path, overrides))
 
 
 def small_config(**overrides):

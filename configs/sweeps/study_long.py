@@ -17,7 +17,7 @@ the Multi30k streams lose 25-37.
 
 import pathlib
 
-from gshard_mt import config_files
+from gshard_mt import cli, config_files
 from gshard_mt.tools.sweep import ROOT
 
 STUDY = config_files.load_module(pathlib.Path(__file__).with_name("study.py"), "get_sweep")
@@ -34,7 +34,7 @@ def longer(steps: int) -> dict:
 
 
 def get_sweep():
-  base_steps = config_files.load(ROOT / BASE).num_train_steps
+  base_steps = cli.load(ROOT / BASE).num_train_steps
   # the low-resource baselines (data.source tatoeba) stay: they are at their best within 100 steps already
   points = [p if p.get("data.source") == "tatoeba" else p | longer(p.get("num_train_steps", base_steps))
             for p in STUDY.get_sweep()]

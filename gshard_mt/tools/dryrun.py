@@ -33,7 +33,7 @@ import time
 
 import jax
 
-from gshard_mt import cli, config_files, io
+from gshard_mt import cli, io
 from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError, UserError
 from gshard_mt.model.transformer import REMAT_POLICIES
@@ -97,7 +97,7 @@ def describe_changes(changed: dict[str, list]) -> str:
 
 def load_for(config_path: str, overrides: dict, num_devices: int):
   """The config for a plan on `num_devices`, fitted to the mesh (`fit_to_mesh`; a change said on stderr)."""
-  config, changed = fit_to_mesh(validate.check(config_files.load(config_path, overrides)), num_devices)
+  config, changed = fit_to_mesh(validate.check(cli.load(config_path, overrides)), num_devices)
   if changed:
     print(describe_changes(changed), file=sys.stderr)
   return config
@@ -218,7 +218,7 @@ def plan(config_path: str, overrides: dict, topology: str | None = None, num_dev
   """The dry run of a config file for a TPU `topology` or `num_devices` fake CPU devices (set before JAX starts
   its CPU backend), with 'topology', 'hbm_gib', 'fits' and 'changed' (the settings fitted to the mesh,
   `fit_to_mesh`) added to `dry_run`'s report, and with `remat` policies their `remat_policies`."""
-  asked = validate.check(config_files.load(config_path, overrides))
+  asked = validate.check(cli.load(config_path, overrides))
   if topology:
     devices = tpu.topology_devices(topology)
     hbm_gib = hbm_gib or chips.hbm_bytes(devices[0]) / 2**30

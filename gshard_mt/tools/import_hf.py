@@ -60,7 +60,7 @@ def imported_config(args, overrides: dict, source: io.epath.Path, workdir: io.ep
     raise WorkdirError(f"{where}: not JSON ({e})") from None
   if not tokenizer_files.is_nllb(source):
     raise WorkdirError(f"{source}: no NLLB tokenizer ({nllb.MODEL} and {nllb.CONFIG})")
-  config = config_lib.replace(config_files.load(args.config, overrides),
+  config = config_lib.replace(cli.load(args.config, overrides),
                               configs.overrides(hf, str(where)) | {"data.tokenizer": str(workdir / TOKENIZER)})
   return validate.check(config), hf
 

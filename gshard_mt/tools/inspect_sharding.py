@@ -16,7 +16,7 @@ import sys
 import jax
 from flax.linen import partitioning as nn_partitioning
 
-from gshard_mt import cli, config_files
+from gshard_mt import cli
 from gshard_mt import config as config_lib
 from gshard_mt.errors import UserError
 from gshard_mt.moe import axes as moe
@@ -113,7 +113,7 @@ def main(argv):
   parser.add_argument("--mesh", default="", help="e.g. data=2,expert=4")
   parsed = parser.parse_args(args)
   overrides.update({f"mesh.{k}": str(v) for k, v in parse_mesh(parsed.mesh).items()})
-  mesh = config_files.load(parsed.config, overrides).mesh
+  mesh = cli.load(parsed.config, overrides).mesh
   devices = max(mesh.data, 1) * mesh.expert * mesh.model  # data=-1: one data slice
   config = load_for(parsed.config, overrides, devices)
 

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from gshard_mt import config_files
+from gshard_mt import cli, config_files
 from gshard_mt.errors import ConfigError
 from gshard_mt.evaluation import evaluate
 from gshard_mt.hf import convert
@@ -30,7 +30,7 @@ def runs(tmp_path_factory):
   lines = [f"{lang}\t{words[i % 10]} {words[(i * 3) % 10]} {i}\tthe {i} {words[(i * 7) % 10]}"
            for i in range(200) for lang in ("fra", "deu")]
   (root / "pairs.tsv").write_text("\n".join(lines) + "\n")
-  config = config_files.load("configs/nllb.py", DATA | {"init_from": str(root / "nllb"),
+  config = cli.load("configs/nllb.py", DATA | {"init_from": str(root / "nllb"),
                                                       "data.path": str(root / "pairs.tsv")})
   result = loop.train_and_evaluate(config, root / "ft")
   return root, result
@@ -52,7 +52,7 @@ def test_finetuning_takes_the_source_model_and_tokenizer_and_trains(runs):
 
 def test_keys_that_change_the_parameters_are_refused(runs):
   root, _ = runs
-  config = config_files.load("configs/nllb.py", DATA | {"init_from": str(root / "nllb"), "model.emb_dim": "32",
+  config = cli.load("configs/nllb.py", DATA | {"init_from": str(root / "nllb"), "model.emb_dim": "32",
                                                       "moe.num_experts": "8", "data.path": str(root / "pairs.tsv")})
   with pytest.raises(ConfigError, match=r"model.emb_dim=32 here, 16 there, moe.num_experts=8 here, 4 there") as e:
     init_from.resolved(config)
