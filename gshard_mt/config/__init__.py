@@ -1,6 +1,7 @@
 """The config: `--config.key=value` overrides of a config file's ConfigDict, parsed into the frozen `Config`
-(`sections`: every key's default and check). The package's leaf: it imports nothing else of gshard_mt, and
-`gshard_mt.config_files` reads and writes the files.
+(`sections`: every key's default and check). The package's leaf: it imports nothing else of gshard_mt;
+`gshard_mt.cli.load` makes the one `Config` of a config file and its overrides, `gshard_mt.config_files` reads and
+writes the files.
 
   python train.py --config configs/tiny.py --workdir runs/tiny --config.moe.num_experts=16
 """
