@@ -7,10 +7,9 @@ The dense point replaces each MoE layer's top-2 of experts of hidden H=256 by a 
 the other layers, a dense hidden of 384 everywhere gives the same FLOPs per token. Bilingual baselines use that
 dense model on one language's data, Multi30k ones for 600 steps; the low-resource ones have a vocabulary and a run
 (200 steps) sized to their few hundred pairs (they overfit early, and the study decodes each point's best
-checkpoint). Measured 2026-11-27 (docs/performance.md, 44 min on 2 cores): best dev loss 3.785 dense, 3.778 / 3.791 /
-3.782 / 3.763 with 4 / 8 / 16 / 32 experts; the bilingual baselines lead by 17-28 BLEU on the Multi30k languages
-at this budget, and the low-resource ones are level (-1.9 to +0.8).
-configs/sweeps/study_long.py trains the same points ten times longer, where MoE pulls ahead.
+checkpoint). configs/sweeps/study_long.py trains the same points ten times longer.
+
+Result (44 min on 2 cores; docs/performance.md): best dev loss 3.785 dense, 3.763-3.791 with 4-32 experts.
 """
 
 BASE = "configs/study.py"

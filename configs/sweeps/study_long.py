@@ -9,10 +9,7 @@ they reach their lowest dev loss within 100 steps and overfit after. Two more po
 help: `model.moe_interval=1` puts a top-2 MoE layer of 8 experts in every layer, against a dense twin with every
 FFN of hidden 512 (the same FLOPs per token).
 
-Measured on one H100, 2026-11-24 (docs/performance.md): best dev loss 3.203 dense against
-3.166 / 3.170 / 3.170 / 3.172 with 4 / 8 / 16 / 32 experts, and 3.205 dense_all against 3.115 for e8_all; average
-test BLEU 3.0-3.3 for every model; against the bilingual baselines hsb and bos gain 1.3-8.8 BLEU, fry -1.1 to +5.5,
-the Multi30k streams lose 25-37.
+Result (one H100; docs/performance.md): best dev loss 3.203 dense, 3.166-3.172 with 4-32 experts, 3.115 e8_all.
 """
 
 import pathlib

@@ -2,9 +2,7 @@
 the sum of the logits (for label smoothing) and the argmax (for the accuracy).
 
 XLA reads the [B, L, V] logits (the step's largest tensor) once per reduction, and writes a float32 copy first for
-them to read; on the TPU compiler's estimate the log-sum-exp and the argmax cost 0.26 ms each at dense_base's
-5,120 target positions per chip (docs/decisions.md). On a TPU `logit_stats` is one Pallas
-kernel over blocks of rows, each row's V logits whole in VMEM, read in their own dtype; elsewhere the same
+them to read (what each costs: docs/decisions.md). On a TPU `logit_stats` is one Pallas kernel over blocks of rows, each row's V logits whole in VMEM, read in their own dtype; elsewhere the same
 reductions in jnp (`reference`), which the kernel is tested against in interpret mode. The backward, with the
 log-sum-exp saved, is one jnp pass: the derivatives of (lse, target logit, sum) in z are (softmax, one-hot, 1).
 
