@@ -2,9 +2,10 @@
 the sum of the logits (for label smoothing) and the argmax (for the accuracy).
 
 XLA reads the [B, L, V] logits (the step's largest tensor) once per reduction, and writes a float32 copy first for
-them to read (what each costs: docs/decisions.md). On a TPU `logit_stats` is one Pallas kernel over blocks of rows, each row's V logits whole in VMEM, read in their own dtype; elsewhere the same
-reductions in jnp (`reference`), which the kernel is tested against in interpret mode. The backward, with the
-log-sum-exp saved, is one jnp pass: the derivatives of (lse, target logit, sum) in z are (softmax, one-hot, 1).
+them to read (what each costs: docs/decisions.md). On a TPU `logit_stats` is one Pallas kernel over blocks of rows,
+each row's V logits whole in VMEM, read in their own dtype; elsewhere the same reductions in jnp (`reference`),
+which the kernel is tested against in interpret mode. The backward, with the log-sum-exp saved, is one jnp pass: the
+derivatives of (lse, target logit, sum) in z are (softmax, one-hot, 1).
 
 On a mesh the kernel runs per device under `shard_map` over the batch's mesh axes; where the rules split the
 length or the vocabulary, jnp instead. Letters: B rows, L positions, V the vocabulary; N = B·L, T rows per block.
