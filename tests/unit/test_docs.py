@@ -90,6 +90,26 @@ def test_every_result_file_has_a_source(tmp_path):
     report.load(tmp_path)
 
 
+def test_the_path_of_a_key_is_true():
+  """docs/config.md's path of moe.num_experts: each call after an arrow is a function or class of the files it
+  lists, the count of calls and files is what it says, and the einsum it ends at is in the MoE layer."""
+  text = CONFIG_DOC.read_text()
+  section = text[text.index("**How a key reaches the code**"):text.index("Every key below")]
+  steps = section[section.index("\n1. "):section.index("\n\nThe checks on the way")]
+  outside = steps.split("`")[::2]  # the text between backticked spans: the einsum's own arrow is inside one
+  called = re.findall(r"-> (?:`[\w/.]+\.py`\s+)?`([\w.]+)", steps)  # a file named, then what is called there
+  calls, files = (int(n) for n in re.search(r"(\d+) calls over\s+(\d+) files", section).groups())
+  carried = " ".join(re.search(r"carried through are (.*?):", section, re.S).group(1).split())
+  listed = re.split(r",\s+|\s+and\s+", carried)
+  sources = {name: (ROOT / (name if name == "train.py" else f"gshard_mt/{name}")).read_text() for name in listed}
+  assert sum(part.count("->") for part in outside) == len(called) == calls
+  assert len(listed) == files
+  undefined = [name for name in called if not any(re.search(rf"^\s*(def|class) {name.split('.')[-1]}\b", source, re.M)
+                                                  for source in sources.values())]
+  assert not undefined, f"docs/config.md's path calls {undefined}, defined in none of {listed}"
+  assert 'einsum("GSM,ME->GSE"' in sources["moe/layer.py"]
+
+
 def test_the_readme_is_short():
   assert len((ROOT / "README.md").read_text().splitlines()) <= 300
 
