@@ -31,7 +31,7 @@ def runs(tmp_path_factory):
            for i in range(200) for lang in ("fra", "deu")]
   (root / "pairs.tsv").write_text("\n".join(lines) + "\n")
   config = cli.load("configs/nllb.py", DATA | {"init_from": str(root / "nllb"),
-                                                      "data.path": str(root / "pairs.tsv")})
+                                               "data.path": str(root / "pairs.tsv")})
   result = loop.train_and_evaluate(config, root / "ft")
   return root, result
 
@@ -53,7 +53,7 @@ def test_finetuning_takes_the_source_model_and_tokenizer_and_trains(runs):
 def test_keys_that_change_the_parameters_are_refused(runs):
   root, _ = runs
   config = cli.load("configs/nllb.py", DATA | {"init_from": str(root / "nllb"), "model.emb_dim": "32",
-                                                      "moe.num_experts": "8", "data.path": str(root / "pairs.tsv")})
+                                               "moe.num_experts": "8", "data.path": str(root / "pairs.tsv")})
   with pytest.raises(ConfigError, match=r"model.emb_dim=32 here, 16 there, moe.num_experts=8 here, 4 there") as e:
     init_from.resolved(config)
   assert "\n" not in str(e.value)
