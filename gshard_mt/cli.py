@@ -52,17 +52,17 @@ def parser(doc: str, *, config: bool = False) -> argparse.ArgumentParser:
 
 
 def load(path, overrides: dict[str, str] | None = None) -> config_lib.Config:
-  """The one frozen `Config` of the config file `path` with its `--config.key=value` overrides; each value checked,
-  the names and combinations not yet (`validate.check`)."""
-  return config_lib.parse(config_lib.apply_overrides(config_files.load_file(path), overrides or {}))
+  """The one frozen `Config` of the config file `path` with its `--config.key=value` overrides, validated
+  (`validate.check`: each value, name and combination), before anything is read or compiled."""
+  return validate.check(config_lib.parse(config_lib.apply_overrides(config_files.load_file(path), overrides or {})))
 
 
 def parse_with_overrides(p: argparse.ArgumentParser, argv: list[str]):
-  """(args, config): the parsed arguments, and the config file loaded with the `--config.key=value` overrides and
-  validated, before anything is read or compiled."""
+  """(args, config): the parsed arguments, and the config file loaded with its `--config.key=value` overrides
+  (`load`)."""
   rest, overrides = config_lib.split_overrides(argv)
   args = p.parse_args(rest)
-  return args, validate.check(load(args.config, overrides))
+  return args, load(args.config, overrides)
 
 
 def run(main: Callable[[list[str]], object], argv: list[str] | None = None, prog: str | None = None,

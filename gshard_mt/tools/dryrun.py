@@ -42,7 +42,6 @@ from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.tpu.estimates import hlo as hlo_lib
 from gshard_mt.tpu.estimates import step_cost
 from gshard_mt.tpu.estimates import tpu_compiler as tpu
-from gshard_mt.training import validate
 
 NO_CPU_ALL_TO_ALL_DECOMPOSER = "--xla_disable_hlo_passes=all_to_all_decomposer"
 
@@ -97,7 +96,7 @@ def describe_changes(changed: dict[str, list]) -> str:
 
 def load_for(config_path: str, overrides: dict, num_devices: int):
   """The config for a plan on `num_devices`, fitted to the mesh (`fit_to_mesh`; a change said on stderr)."""
-  config, changed = fit_to_mesh(validate.check(cli.load(config_path, overrides)), num_devices)
+  config, changed = fit_to_mesh(cli.load(config_path, overrides), num_devices)
   if changed:
     print(describe_changes(changed), file=sys.stderr)
   return config
@@ -218,7 +217,7 @@ def plan(config_path: str, overrides: dict, topology: str | None = None, num_dev
   """The dry run of a config file for a TPU `topology` or `num_devices` fake CPU devices (set before JAX starts
   its CPU backend), with 'topology', 'hbm_gib', 'fits' and 'changed' (the settings fitted to the mesh,
   `fit_to_mesh`) added to `dry_run`'s report, and with `remat` policies their `remat_policies`."""
-  asked = validate.check(cli.load(config_path, overrides))
+  asked = cli.load(config_path, overrides)
   if topology:
     devices = tpu.topology_devices(topology)
     hbm_gib = hbm_gib or chips.hbm_bytes(devices[0]) / 2**30

@@ -1,7 +1,7 @@
 """The one validation step of a config, after its sections checked their own values: the names that choose code
 (routers, dispatches, sources, schedules, ...) against the registries beside the classes they name, and what only a
 combination of options can break. Every command that reads a config calls `check` before any data is read
-(`cli.parse_with_overrides`; `config_files.load_saved(workdir, check)` for a run's config.json); each error is one line
+(`cli.load`; `config_files.load_saved(workdir, check)` for a run's config.json); each error is one line
 naming the keys.
 """
 

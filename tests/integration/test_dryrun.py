@@ -11,8 +11,9 @@ import jax
 import numpy as np
 import pytest
 
+from gshard_mt import cli
 from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch
-from tests.helpers import ROOT, load_checked
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.slow  # trains, compiles for many devices or starts processes
 
@@ -47,7 +48,7 @@ def test_reports_memory_and_collectives(report):
 
 def test_per_device_parameter_bytes_follow_the_shardings(report):
   """Expert weights are split 4 ways (the expert axis); every other parameter is replicated."""
-  config = load_checked(ROOT / "configs" / "tiny.py", {"model.num_encoder_layers": "4",
+  config = cli.load(ROOT / "configs" / "tiny.py", {"model.num_encoder_layers": "4",
                                                           "model.num_decoder_layers": "4"})
   shapes = jax.eval_shape(lambda: Transformer(TransformerConfig.from_config(config, config.data.vocab_size)).init(
       jax.random.key(0), dummy_batch(1, 8)))["params"]

@@ -5,18 +5,18 @@ import re
 
 import pytest
 
+from gshard_mt import cli, config_files
 from gshard_mt import config as config_lib
-from gshard_mt import config_files
 from gshard_mt.config.sections import Config, ModelConfig
 from gshard_mt.errors import ConfigError
 from gshard_mt.parallel import mesh as mesh_lib
-from tests.helpers import ROOT, load_checked, small_config, started_as
+from tests.helpers import ROOT, small_config, started_as
 
 TINY = ROOT / "configs" / "tiny.py"
 
 
 def test_overrides_are_typed():
-  c = load_checked(TINY, {"moe.num_experts": "8", "data.temperature": "inf", "model.tied_logits": "true",
+  c = cli.load(TINY, {"moe.num_experts": "8", "data.temperature": "inf", "model.tied_logits": "true",
                              "optimizer.learning_rate": "1", "data.languages": "fra,deu"})
   assert c.moe.num_experts == 8 and c.data.temperature == float("inf") and c.model.tied_logits is True
   assert c.optimizer.learning_rate == 1.0 and isinstance(c.optimizer.learning_rate, float)
@@ -75,7 +75,7 @@ def test_split_overrides():
 ])
 def test_validation_errors(overrides, message):
   with pytest.raises(ConfigError, match=message):
-    load_checked(TINY, overrides)
+    cli.load(TINY, overrides)
 
 
 @pytest.mark.parametrize("overrides, devices, message", [
@@ -92,28 +92,28 @@ def test_the_dimensions_the_rules_split_must_divide_their_axes(overrides, device
   """Derived from the rule table (parallel.rules), checked with the mesh before any data is read."""
   overrides = {"moe.group_size": "16", **overrides}  # groups that split over any of these meshes
   with pytest.raises(ConfigError, match=message):
-    mesh_lib.check(load_checked(TINY, {"partitioning": "expert_model", **overrides}), devices)
-  mesh_lib.check(load_checked(TINY, overrides), devices)  # 'expert' splits none of them
+    mesh_lib.check(cli.load(TINY, {"partitioning": "expert_model", **overrides}), devices)
+  mesh_lib.check(cli.load(TINY, overrides), devices)  # 'expert' splits none of them
 
 
 def test_batch_and_groups_must_split_over_the_devices():
   with pytest.raises(ConfigError, match="batch_size=8 does not split over the 16 devices"):
-    mesh_lib.check(load_checked(TINY), 16)
+    mesh_lib.check(cli.load(TINY), 16)
   # 8 rows x 128 source tokens are 8 groups of 128, the 80-token target rows 5
   with pytest.raises(ConfigError, match=r"the 5 MoE groups of a batch \(batch_size x data.max_target_length=80 .* "
                                         "do not split over the 8"):
-    mesh_lib.check(load_checked(TINY), 8)
+    mesh_lib.check(cli.load(TINY), 8)
   with pytest.raises(ConfigError, match=r"the 4 MoE groups of a batch \(batch_size x data.max_length=64 .* "
                                         "do not split over the 8"):
-    mesh_lib.check(load_checked(TINY, {"data.max_length": "64", "data.max_target_length": "0"}), 8)
-  mesh_lib.check(load_checked(TINY, {"moe.group_size": "16"}), 8)  # 64 and 40 groups
+    mesh_lib.check(cli.load(TINY, {"data.max_length": "64", "data.max_target_length": "0"}), 8)
+  mesh_lib.check(cli.load(TINY, {"moe.group_size": "16"}), 8)  # 64 and 40 groups
   micro = {"moe.group_size": "16", "num_microbatches": "2"}  # 4 rows a microbatch: 32 and 20 groups of 16
   with pytest.raises(ConfigError, match=r"batch_size=8 / num_microbatches=2 does not split over the 8 devices"):
-    mesh_lib.check(load_checked(TINY, micro), 8)
+    mesh_lib.check(cli.load(TINY, micro), 8)
   with pytest.raises(ConfigError, match=r"the 5 MoE groups of a microbatch \(batch_size / num_microbatches x "
                                         r"data.max_target_length=80 / moe.group_size\) do not split over the 4"):
-    mesh_lib.check(load_checked(TINY, {**micro, "moe.group_size": "64"}), 4)
-  mesh_lib.check(load_checked(TINY, micro), 4)
+    mesh_lib.check(cli.load(TINY, {**micro, "moe.group_size": "64"}), 4)
+  mesh_lib.check(cli.load(TINY, micro), 4)
 
 
 def test_remat_true_and_false_of_older_runs_are_full_and_none(tmp_path):
@@ -161,13 +161,13 @@ def test_a_config_file_that_raises_is_one_line_naming_its_line(tmp_path, text, l
   path = tmp_path / "broken.py"
   path.write_text(text)
   with pytest.raises(ConfigError) as raised:
-    load_checked(path)
+    cli.load(path)
   assert str(raised.value).startswith(f"{path}:{line}: {error}") and "\n" not in str(raised.value)
 
 
 def test_missing_config_file():
   with pytest.raises(ConfigError, match="not found"):
-    load_checked(ROOT / "configs" / "nope.py")
+    cli.load(ROOT / "configs" / "nope.py")
 
 
 def test_config_choices_come_from_the_modules_that_use_them():
@@ -182,10 +182,10 @@ def test_config_choices_come_from_the_modules_that_use_them():
 
 def test_moe_keys_are_checked_by_moe_config():
   with pytest.raises(ConfigError, match="moe.dispatch='gather'"):
-    load_checked(TINY, {"moe.dispatch": "gather"})
+    cli.load(TINY, {"moe.dispatch": "gather"})
   with pytest.raises(ConfigError, match="moe.num_experts=1: top-2 gating needs at least 2 experts"):
-    load_checked(TINY, {"moe.num_experts": "1", "mesh.expert": "1"})
-  load_checked(TINY, {"moe.num_experts": "1", "model.moe_interval": "0"})  # a dense model ignores E
+    cli.load(TINY, {"moe.num_experts": "1", "mesh.expert": "1"})
+  cli.load(TINY, {"moe.num_experts": "1", "model.moe_interval": "0"})  # a dense model ignores E
 
 
 @pytest.mark.parametrize("values, message", [
@@ -226,7 +226,7 @@ def test_a_sweep_given_as_a_config_says_how_to_run_it(make, command, monkeypatch
   monkeypatch.chdir(ROOT)
   started_as(monkeypatch, ["python", "train.py", "--config", "configs/sweeps/routers.py"], make=make)
   with pytest.raises(ConfigError) as raised:
-    load_checked("configs/sweeps/routers.py")
+    cli.load("configs/sweeps/routers.py")
   assert str(raised.value) == ("configs/sweeps/routers.py has no get_config: it is a sweep (get_sweep); run it with "
                                + command)
 

@@ -9,10 +9,11 @@ import sys
 import numpy as np
 import pytest
 
+from gshard_mt import cli
 from gshard_mt.config.defaults import get_config
 from gshard_mt.config.moe import MoeConfig
 from gshard_mt.moe.routers import ROUTERS
-from tests.helpers import ROOT, load_checked
+from tests.helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
 import report  # noqa: E402  (bench/report.py)
@@ -144,6 +145,6 @@ def test_the_readmes_router_registers_and_routes():
     routing = ROUTERS.get("mine")(k=2).route(logits, 4)
     assert routing.expert_index.shape == (1, 4, 2) and bool(routing.kept.all())
     np.testing.assert_array_equal(routing.expert_index[..., 0], logits.argmax(-1))
-    load_checked(ROOT / "configs/tiny.py", {"moe.router": "mine"})
+    cli.load(ROOT / "configs/tiny.py", {"moe.router": "mine"})
   finally:
     ROUTERS.unregister("mine")

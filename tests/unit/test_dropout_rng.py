@@ -7,12 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gshard_mt import cli
 from gshard_mt.batch import BATCH_KEYS
 from gshard_mt.errors import ConfigError
 from gshard_mt.model.layers import DROPOUT_KEYS
 from gshard_mt.model.transformer import Transformer, TransformerConfig, dummy_batch
 from gshard_mt.training.setup import build
-from tests.helpers import ROOT, load_checked, small_config
+from tests.helpers import ROOT, small_config
 
 V = 64
 
@@ -89,6 +90,6 @@ def test_rbg_masks_differ_across_steps_and_layers():
 
 def test_an_unknown_generator_is_one_line_naming_the_key():
   with pytest.raises(ConfigError) as raised:
-    load_checked(ROOT / "configs" / "tiny.py", {"model.dropout_rng": "philox"})
+    cli.load(ROOT / "configs" / "tiny.py", {"model.dropout_rng": "philox"})
   assert str(raised.value) == "model.dropout_rng='philox': expected one of ('auto', 'threefry', 'rbg')"
 

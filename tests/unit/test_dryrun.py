@@ -3,12 +3,13 @@ and the step time extended from unrolled compiles."""
 
 import pytest
 
+from gshard_mt import cli
 from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError, UserError
 from gshard_mt.parallel import mesh as mesh_lib
 from gshard_mt.tools import dryrun
 from gshard_mt.tpu.estimates import step_cost
-from tests.helpers import ROOT, load_checked
+from tests.helpers import ROOT
 
 TINY = ROOT / "configs" / "tiny.py"  # 8 rows x 128 / 80 tokens = 1024 / 640 tokens, group size 128: 8 / 5 groups
 
@@ -34,7 +35,7 @@ def test_parse_remat_policies():
     ({"mesh.data": "1", "mesh.expert": "2", "partitioning": "data"}, 2, None),  # groups are not split over expert
 ])
 def test_fit_group_size(mesh, devices, expected):
-  config = load_checked(TINY, mesh)
+  config = cli.load(TINY, mesh)
   assert dryrun.fit_group_size(config, devices) == expected
   mesh_lib.check(config_lib.replace(config, {"moe.group_size": expected or 128}), devices)  # what then compiles
 
@@ -42,7 +43,7 @@ def test_fit_group_size(mesh, devices, expected):
 def test_fit_group_size_fits_the_microbatch():
   """2 microbatches of 4 rows on 4 devices: 512 / 320 tokens, 8 / 5 groups of 64 (5 do not split over 4; 16 / 10
   of 32 neither); 32 / 20 groups of 16 split."""
-  config = load_checked(TINY, {"num_microbatches": "2", "moe.group_size": "64"})
+  config = cli.load(TINY, {"num_microbatches": "2", "moe.group_size": "64"})
   assert dryrun.fit_group_size(config, 4) == 16
 
 
@@ -50,7 +51,7 @@ def test_load_for_says_which_size_it_chose(capsys):
   config = dryrun.load_for(TINY, {"mesh.data": "2", "mesh.expert": "4"}, 8)
   assert config.moe.group_size == 16
   assert "moe.group_size=128 does not split over this mesh; using moe.group_size=16" in capsys.readouterr().err
-  asked = load_checked(TINY, {"mesh.data": "2", "mesh.expert": "4"})
+  asked = cli.load(TINY, {"mesh.data": "2", "mesh.expert": "4"})
   assert dryrun.fit_to_mesh(asked, 8)[1] == {"moe.group_size": [128, 16]}
   assert dryrun.fit_to_mesh(config_lib.replace(asked, {"moe.group_size": 16}), 8)[1] == {}  # it fits: no change
 
@@ -83,7 +84,7 @@ class _Program:
 
 def test_step_time_of_a_program_without_loops_is_its_own():
   """Unrolled layers: the configured program is the whole step; nothing is extended or compiled."""
-  config = load_checked(TINY, {"model.num_encoder_layers": "4", "model.num_decoder_layers": "4"})
+  config = cli.load(TINY, {"model.num_encoder_layers": "4", "model.num_decoder_layers": "4"})
   t = step_cost.step_time(config, [], _Program(lambda x: x * 2, 0.25), points={})
   assert t["seconds"] == 0.25 and t["compiles"] == 0 and t["points"]["configured"]["uncounted_loops"] == 0
   assert "the configured program" in step_cost.step_time_note({"depth_points": t["points"], **{
@@ -95,7 +96,7 @@ def test_step_time_of_a_program_with_loops_is_extended():
   1- and 2-unit points (here given, as a sweep shares them), not from the program."""
   import jax
 
-  config = load_checked(TINY, {"model.num_encoder_layers": "4", "model.num_decoder_layers": "4"})
+  config = cli.load(TINY, {"model.num_encoder_layers": "4", "model.num_decoder_layers": "4"})
   looped = _Program(lambda x: jax.lax.fori_loop(0, 2, lambda i, y: y * 2, x), 0.25)
   points = {(1, 1): {"seconds": 1.0, "flops": 4.0, "uncounted_loops": 0},
             (2, 2): {"seconds": 1.5, "flops": 6.0, "uncounted_loops": 0}}
@@ -106,8 +107,8 @@ def test_step_time_of_a_program_with_loops_is_extended():
 
 
 def test_unit_counts():
-  assert step_cost.unit_counts(load_checked(TINY)) == (1, 1)  # 2 + 2 layers, a MoE layer every 2nd
-  dense = load_checked(TINY, {"model.moe_interval": "0", "model.num_decoder_layers": "3"})
+  assert step_cost.unit_counts(cli.load(TINY)) == (1, 1)  # 2 + 2 layers, a MoE layer every 2nd
+  dense = cli.load(TINY, {"model.moe_interval": "0", "model.num_decoder_layers": "3"})
   assert step_cost.unit_counts(dense) == (2, 3)
 
 

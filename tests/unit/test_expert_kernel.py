@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gshard_mt import cli
 from gshard_mt.config import Config
 from gshard_mt.config.moe import MoeConfig
 from gshard_mt.errors import ConfigError
@@ -16,7 +17,7 @@ from gshard_mt.kernels import expert_ffn as expert_kernel
 from gshard_mt.moe import ffn
 from gshard_mt.ops import Ops
 from gshard_mt.training import validate
-from tests.helpers import ROOT, load_checked, run_on_cpu_devices
+from tests.helpers import ROOT, run_on_cpu_devices
 
 
 def buffers(E=2, G=3, C=8, M=16, H=32, dtype=jnp.float32, seed=0):
@@ -115,7 +116,7 @@ def test_config_refuses_the_experts_hidden_dim_split_over_model():
   with pytest.raises(ConfigError, match=r"moe.expert_kernel='pallas' needs each expert's H whole on a device: "
                                         r"partitioning='expert_model' splits it over the model axis, "
                                         r"mesh.model=1 x dcn_mesh.model=2"):
-    load_checked(ROOT / "configs" / "tiny.py", small_overrides(**{
+    cli.load(ROOT / "configs" / "tiny.py", small_overrides(**{
         "moe.expert_kernel": "pallas", "partitioning": "expert_model", "dcn_mesh.model": "2"}))
 
 

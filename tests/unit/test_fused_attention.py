@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gshard_mt import cli
 from gshard_mt import config as config_lib
 from gshard_mt.errors import ConfigError
 from gshard_mt.kernels import seam
@@ -16,7 +17,7 @@ from gshard_mt.kernels.attention import pallas_attention
 from gshard_mt.model import layers
 from gshard_mt.model.transformer import Transformer, TransformerConfig
 from gshard_mt.training import step, validate
-from tests.helpers import ROOT, load_checked, small_config
+from tests.helpers import ROOT, small_config
 
 # Largest |fused - xla| / max |xla| of one attention in bfloat16, about twice the measured 7.1e-3 (outputs) and
 # 6.3e-3 (gradients): the reference rounds the logits to bfloat16, XLA's dot_product_attention keeps them in float32.
@@ -135,10 +136,10 @@ def test_transformer_loss_and_gradients_equal_between_the_two(dtype, loss_tolera
 def test_fused_attention_refuses_attention_dropout():
   with pytest.raises(ConfigError, match=r"model.attention='fused' has no attention dropout: it needs "
                                         r"model.attention_dropout_rate=0, not 0.1"):
-    load_checked(ROOT / "configs" / "tiny.py", {"model.attention": "fused", "model.attention_dropout_rate": "0.1"})
+    cli.load(ROOT / "configs" / "tiny.py", {"model.attention": "fused", "model.attention_dropout_rate": "0.1"})
   with pytest.raises(ConfigError, match=r"model.attention='flash': expected one of \('auto', 'xla', 'fused', "
                                         r"'pallas'\)"):
-    load_checked(ROOT / "configs" / "tiny.py", {"model.attention": "flash"})
+    cli.load(ROOT / "configs" / "tiny.py", {"model.attention": "flash"})
   assert validate.CHOICES["model.attention"].allowed is layers.ATTENTIONS  # and auto, and the kernels' values
 
 

@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gshard_mt import cli
 from gshard_mt.config.moe import MoeConfig
 from gshard_mt.moe import ffn, gating
 from gshard_mt.moe.layer import MoeFeedForward
-from tests.helpers import load_checked
 
 B, L, M, H, E = 3, 8, 8, 16, 4
 
@@ -115,5 +115,5 @@ def test_expert_dropout_while_training():
 ])
 def test_refusals(overrides, message):
   with pytest.raises(Exception, match=message) as error:
-    load_checked("configs/tiny.py", overrides)
+    cli.load("configs/tiny.py", overrides)
   assert "\n" not in str(error.value)

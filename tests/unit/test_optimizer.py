@@ -8,10 +8,11 @@ import numpy as np
 import optax
 import pytest
 
+from gshard_mt import cli
 from gshard_mt.training.optimizer import ADAFACTOR, make_optimizer, schedule_step
 from gshard_mt.training.schedules import schedule_of
 from gshard_mt.training.step import TrainState, apply_update
-from tests.helpers import ROOT, load_checked
+from tests.helpers import ROOT
 
 
 def opt_config(**kw):
@@ -181,7 +182,7 @@ def test_adafactor_equals_clip_then_optax_adafactor(weight_decay):
 
 def test_the_paper_configs_rate_is_gshards_rsqrt_of_max_step_and_10k():
   """Lingvo's SqrtDecay of the paper, 1.0 x rsqrt(max(t, 10k)): 0.01 held for 10k steps, then 1 / sqrt(t)."""
-  config = load_checked(ROOT / "configs" / "moe_128e_12l.py")
+  config = cli.load(ROOT / "configs" / "moe_128e_12l.py")
   lr = schedule_of(config.optimizer, config.num_train_steps)
   for step in (0, 1, 5_000, 10_000, 40_000, 1_000_000):
     assert float(lr(jnp.asarray(step))) == pytest.approx(max(step, 10_000) ** -0.5, rel=1e-6), step

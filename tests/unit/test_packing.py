@@ -5,9 +5,10 @@ import math
 import numpy as np
 import pytest
 
+from gshard_mt import cli
 from gshard_mt import config as config_lib
 from gshard_mt.data import packing, pipeline, tokenizer
-from tests.helpers import ROOT, load_checked, small_config
+from tests.helpers import ROOT, small_config
 
 
 def plain_fill_rows(src_len, tgt_len, rows, lengths):
@@ -121,7 +122,7 @@ def tokenized_like_tiny(n: int, seed: int = 0) -> packing.TokenizedSplit:
 def test_tiny_config_packs_over_92_percent():
   """configs/tiny.py's rows (8 x 128 source / 80 target tokens) on lengths like its corpus's: the real corpus
   gives 0.924-0.926 (bench/input_pipeline.py), this sample 0.925; 16 rows of 48 / 48 tokens give 0.776 on both."""
-  config = load_checked(ROOT / "configs" / "tiny.py")
+  config = cli.load(ROOT / "configs" / "tiny.py")
   split = tokenized_like_tiny(20_000)
   for rows, lengths, least, most in ((config.batch_size, config_lib.row_lengths(config), 0.92, 1.0),
                                      (16, (48, 48), 0.7, 0.8)):

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 from jax.experimental import pallas as pl
 
+from gshard_mt import cli
 from gshard_mt.errors import ConfigError
 from gshard_mt.kernels import attention as pallas_attention
 from gshard_mt.kernels import vmem as pallas_vmem
-from tests.helpers import ROOT, load_checked, run_on_cpu_devices, small_config
+from tests.helpers import ROOT, run_on_cpu_devices, small_config
 from tests.unit.test_fused_attention import (
   attention_outputs_and_gradients,
   packed_batch,
@@ -174,7 +175,7 @@ def test_the_weights_gradients_are_summed_over_blocks_and_cores():
 def test_pallas_attention_refuses_attention_dropout():
   with pytest.raises(ConfigError, match=r"model.attention='pallas' has no attention dropout: it needs "
                                         r"model.attention_dropout_rate=0, not 0.1"):
-    load_checked(ROOT / "configs" / "tiny.py", {"model.attention": "pallas", "model.attention_dropout_rate": "0.1"})
+    cli.load(ROOT / "configs" / "tiny.py", {"model.attention": "pallas", "model.attention_dropout_rate": "0.1"})
 
 
 def test_build_warns_that_it_is_interpreted_off_a_tpu(caplog):

@@ -5,8 +5,8 @@ every evaluation). A fake clock drives the bar as the loop does, through StepLog
 import numpy as np
 import pytest
 
+from gshard_mt import cli
 from gshard_mt.training import loop
-from tests.helpers import load_checked
 
 
 class Clock:
@@ -77,7 +77,7 @@ def test_the_first_steps_time_is_its_compile_and_no_rate_is_logged_for_it(monkey
   now = [0.0]
   monkeypatch.setattr(loop.time, "perf_counter", lambda: now[0])
   writer, bar = Writer(), loop.progress_bar(total=10, start=0, enabled=False)
-  config = load_checked("configs/tiny.py")  # 8 rows of 128 + 80 slots
+  config = cli.load("configs/tiny.py")  # 8 rows of 128 + 80 slots
   logger = loop.StepLogger(config, writer, bar, (0.0, 0.0), None)
   step = {"loss": np.float32(2.0), "finite": True, "source_tokens": np.float32(60), "target_tokens": np.float32(40),
           "learning_rate": np.float32(1e-3)}
