@@ -54,7 +54,7 @@ def parser(doc: str, *, config: bool = False) -> argparse.ArgumentParser:
 def load(path, overrides: dict[str, str] | None = None) -> config_lib.Config:
   """The one frozen `Config` of the config file `path` with its `--config.key=value` overrides, validated
   (`validate.check`: each value, name and combination), before anything is read or compiled."""
-  return validate.check(config_lib.parse(config_lib.apply_overrides(config_files.load_file(path), overrides or {})))
+  return validate.check(config_lib.parse(config_files.load_file(path), overrides))
 
 
 def parse_with_overrides(p: argparse.ArgumentParser, argv: list[str]):

@@ -9,6 +9,7 @@ writes the files.
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import difflib
 from typing import Any
@@ -40,11 +41,13 @@ def _parse_value(key: str, text: str, current):
   if not checks.is_a(value, type(current)):
     raise ConfigError(f"--config.{key}={text}: expected {article(type(current).__name__)}, got "
                       f"{article(type(value).__name__)}")
-  return value
+  return float(value) if isinstance(current, float) else value
 
 
-def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> ml_collections.ConfigDict:
-  """Sets `key.sub=value` strings, typed like the existing value; an unknown key is an error."""
+def _apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> ml_collections.ConfigDict:
+  """A copy of `config` with the `key.sub=value` strings set, typed like the existing values (the copy keeps the
+  file's field references: a key that refers to another follows it); an unknown key is an error."""
+  config = copy.deepcopy(config)
   flat = flatten(config)
   for key, text in overrides.items():
     if key not in flat and (inside := [k for k in flat if k.startswith(f"{key}.")]):
@@ -84,10 +87,12 @@ def to_dict(config: Config | ml_collections.ConfigDict) -> dict:
   return config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dataclasses.asdict(config)
 
 
-def parse(config: ml_collections.ConfigDict | dict) -> Config:
-  """A config file's ConfigDict (overrides applied) as the frozen `Config`, every section checked: a wrong key,
-  type or value, or a combination that cannot work, raises ConfigError naming the key, before anything is built.
-  Keys missing (a config.json written before they were added) take their defaults."""
+def parse(config: ml_collections.ConfigDict | dict, overrides: dict[str, str] | None = None) -> Config:
+  """A config file's ConfigDict, with its `--config.key=value` `overrides` set, as the frozen `Config`, every
+  section checked: a wrong key, type or value, or a combination that cannot work, raises ConfigError naming the key,
+  before anything is built. Keys missing (a config.json written before they were added) take their defaults."""
+  if overrides:
+    config = _apply_overrides(config, overrides)
   values = to_dict(config) if isinstance(config, ml_collections.ConfigDict) else dict(config)
   sections = {name: _typed(cls, values.pop(name, {}), f"{name}.") for name, cls in SECTIONS.items()}
   return _typed(Config, values | sections)

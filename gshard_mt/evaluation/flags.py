@@ -48,4 +48,4 @@ def parse(p: argparse.ArgumentParser, argv: list[str]):
   if others:
     raise ConfigError(f"--config.{others[0]}: only --config.{DISTRIBUTED}* may be given here; the model, data and "
                       "mesh are those of the work directory's config.json")
-  return args, config_lib.parse(config_lib.apply_overrides(defaults.get_config(), overrides))
+  return args, config_lib.parse(defaults.get_config(), overrides)

@@ -88,7 +88,9 @@ class MoeFeedForward(nn.Module):
     # Task-level routing reads the sentence's language, the same for all its tokens (Kudugunta et al., section 3).
     router_in = in_groups(language, G, S) if router.reads_language else x
     mask = group_mask(padding_mask, B * L, G, S)
-    routing = self._route(router, router_in, wg, mask, deterministic)
+    logits = gating.cap_logits(jnp.einsum("GSM,ME->GSE", self._jittered(router_in, deterministic), wg),
+                               cfg.router_logit_cap)  # the router's logits over the E experts
+    routing = self._route(router, logits, mask, deterministic)
     if self.is_mutable_collection(ROUTING) and not self.is_initializing():  # init makes every collection mutable
       for name, value in (("expert_index", routing.expert_index), ("kept", routing.kept), ("mask", mask)):
         self.put_variable(ROUTING, name, value)
@@ -113,21 +115,22 @@ class MoeFeedForward(nn.Module):
         name, nn.with_logical_partitioning(nn.initializers.zeros, axes), shape, self.param_dtype)
     return ffn.ExpertWeights(wi, wo, bias("bi", (E, H), (EMH[0], EMH[2])), bias("bo", (E, M), (EHM[0], EHM[2])))
 
-  def _route(self, router, router_in: jax.Array, wg: jax.Array, mask: jax.Array | None,
-             deterministic: bool) -> gating.Routing:
-    """The router's logits (jittered while training, capped) -> its routing, with moe.balance='bias' biased."""
-    cfg = self.cfg
+  def _jittered(self, router_in: jax.Array, deterministic: bool) -> jax.Array:
+    """The router's input [G, S, M] in float32, times uniform noise in [1 - eps, 1 + eps] while training."""
     router_in = router_in.astype(jnp.float32)
-    if not deterministic and cfg.jitter_noise > 0:
-      eps = cfg.jitter_noise
-      router_in = router_in * jax.random.uniform(self.make_rng("gating"), router_in.shape, jnp.float32,
-                                                 1.0 - eps, 1.0 + eps)
-    logits = gating.cap_logits(jnp.einsum("GSM,ME->GSE", router_in, wg), cfg.router_logit_cap)
+    eps = self.cfg.jitter_noise
+    if deterministic or eps <= 0:
+      return router_in
+    return router_in * jax.random.uniform(self.make_rng("gating"), router_in.shape, jnp.float32, 1.0 - eps, 1.0 + eps)
+
+  def _route(self, router, logits: jax.Array, mask: jax.Array | None, deterministic: bool) -> gating.Routing:
+    """The router's logits [G, S, E] -> its routing, with moe.balance='bias' biased."""
+    cfg = self.cfg
     bias = None
     if cfg.balance == "bias":
       bias = self.param(balance.NAME, nn.with_logical_partitioning(nn.initializers.zeros, (None,)),
                         (cfg.num_experts,), jnp.float32)
-    capacity = self._capacity(router, router_in.shape[1], deterministic)
+    capacity = self._capacity(router, logits.shape[1], deterministic)
     routing = router.route(logits, capacity, padding_mask=mask,
                            rng=self.make_rng("gating") if router.needs_rng else None,
                            bias=None if bias is None else jax.lax.stop_gradient(bias))  # chooses, never trained

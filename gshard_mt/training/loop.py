@@ -207,13 +207,13 @@ def train_and_evaluate(config, workdir: io.PathLike) -> dict:
   """Trains (resuming from the work directory's checkpoints) under its lock; returns the last logged metrics."""
   workdir = io.path(workdir)
   with lock.hold(workdir, enabled=jax.process_index() == 0):
-    return _train(config, workdir)
+    config = init_from.resolved(config)  # before the data: a fine-tuned run's architecture and tokenizer
+    data = prepare(config, workdir)
+    return _train(config, workdir, data, build(config, data.tokenizer))
 
 
-def _train(config, workdir) -> dict:
-  config = init_from.resolved(config)  # before the data: a fine-tuned run's architecture and tokenizer
-  data = prepare(config, workdir)
-  setup = build(config, data.tokenizer)
+def _train(config, workdir, data: pipeline.Data, setup: Setup) -> dict:
+  """The loop: restores or initialises the state, then trains, logs, evaluates and saves until the last step."""
   ckpts = checkpoint_lib.Checkpoints(workdir / checkpoint_lib.FOLDER, config.checkpoint_every, config.keep_checkpoints)
   batches = data.train_batches(config, jax.process_index(), jax.process_count())
   state = restore_or_init(config, workdir, setup, ckpts, batches)

@@ -34,7 +34,7 @@ class Setup:
   state_shardings: TrainState
 
   def init_state(self, seed: int) -> TrainState:
-    init = functools.partial(_init_state, self.model_cfg, self.tx, seed)
+    init = functools.partial(_init_state, Transformer(self.model_cfg), self.tx, seed)
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
       return jax.jit(init, out_shardings=self.state_shardings)()
 
@@ -54,9 +54,9 @@ def state_rng(seed: int) -> jax.Array:
   return jax.random.key_data(jax.random.fold_in(jax.random.key(seed), 1))
 
 
-def _init_state(model_cfg, tx, seed, boxed=False):
+def _init_state(model: Transformer, tx, seed, boxed=False):
   """The initial state; boxed=True keeps the parameters' logical axes (and leaves out the optimizer state)."""
-  variables = Transformer(model_cfg).init({"params": jax.random.key(seed)}, dummy_batch(1, 8))
+  variables = model.init({"params": jax.random.key(seed)}, dummy_batch(1, 8))
   params = variables["params"] if boxed else nn.unbox(variables["params"])
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=None if boxed else tx.init(params),
                     rng=state_rng(seed))
@@ -74,7 +74,7 @@ def build(config, vocab: int | Tokenizer, devices=None) -> Setup:
   rules = rules_lib.rules(config)
   # The model is traced once here (its trace is a good part of a warm start): the optimizer's state from the
   # parameters' shapes alone.
-  abstract = jax.eval_shape(functools.partial(_init_state, model_cfg, None, 0, True))
+  abstract = jax.eval_shape(functools.partial(_init_state, Transformer(model_cfg), None, 0, True))
   boxed = abstract.params
   param_shardings = shardings.param_shardings(boxed, mesh, rules)
   tx = make_optimizer(config.optimizer, jax.tree.map(lambda s: s.spec, param_shardings),

@@ -3,6 +3,7 @@
 import json
 import re
 
+import ml_collections
 import pytest
 
 from gshard_mt import cli, config_files
@@ -17,10 +18,20 @@ TINY = ROOT / "configs" / "tiny.py"
 
 def test_overrides_are_typed():
   c = cli.load(TINY, {"moe.num_experts": "8", "data.temperature": "inf", "model.tied_logits": "true",
-                             "optimizer.learning_rate": "1", "data.languages": "fra,deu"})
+                      "optimizer.learning_rate": "1", "data.languages": "fra,deu"})
   assert c.moe.num_experts == 8 and c.data.temperature == float("inf") and c.model.tied_logits is True
   assert c.optimizer.learning_rate == 1.0 and isinstance(c.optimizer.learning_rate, float)
   assert c.data.languages == "fra,deu"
+
+
+def test_an_override_reaches_the_keys_that_refer_to_it_and_leaves_the_file_s_configdict_as_it_was():
+  file_config = config_files.load_file(TINY)
+  file_config.moe.hidden_dim = file_config.model.get_ref("mlp_dim")  # a config file's field reference
+  before = file_config.to_dict()
+  c = config_lib.parse(file_config, {"model.mlp_dim": "96", "moe.num_experts": "8"})
+  assert (c.model.mlp_dim, c.moe.hidden_dim, c.moe.num_experts) == (96, 96, 8)
+  assert file_config.to_dict() == before
+  assert config_lib.parse(ml_collections.ConfigDict(before)) == config_lib.parse(file_config)
 
 
 def test_split_overrides():
