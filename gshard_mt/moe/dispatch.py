@@ -203,7 +203,6 @@ DISPATCHERS = {"einsum": EinsumDispatcher, "index": IndexDispatcher,
 
 
 def make_dispatcher(name: str, routing: Routing):
-  """The dispatcher called `name` (a key of DISPATCHERS) for this routing."""
-  if name not in DISPATCHERS:
-    raise ValueError(f"unknown dispatch {name!r}; expected one of {tuple(DISPATCHERS)}")
+  """The dispatcher called `name` (a key of DISPATCHERS, checked with the config: training.validate) for this
+  routing."""
   return DISPATCHERS[name](routing)
