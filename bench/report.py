@@ -277,7 +277,9 @@ def behaviour_tables(files) -> list[str]:
   lines = ["## Behaviour kept across a change", "",
            "bench/same_behaviour.py: configs/tiny.py's first logged losses (one per step) at an older commit and at "
            "the newer one, the older run's work directory trained on and evaluated by the newer code, and train.py's "
-           "bad-input errors (exit 2, one line) at both.", ""]
+           "bad-input errors (exit 2, one line) at both. The losses of the two commits are compared on one machine, "
+           "never with a stored list: XLA's CPU code differs with the processor, and with it the last digits of a "
+           "loss.", ""]
   for name, data, source in files:
     lines += [provenance(name, source) + f" {data['base']} -> {data['head']}, {len(data['losses_head'])} steps.", ""]
     lines += table(["check", "result"], [[check, "yes" if ok else "**no**"] for check, ok in data["checks"].items()])
