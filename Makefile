@@ -49,7 +49,7 @@ venv: $(VENV)/.installed
 PYTEST = workers=$$(if [ "$$(cat $(VENV)/.installed)" = cpu ]; then $(PY) -c 'import os; print(min(os.cpu_count(), 4))'; \
   else echo 0; fi); set -x; $(PY) -m pytest -q -n $$workers --dist loadfile
 
-test: venv  # the 10 slowest tests listed after the summary: 21 to 42 minutes on 2 cores, by the machine (README)
+test: venv  # the 10 slowest tests listed after the summary (what the suite takes on 2 cores: README, make test)
 	@$(PYTEST) --durations=10 tests
 
 test-fast: venv  # the unit tests, not the slow ones
