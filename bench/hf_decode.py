@@ -34,7 +34,6 @@ import time
 import jax
 import numpy as np
 
-from gshard_mt import config_files
 from gshard_mt.data import tokenizer_files
 from gshard_mt.evaluation import evaluate
 from gshard_mt.model import decode
@@ -47,7 +46,7 @@ ALPHA = 0.6  # our beam search's length penalty (decode.Translator's default)
 
 def restored(workdir: pathlib.Path):
   """(tokenizer, model config, float32 parameters) of an imported work directory, as tests/unit/test_hf_import.py."""
-  config = config_files.load_saved(workdir, validate.check)
+  config = validate.load_saved(workdir)
   tokenizer = tokenizer_files.load(config.data.tokenizer)
   setup = build(config, tokenizer)
   return tokenizer, setup.model_cfg, evaluate.restore_state(workdir, setup.abstract_target(), None)[1].params

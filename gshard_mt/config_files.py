@@ -92,7 +92,7 @@ def save(config: Config, workdir: io.PathLike, *, started: bool = True):
 
 def load_saved(workdir: io.PathLike, check=lambda config: config) -> Config:
   """The config.json of a work directory, parsed (keys added since take their defaults) and passed to `check`
-  (`training.validate.check`: its names and combinations), an error naming the file."""
+  (`training.validate.load_saved` passes its names' and combinations' check), an error naming the file."""
   path = io.path(workdir) / "config.json"
   if not path.is_file():
     raise ConfigError(f"{path} not found: is {workdir} a gshard_mt work directory?")

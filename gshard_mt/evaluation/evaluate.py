@@ -25,7 +25,7 @@ from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 from tqdm import tqdm
 
-from gshard_mt import config_files, hints, io, lock
+from gshard_mt import hints, io, lock
 from gshard_mt.data import pipeline
 from gshard_mt.errors import UserError, WorkdirError, close_matches, listed, one_line
 from gshard_mt.evaluation import flags, report
@@ -89,7 +89,7 @@ def check_baseline(base: dict, refs: dict[str, list[str]], split: str):
 def check_decoding_length(workdir, max_decode_len: int | None):
   """Reads the run's config.json (a directory that is not a run is refused here, before anything is created in it)
   and checks the decoding length against its positions (`decode.check_length`), before the data is read."""
-  config = config_files.load_saved(workdir, validate.check)
+  config = validate.load_saved(workdir)
   decode.check_length(config.model, max_decode_len or config.data.max_length)
 
 
@@ -116,7 +116,7 @@ def restore(workdir, *, step: int | None = None, split: str = "test", average_la
   """The parameters of `step` (default: the newest checkpoint), or with `average_last=N` the mean of the last N
   checkpoints' up to and including `step`."""
   workdir = io.path(workdir)
-  config = config_files.load_saved(workdir, validate.check)
+  config = validate.load_saved(workdir)
   if split not in ("dev", "test"):
     raise WorkdirError(f"--split must be dev or test, got {split!r}")
   with checkpoint_lib.Checkpoints(workdir / checkpoint_lib.FOLDER, read_only=True) as ckpts:

@@ -15,7 +15,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from gshard_mt import config_files
 from gshard_mt.data import prepare as prepare_lib
 from gshard_mt.data import tokenizer_files
 from gshard_mt.errors import WorkdirError
@@ -70,7 +69,7 @@ def import_state(setup: Setup, tensors: Iterable[tuple[str, np.ndarray]], kind: 
 def run_setup(workdir) -> tuple:
   """(config, tokenizer, setup) of a run, without reading its corpus (evaluate.restore reads it): the tokenizer
   is data.tokenizer, else its prepared corpus's. `evaluate.restore_state` then restores a checkpoint into it."""
-  config = config_files.load_saved(workdir, validate.check)
+  config = validate.load_saved(workdir)
   tokenizer = tokenizer_files.load(config.data.tokenizer or prepare_lib.for_run(config.data, workdir))
   return config, tokenizer, build(config, tokenizer)
 

@@ -25,7 +25,7 @@ import numpy as np
 from scipy.cluster import hierarchy
 from scipy.spatial.distance import squareform
 
-from gshard_mt import cli, config_files, figures, io
+from gshard_mt import cli, figures, io
 from gshard_mt.errors import WorkdirError
 from gshard_mt.evaluation import evaluate
 from gshard_mt.evaluation import expert_usage as usage
@@ -137,7 +137,7 @@ def output_dir(workdir, split: str, step: int):
 
 def measure(workdir, split: str = "dev", step: int | None = None, max_pairs: int | None = 2000) -> dict:
   """Counts, statistics and pictures of `workdir` (see the module's docstring); returns expert_usage.json's dict."""
-  config = config_files.load_saved(workdir, validate.check)
+  config = validate.load_saved(workdir)
   if not config.model.moe_interval:
     raise WorkdirError(f"{workdir}: a dense model (model.moe_interval=0) has no experts to count")
   run = evaluate.restore(workdir, step=step)

@@ -184,7 +184,7 @@ def main(argv):
   languages = [lang.strip() for lang in args.languages.split(",") if lang.strip()]
   suffix = "" if args.keep is None else f"-{args.keep:g}"
   output = io.path(args.output or f"{str(args.workdir).rstrip('/')}-{'-'.join(languages)}{suffix}")
-  config = config_files.load_saved(args.workdir, validate.check)
+  config = validate.load_saved(args.workdir)
   io.check_writable(output, "output work directory", create=False)  # before the checkpoint and data are read
   if (output / checkpoint_lib.FOLDER).is_dir() and any((output / checkpoint_lib.FOLDER).iterdir()):
     raise WorkdirError(f"{output}: holds checkpoints already (an earlier extraction?); remove it or pass --output")

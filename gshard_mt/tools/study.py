@@ -20,7 +20,7 @@ import json
 import numpy as np
 from etils import epath
 
-from gshard_mt import cli, config_files, figures, io
+from gshard_mt import cli, figures, io
 from gshard_mt.data.corpus import language_of
 from gshard_mt.errors import WorkdirError
 from gshard_mt.io import write_atomically
@@ -57,7 +57,7 @@ def routing(rows: list[dict], tail: float = 0.25) -> dict[str, dict[str, float]]
 
 def summarize(workdir: epath.Path, point: dict) -> dict:
   """One point: its kind, experts, best step, dev loss, tokens/s, routing and per-stream test scores."""
-  config = config_files.load_saved(workdir, validate.check)
+  config = validate.load_saved(workdir)
   rows = io.read_jsonl(workdir / "metrics.jsonl")
   step = best_step(workdir)
   scores = test_scores(workdir, step)

@@ -83,7 +83,7 @@ def summarize(workdir: epath.Path, point: dict) -> dict:
   """Parameters, final dev loss, tokens/s and (if its final step is evaluated) average BLEU of one finished
   point."""
   row = {"name": point["name"], **{k: v for k, v in point.items() if k != "name"}}
-  config = config_files.load_saved(workdir, validate.check)
+  config = validate.load_saved(workdir)
   row["parameters"] = count_params(config)
   metrics = io.read_jsonl(workdir / "metrics.jsonl")
   dev = [m for m in metrics if "dev_loss" in m]

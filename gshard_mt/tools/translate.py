@@ -23,7 +23,7 @@ from typing import BinaryIO, TextIO
 import jax
 import numpy as np
 
-from gshard_mt import config_files, hints, io
+from gshard_mt import hints, io
 from gshard_mt.data import pipeline
 from gshard_mt.data.corpus import language_of
 from gshard_mt.data.packing import TokenizedSplit
@@ -33,6 +33,7 @@ from gshard_mt.evaluation.evaluate import Restored, check_decoding_length, resto
 from gshard_mt.evaluation.outputs import standard_evaluations
 from gshard_mt.model import decode
 from gshard_mt.parallel import distributed
+from gshard_mt.training import validate
 
 WINDOW_BATCHES = 8  # batches of lines read ahead and sorted by length together (similar lengths decode together)
 
@@ -66,7 +67,7 @@ def quality_note(workdir) -> str | None:
 
 def languages_of(workdir) -> list[str]:
   """The source languages of a work directory's model (translate.py --list_languages), from its prepared corpus."""
-  data = pipeline.load(config_files.load_saved(workdir), workdir)
+  data = pipeline.load(validate.load_saved(workdir), workdir)
   return sorted({language_of(stream) for stream in data.tokens["train"].languages})
 
 

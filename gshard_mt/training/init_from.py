@@ -20,7 +20,7 @@ import numpy as np
 from flax import traverse_util
 
 from gshard_mt import config as config_lib
-from gshard_mt import config_files, io
+from gshard_mt import io
 from gshard_mt.data import prepare as prepare_lib
 from gshard_mt.data import tokenizer_files
 from gshard_mt.errors import ConfigError, WorkdirError, one_line
@@ -128,7 +128,7 @@ def _same_shape(source, target, where: str):
 
 def source_tokenizer(source: io.PathLike) -> io.epath.Path:
   """The tokenizer the run in `source` trained with: the copy in the prepared corpus its start recorded."""
-  source_config = config_files.load_saved(source, validate.check)
+  source_config = validate.load_saved(source)
   if source_config.data.tokenizer:  # given to it (an imported model's)
     return io.path(source_config.data.tokenizer)
   record = io.path(source) / prepare_lib.RUN_RECORD
@@ -163,7 +163,7 @@ def resolved(config):
 def source_keys(config) -> dict:
   """{key: the source run's value} of the model and moe keys this config leaves at their defaults (a saved config
   has every key: load_saved gives a key added since the source ran its default)."""
-  source = config_files.load_saved(config.init_from, validate.check)
+  source = validate.load_saved(config.init_from)
   mine, theirs, default = (config_lib.flatten(config_lib.to_dict(c)) for c in (config, source, type(config)()))
   upcycle = not source.model.moe_interval and config.model.moe_interval
   keys = [k for k in mine if k.split(".")[0] in ("model", "moe")
@@ -180,7 +180,7 @@ def source_params(config, workdir, setup: Setup) -> tuple[dict, str]:
   """(the newest checkpoint's parameters of the run config.init_from, as numpy; its name), after checking that it
   tokenizes as this run does (a tokenizer of the same bytes)."""
   source = io.path(config.init_from)
-  source_config = config_files.load_saved(source, validate.check)
+  source_config = validate.load_saved(source)
   theirs = source_tokenizer(source)
   mine = prepare_lib.for_run(config.data, workdir)
   if tokenizer_files.digest(mine) != tokenizer_files.digest(theirs, f"init_from={source}: its prepared corpus"):

@@ -1,13 +1,13 @@
 """The one validation step of a config, after its sections checked their own values: the names that choose code
 (routers, dispatches, sources, schedules, ...) against the registries beside the classes they name, and what only a
 combination of options can break. Every command that reads a config calls `check` before any data is read
-(`cli.load`; `config_files.load_saved(workdir, check)` for a run's config.json); each error is one line
-naming the keys.
+(`cli.load` for a config file; `load_saved` for a run's config.json); each error is one line naming the keys.
 """
 
 from __future__ import annotations
 
-from gshard_mt.config import moe_group_error
+from gshard_mt import config_files, io
+from gshard_mt.config import Config, moe_group_error
 from gshard_mt.config.checks import Plus
 from gshard_mt.config.platforms import AUTO
 from gshard_mt.data.sources import SOURCES
@@ -45,6 +45,11 @@ def check(config):
     check_moe(config)
     check_nllb_routing(config.moe)
   return config
+
+
+def load_saved(workdir: io.PathLike) -> Config:
+  """A run's config.json (`config_files.load_saved`), checked by `check`; an error names the file."""
+  return config_files.load_saved(workdir, check)
 
 
 def check_sources(data) -> None:

@@ -9,12 +9,12 @@ import jax
 import numpy as np
 import pytest
 
-from gshard_mt import cli, config_files
+from gshard_mt import cli
 from gshard_mt.errors import ConfigError
 from gshard_mt.evaluation import evaluate
 from gshard_mt.hf import convert
 from gshard_mt.tools import import_hf
-from gshard_mt.training import init_from, loop
+from gshard_mt.training import init_from, loop, validate
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "nllb_moe"
 DATA = {"data.source": "tsv", "data.max_length": "24", "batch_size": "8",
@@ -39,7 +39,7 @@ def runs(tmp_path_factory):
 def test_finetuning_takes_the_source_model_and_tokenizer_and_trains(runs):
   root, result = runs
   assert np.isfinite(result["loss"])
-  saved, source = (config_files.load_saved(root / name) for name in ("ft", "nllb"))
+  saved, source = (validate.load_saved(root / name) for name in ("ft", "nllb"))
   assert saved.model == source.model and saved.moe.num_experts == 4 and saved.moe.expert_dropout == 0.2
   assert saved.data.tokenizer == source.data.tokenizer and saved.data.source == "tsv"
   abstract = convert.run_setup(root / "ft")[2].abstract_target()

@@ -15,13 +15,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from gshard_mt import config_files, io
+from gshard_mt import io
 from gshard_mt.data import pipeline
 from gshard_mt.errors import WorkdirError
 from gshard_mt.evaluation import evaluate
 from gshard_mt.model import decode
 from gshard_mt.training import checkpoint as checkpoint_lib
-from gshard_mt.training import dev_eval, loop
+from gshard_mt.training import dev_eval, loop, validate
 from gshard_mt.training import metrics as metrics_lib
 from gshard_mt.training.schedules import schedule_of
 from gshard_mt.training.setup import build
@@ -127,7 +127,7 @@ def test_config_json_is_written_only_when_steps_run_from_a_restored_state(uninte
   workdir = tmp_path / "copy"
   shutil.copytree(reference, workdir)
   before = (workdir / "config.json").read_text()
-  other = "adam" if config_files.load_saved(workdir).optimizer.name == "adafactor" else "adafactor"
+  other = "adam" if validate.load_saved(workdir).optimizer.name == "adafactor" else "adafactor"
   with pytest.raises(WorkdirError, match="no checkpoint in .* restores"):
     loop.train_and_evaluate(small_config(eval_every=6, num_train_steps=12, **{"optimizer.name": other}), workdir)
   assert (workdir / "config.json").read_text() == before

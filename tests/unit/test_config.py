@@ -11,6 +11,7 @@ from gshard_mt import config as config_lib
 from gshard_mt.config.sections import Config, ModelConfig
 from gshard_mt.errors import ConfigError
 from gshard_mt.parallel import mesh as mesh_lib
+from gshard_mt.training import validate
 from tests.helpers import ROOT, small_config, started_as
 
 TINY = ROOT / "configs" / "tiny.py"
@@ -131,11 +132,11 @@ def test_remat_true_and_false_of_older_runs_are_full_and_none(tmp_path):
   old = json.loads(json.dumps(config_lib.to_dict(small_config())))
   old["model"]["remat"] = False  # as runs before the remat policies saved it
   (tmp_path / "config.json").write_text(json.dumps(old))
-  assert config_files.load_saved(tmp_path).model.remat == "none"
+  assert validate.load_saved(tmp_path).model.remat == "none"
   config_files.save(small_config(**{"model.remat": "dots"}), tmp_path)  # the policy changes no result: resumes
   old["model"]["remat"] = True
   (tmp_path / "config.json").write_text(json.dumps(old))
-  assert config_files.load_saved(tmp_path).model.remat == "full"
+  assert validate.load_saved(tmp_path).model.remat == "full"
 
 
 def test_saved_config_protects_a_run(tmp_path):
@@ -147,7 +148,7 @@ def test_saved_config_protects_a_run(tmp_path):
     config_files.save(small_config(**{"moe.aux_loss_weight": 0.1}), tmp_path)
   with pytest.raises(ConfigError, match="moe.num_experts: 4 -> 8; to train this config, use a new work directory: "):
     config_files.save(small_config(**{"moe.num_experts": 8}), tmp_path)
-  assert config_files.load_saved(tmp_path).moe.num_experts == 4
+  assert validate.load_saved(tmp_path).moe.num_experts == 4
 
 
 def test_a_key_added_since_a_run_started_resumes_at_its_default(tmp_path):
@@ -217,7 +218,7 @@ def test_a_section_given_a_value_and_an_unreadable_config_json_are_one_line(tmp_
     small_config(**{"moe": 3})
   (tmp_path / "config.json").write_text('{"moe": {\n')
   with pytest.raises(ConfigError, match=r"config.json:2: not valid JSON \(.*\); the run's config cannot be read"):
-    config_files.load_saved(tmp_path)
+    validate.load_saved(tmp_path)
 
 
 def test_a_bad_value_of_a_run_s_config_json_names_the_file(tmp_path):
@@ -225,9 +226,19 @@ def test_a_bad_value_of_a_run_s_config_json_names_the_file(tmp_path):
   values["moe"]["jitter_noise"] = "x"
   (tmp_path / "config.json").write_text(json.dumps(values))
   with pytest.raises(ConfigError) as raised:
-    config_files.load_saved(tmp_path)
+    validate.load_saved(tmp_path)
   assert str(raised.value) == (f"{tmp_path}/config.json: moe.jitter_noise='x': expected a float, got a str (in the "
                                "run's saved config)")
+
+
+def test_a_run_s_config_json_is_validated_like_a_config_file_naming_the_file(tmp_path):
+  """Names and combinations (`validate.check`), not only each value: what eval.py, translate.py and init_from read."""
+  values = config_lib.to_dict(small_config())
+  values["moe"]["router"] = "gshrad"
+  (tmp_path / "config.json").write_text(json.dumps(values))
+  with pytest.raises(ConfigError, match=re.escape(f"{tmp_path}/config.json: moe.router='gshrad': expected one of")):
+    validate.load_saved(tmp_path)
+  assert config_files.load_saved(tmp_path).moe.router == "gshrad"  # parsed alone: each value is of its type
 
 
 @pytest.mark.parametrize("make, command", [

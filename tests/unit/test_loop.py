@@ -7,7 +7,7 @@ from gshard_mt import config_files
 from gshard_mt.data import packing
 from gshard_mt.errors import ConfigError, DataError
 from gshard_mt.training import checkpoint as checkpoint_lib
-from gshard_mt.training import dev_eval, loop
+from gshard_mt.training import dev_eval, loop, validate
 from tests.helpers import small_config
 
 
@@ -105,7 +105,7 @@ def test_a_run_that_failed_before_its_first_checkpoint_starts_again_changed(tmp_
     (tmp_path / "empty").mkdir(exist_ok=True)
     with pytest.raises(DataError):
       loop.prepare(small_config(**{"data.source": "folder", "data.path": str(path)}), workdir)
-  assert config_files.load_saved(workdir).data.path == str(tmp_path / "first")
+  assert validate.load_saved(workdir).data.path == str(tmp_path / "first")
   (workdir / checkpoint_lib.FOLDER / "3").mkdir(parents=True)
   with pytest.raises(ConfigError, match="written for a different run: data.path"):
     loop.prepare(small_config(**{"data.source": "folder", "data.path": str(tmp_path)}), workdir)

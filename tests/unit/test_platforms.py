@@ -9,6 +9,7 @@ from gshard_mt import config_files
 from gshard_mt.config import platforms
 from gshard_mt.errors import ConfigError
 from gshard_mt.model.transformer import TransformerConfig
+from gshard_mt.training import validate
 from tests.helpers import small_config
 
 AUTO = {"model.dropout_rng": "auto", "model.attention": "auto", "model.residual_dtype": "auto", "moe.dispatch": "auto"}
@@ -65,7 +66,7 @@ def test_the_model_config_is_resolved_for_the_devices_platform():
 def test_config_json_keeps_auto_and_runs_with_explicit_values_resume(tmp_path):
   config = small_config()
   config_files.save(config, tmp_path)
-  assert config_files.load_saved(tmp_path).model.attention == "auto"
+  assert validate.load_saved(tmp_path).model.attention == "auto"
   old = tmp_path / "old"
   config_files.save(config_lib.replace(config, {"model.attention": "xla", "model.dropout_rng": "threefry"}), old)
   config_files.save(config, old)  # the same run: what auto means on this platform changes no parameter

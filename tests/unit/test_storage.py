@@ -15,6 +15,7 @@ from gshard_mt.data import pipeline, shards
 from gshard_mt.data import prepare as prepare_lib
 from gshard_mt.errors import ConfigError, UserError
 from gshard_mt.tools import plot, sweep
+from gshard_mt.training import validate
 from tests.fake_storage import mapped_gs
 from tests.helpers import small_config
 from tests.unit.test_plot import fake_run
@@ -29,7 +30,7 @@ def files(folder) -> list[str]:
 def test_config_is_saved_and_loaded_in_a_bucket(tmp_path):
   with mapped_gs(tmp_path):
     config_files.save(small_config(), RUN)
-    assert config_files.load_saved(RUN).moe.num_experts == 4
+    assert validate.load_saved(RUN).moe.num_experts == 4
     with pytest.raises(ConfigError, match=f"{RUN}/config.json was written for a different run"):
       config_files.save(small_config(**{"moe.num_experts": 8}), RUN)
   assert files(tmp_path) == ["bucket/run/config.json"]

@@ -6,9 +6,10 @@ import shutil
 
 import pytest
 
-from gshard_mt.errors import WorkdirError
+from gshard_mt import config as config_lib
+from gshard_mt.errors import ConfigError, WorkdirError
 from gshard_mt.tools import translate
-from tests.helpers import ROOT, started_as
+from tests.helpers import ROOT, small_config, started_as
 from tests.unit.test_hints import train_argv
 
 TATOEBA = sorted({path.name.split(".")[1].removesuffix("-eng") for path in (ROOT / "data" / "tatoeba").glob("*.gz")})
@@ -46,3 +47,11 @@ def test_an_unknown_language_of_many_gives_the_close_ones_and_the_command_that_l
   assert train_argv(lister, make, "translate.py") == ["--workdir", "runs/x", "--list_languages"]
   with pytest.raises(WorkdirError, match=r"^--src_lang: unknown source language 'zzz'; this model knows fra, fry$"):
     translate.check_language("zzz", ["fra", "fry"], "--src_lang", "runs/x")  # a few: all of them
+
+
+def test_the_languages_of_a_run_whose_config_json_names_unknown_code_are_refused_before_its_data(tmp_path):
+  values = config_lib.to_dict(small_config())
+  values["moe"]["router"] = "gshrad"
+  (tmp_path / "config.json").write_text(json.dumps(values))
+  with pytest.raises(ConfigError, match=r"config.json: moe.router='gshrad'.*\(in the run's saved config\)$"):
+    translate.languages_of(tmp_path)
