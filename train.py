@@ -41,4 +41,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, prog="train.py")
+  cli.run(main)

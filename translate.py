@@ -46,4 +46,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, prog="translate.py")
+  cli.run(main)

@@ -41,7 +41,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def parser(doc: str, *, config: bool = False) -> argparse.ArgumentParser:
   """An argument parser showing the module docstring; with config=True it has --config (a config file)."""
-  p = ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = ArgumentParser(prog=hints.program(), description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
   if config:
     p.add_argument("--config", required=True, help="a Python config file with get_config()")
   # here for --help: `run` takes it out of the arguments before main parses them, as it must act before any compile
@@ -68,11 +68,12 @@ def parse_with_overrides(p: argparse.ArgumentParser, argv: list[str]):
 def run(main: Callable[[list[str]], object], argv: list[str] | None = None, prog: str | None = None,
         cache: bool = True):
   """Runs main(argv) with logging, the compiler flags (`xla_flags`) and the compilation cache (off with cache=False,
-  for the tools that measure compile time); ends a UserError, a storage fault or Ctrl-C in one line."""
+  for the tools that measure compile time); ends a UserError, a storage fault or Ctrl-C in one line, naming the command
+  `prog` (default: `hints.program()`, the name `parser`'s usage errors give it as well)."""
   setup_logging()
   xla_flags.apply()
   xla_flags.quiet_tpu_host_lookup()
-  prog = prog or sys.argv[0]
+  prog = prog or hints.program()
   argv, cache_flag = compilation_cache.take_flag(sys.argv[1:] if argv is None else argv)
   try:
     compilation_cache.setup(cache_flag if cache else "off")

@@ -67,6 +67,13 @@ def started() -> tuple[list[str], list[str], list[str]]:
   return head[:cut], head[cut:], args
 
 
+def program() -> str:
+  """How this process's messages name it: 'python -m gshard_mt.tools.extract' for a module, 'train.py' for a script
+  (its name alone, as argparse names one, however its path was typed)."""
+  _, current, _ = started()
+  return f"python -m {current[-1]}" if current[0] == "-m" else os.path.basename(current[-1])
+
+
 def parse(args: list[str]) -> dict[str, str | bool]:
   """{'--flag': its value, or True for a flag without one} of a command line (`--k v` and `--k=v` alike)."""
   out, i = {}, 0

@@ -291,4 +291,4 @@ def main(argv):
 
 if __name__ == "__main__":
   # Without the compilation cache: the report's compile time is a measurement, which a cached program would hide.
-  cli.run(main, prog="python -m gshard_mt.tools.dryrun", cache=False)
+  cli.run(main, cache=False)

@@ -170,4 +170,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, prog="python -m gshard_mt.tools.expert_usage")
+  cli.run(main)

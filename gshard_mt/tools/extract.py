@@ -209,4 +209,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, prog="python -m gshard_mt.tools.extract")
+  cli.run(main)

@@ -49,4 +49,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, prog="python -m gshard_mt.tools.inspect_data")
+  cli.run(main)

@@ -39,4 +39,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, prog="python -m gshard_mt.tools.prepare_data")
+  cli.run(main)

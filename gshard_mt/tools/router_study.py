@@ -166,4 +166,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, prog="python -m gshard_mt.tools.router_study")
+  cli.run(main)

@@ -229,4 +229,4 @@ def write_report(out: epath.Path, report: dict, text: str, pictures: list[epath.
 
 
 if __name__ == "__main__":
-  cli.run(main, prog="python -m gshard_mt.tools.study")
+  cli.run(main)

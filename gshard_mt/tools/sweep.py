@@ -225,4 +225,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, prog="python -m gshard_mt.tools.sweep")
+  cli.run(main)

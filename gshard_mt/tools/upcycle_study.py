@@ -105,4 +105,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, prog="python -m gshard_mt.tools.upcycle_study")
+  cli.run(main)

@@ -24,6 +24,25 @@ def test_user_errors_exit_2_with_one_line(error, capsys):
   assert err == f"tool: error: {error}\n"
 
 
+@pytest.mark.parametrize("argv, name", [
+    (["python", "-m", "gshard_mt.tools.export_hf"], "python -m gshard_mt.tools.export_hf"),
+    (["python", "/home/me/gshard_mt/train.py"], "train.py")])
+@pytest.mark.parametrize("args", [["--bogus"], []])
+def test_a_command_s_usage_errors_and_its_own_name_it_alike(argv, name, args, monkeypatch, capsys):
+  """The name the command was started by, as `python -m` typed it or a script's name: for argparse's errors and for
+  the command's own (a module that named itself once used its file's name in one and the full path in the other)."""
+  started_as(monkeypatch, [*argv, *args])
+
+  def main(argv):
+    cli.parser("doc").parse_args(argv)
+    raise WorkdirError("runs/x/config.json not found")
+
+  with pytest.raises(SystemExit) as exit_info:
+    cli.run(main, args)
+  assert exit_info.value.code == 2
+  assert capsys.readouterr().err.startswith(f"{name}: error: {'unrecognized' if args else 'runs/x'}")
+
+
 def test_other_errors_are_not_hidden():
   def main(argv):
     raise RuntimeError("a bug")
