@@ -43,4 +43,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, prog="python bench/attention_blocks.py")
+  cli.run(main)

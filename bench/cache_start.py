@@ -134,4 +134,4 @@ if __name__ == "__main__":
   sys.path.insert(0, str(ROOT))
   from gshard_mt import cli
 
-  cli.run(main, prog="python bench/cache_start.py", cache=False)  # (this process compiles nothing; train.py's do)
+  cli.run(main, cache=False)  # (this process compiles nothing; train.py's do)

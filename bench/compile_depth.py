@@ -43,4 +43,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, prog="python bench/compile_depth.py", cache=False)  # compile times, which a cached program would hide
+  cli.run(main, cache=False)  # compile times, which a cached program would hide

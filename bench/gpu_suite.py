@@ -373,4 +373,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(cli.run(main, prog="python bench/gpu_suite.py"))
+  sys.exit(cli.run(main))

@@ -232,4 +232,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, prog="python bench/moe_layer.py")
+  cli.run(main)

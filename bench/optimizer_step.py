@@ -61,4 +61,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, prog="python bench/optimizer_step.py")
+  cli.run(main)

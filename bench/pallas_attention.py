@@ -74,4 +74,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, prog="python bench/pallas_attention.py")
+  cli.run(main)

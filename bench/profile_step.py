@@ -240,4 +240,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, prog="python bench/profile_step.py")
+  cli.run(main)

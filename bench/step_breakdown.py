@@ -76,4 +76,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, prog="python bench/step_breakdown.py")
+  cli.run(main)

@@ -201,4 +201,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, prog="python bench/step_pieces.py")
+  cli.run(main)

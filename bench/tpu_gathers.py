@@ -64,4 +64,4 @@ def main(argv):
 if __name__ == "__main__":
   from gshard_mt import cli
 
-  cli.run(main, prog="python bench/tpu_gathers.py")
+  cli.run(main)

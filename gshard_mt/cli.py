@@ -65,15 +65,14 @@ def parse_with_overrides(p: argparse.ArgumentParser, argv: list[str]):
   return args, load(args.config, overrides)
 
 
-def run(main: Callable[[list[str]], object], argv: list[str] | None = None, prog: str | None = None,
-        cache: bool = True):
+def run(main: Callable[[list[str]], object], argv: list[str] | None = None, cache: bool = True):
   """Runs main(argv) with logging, the compiler flags (`xla_flags`) and the compilation cache (off with cache=False,
   for the tools that measure compile time); ends a UserError, a storage fault or Ctrl-C in one line, naming the command
-  `prog` (default: `hints.program()`, the name `parser`'s usage errors give it as well)."""
+  as `parser`'s usage errors name it (`hints.program()`)."""
   setup_logging()
   xla_flags.apply()
   xla_flags.quiet_tpu_host_lookup()
-  prog = prog or hints.program()
+  prog = hints.program()
   argv, cache_flag = compilation_cache.take_flag(sys.argv[1:] if argv is None else argv)
   try:
     compilation_cache.setup(cache_flag if cache else "off")

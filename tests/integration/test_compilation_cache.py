@@ -25,7 +25,7 @@ def main(argv):
   print(float(jax.jit(lambda x: jnp.sin(x) @ x.T)(jnp.ones((64, 64))).sum()))
   print(json.dumps(compilation_cache.counts()))
 
-cli.run(main, sys.argv[1:], prog="program")
+cli.run(main, sys.argv[1:])
 """
 
 

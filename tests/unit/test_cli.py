@@ -11,6 +11,11 @@ from gshard_mt.errors import ConfigError, DataError, WorkdirError
 from tests.helpers import started_as
 
 
+@pytest.fixture(autouse=True)
+def started_as_tool(monkeypatch):
+  started_as(monkeypatch, ["python", "tool"])
+
+
 @pytest.mark.parametrize("error", [ConfigError("moe.num_experts=3: bad"), DataError("x.de:4: invalid UTF-8"),
                                    WorkdirError("runs/x/config.json not found")])
 def test_user_errors_exit_2_with_one_line(error, capsys):
@@ -18,7 +23,7 @@ def test_user_errors_exit_2_with_one_line(error, capsys):
     raise error
 
   with pytest.raises(SystemExit) as exit_info:
-    cli.run(main, [], prog="tool")
+    cli.run(main, [])
   assert exit_info.value.code == 2
   err = capsys.readouterr().err
   assert err == f"tool: error: {error}\n"
@@ -64,7 +69,7 @@ def test_storage_faults_end_in_one_line_with_the_free_space(code, what, tmp_path
     except OSError as e:
       raise ExceptionGroup("save failed", [RuntimeError("commit failed")]) from e
 
-  cli.run(main, [], prog="tool")
+  cli.run(main, [])
   err = capsys.readouterr().err
   assert exits == [74] and err.count("\n") == 1
   assert err.startswith(f"tool: error: {target}: {what}; ") and " free on its filesystem" in err
@@ -75,7 +80,7 @@ def test_ctrl_c_outside_the_loop_is_one_line(capsys):
     raise KeyboardInterrupt
 
   with pytest.raises(SystemExit) as exit_info:
-    cli.run(main, [], prog="tool")
+    cli.run(main, [])
   assert exit_info.value.code == 130 and capsys.readouterr().err == "tool: interrupted\n"
 
 
@@ -97,7 +102,7 @@ def test_a_directory_that_cannot_be_created_ends_in_one_line_with_74(tmp_path, c
   exits = []
   monkeypatch.setattr(os, "_exit", exits.append)
   (tmp_path / "README.md").write_text("a file")
-  cli.run(lambda argv: io.check_writable(tmp_path / "README.md" / "x", "work directory"), [], prog="tool")
+  cli.run(lambda argv: io.check_writable(tmp_path / "README.md" / "x", "work directory"), [])
   assert exits == [74]
   assert capsys.readouterr().err == (f"tool: error: {tmp_path}/README.md/x: cannot create the work directory: "
                                      f"{tmp_path}/README.md is a file, not a directory\n")
