@@ -78,7 +78,7 @@ def _check_exportable(model, moe, ids) -> None:
   if not model.moe_interval:
     return
   same = {"router": "gshard", "decoder_router": "", "shared_experts": 0, "balance": "aux_loss", "activation": "relu",
-          "jitter_noise": 0.0, "router_logit_cap": 0.0, "second_expert_threshold": 0.5}
+          "jitter_noise": 0.0, "router_logit_cap": 0.0}
   for key, value in same.items():
     if getattr(moe, key) != value:
       _refuse(f"moe.{key}", getattr(moe, key), f"expected {value!r}")
@@ -110,7 +110,9 @@ def hf_config(config, vocab_size: int, ids, bos: int, max_length: int) -> dict:
             # C = ceil(f * S) there, ceil(factor * 2 * S / E) here
             "moe_eval_capacity_token_fraction": (moe.eval_capacity_fraction
                                                  or moe.eval_capacity_factor * 2 / moe.num_experts),
-            "moe_token_dropout": moe.expert_dropout, "second_expert_policy": moe.second_expert_policy,
+            "moe_token_dropout": moe.expert_dropout,
+            # 'all': NllbMoe draws its 'random' policy in evaluation too, where this model keeps every second choice
+            "second_expert_policy": "all",
             "normalize_router_prob_before_dropping": moe.normalize_before_drops, "batch_prioritized_routing": False,
             "router_z_loss_coef": moe.z_loss_weight, "router_aux_loss_coef": moe.aux_loss_weight,
             "output_router_logits": False}

@@ -28,13 +28,17 @@ def expert_capacity(group_size: int, num_experts: int, capacity_factor: float, m
     _check_positive_int(name, value)
   if not capacity_factor > 0:
     raise ValueError(f"capacity_factor must be > 0, got {capacity_factor!r}")
-  # Rounding first keeps 1.1 * 2 * 160 / 32 = 11.000000000000002 from becoming 12.
-  return max(min_capacity, math.ceil(round(capacity_factor * num_selected * group_size / num_experts, 6)))
+  return max(min_capacity, _ceil(capacity_factor * num_selected * group_size / num_experts))
 
 
 def token_capacity(group_size: int, fraction: float) -> int:
   """C = ceil(fraction * S), at least 1: NLLB-MoE's evaluation capacity (moe_eval_capacity_token_fraction)."""
-  return max(1, math.ceil(fraction * group_size))
+  return max(1, _ceil(fraction * group_size))
+
+
+def _ceil(x: float) -> int:
+  # Rounding first keeps 1.1 * 2 * 160 / 32 = 11.000000000000002 from becoming 12 (and 0.07 * 100 from 8).
+  return math.ceil(round(x, 6))
 
 
 def cap_logits(logits: jax.Array, cap: float) -> jax.Array:

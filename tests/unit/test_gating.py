@@ -189,6 +189,13 @@ def test_expert_capacity():
   assert gating.expert_capacity(100, 3, 1.0) == 67
 
 
+def test_token_capacity_is_ceil_of_fraction_times_s():
+  assert gating.token_capacity(100, 0.07) == 7  # 0.07 * 100 = 7.000000000000001 in floats: not 8
+  assert gating.token_capacity(30, 0.1) == 3
+  assert gating.token_capacity(100, 0.071) == 8
+  assert gating.token_capacity(10, 0.01) == 1  # at least one slot
+
+
 def test_cap_logits():
   x = jnp.linspace(-100, 100, 11)
   assert float(jnp.abs(gating.cap_logits(x, 5.0)).max()) <= 5.0

@@ -111,3 +111,17 @@ def test_what_transformers_cannot_express_is_refused(imported, override, message
     pytest.skip("a MoE option")
   with pytest.raises(UserError, match=message):
     configs.hf_config(config_lib.replace(config, override), setup.model_cfg.model.vocab_size, tokenizer.ids, 0, 64)
+
+
+def test_the_export_keeps_every_second_choice_as_this_model_evaluates(imported):
+  """'random' drops second choices in training only here; NllbMoe's router draws it in evaluation too, so an
+  export writes 'all', which computes what this model evaluates."""
+  _, workdir, _ = imported
+  config, tokenizer, setup, _ = restored(workdir)
+  if not config.model.moe_interval:
+    pytest.skip("a MoE option")
+  for policy in ("random", "all"):
+    hf = configs.hf_config(config_lib.replace(config, {"moe.second_expert_policy": policy,
+                                                       "moe.second_expert_threshold": 0.3}),
+                           setup.model_cfg.model.vocab_size, tokenizer.ids, 0, 64)
+    assert hf["second_expert_policy"] == "all"
