@@ -22,6 +22,7 @@ def get_config():
   c.data.max_length = 64
   c.data.temperature = 1.0  # the three languages have the same 29,000 pairs
   c.model.dtype = "float32"  # the imported model's, exact to transformers
+  c.init_from_upcycle = False  # NLLB-200, dense, is fine-tuned as it is (no MoE layers added)
   c.moe.group_size = 1024
   c.optimizer.name = "adam"
   c.optimizer.learning_rate = 3e-5

@@ -168,6 +168,7 @@ class Config(Section):
   nonfinite: str = "stop"  # 'stop': stop with a message naming the step; 'skip': skip the update
   init_from: str = ""  # a run to start from: a dense one is upcycled (its FFN copied into every expert), or fine-tuned
   init_from_noise: float = 0.0  # upcycled experts: plus Gaussian noise of this share of the dense weight's std
+  init_from_upcycle: bool = True  # a MoE config from a dense run upcycles it; False: takes its architecture
   data: DataConfig = _default(DataConfig)
   model: ModelConfig = _default(ModelConfig)
   moe: MoeConfig = _default(MoeConfig)

@@ -32,6 +32,9 @@ class ExpertWeights:
   bo: jax.Array | None = None  # [E, M], or None: no bias
 
 
+PARAMS = tuple(f.name for f in dataclasses.fields(ExpertWeights))  # the MoE layer's per-expert parameters, E first
+
+
 @jax.custom_vjp
 def relu(x: jax.Array) -> jax.Array:
   """max(x, 0), whose backward reads its output (h > 0 where x > 0), so the hidden activations [.., H] are kept

@@ -40,7 +40,7 @@ from gshard_mt.errors import WorkdirError
 from gshard_mt.evaluation import evaluate
 from gshard_mt.evaluation import expert_usage as usage
 from gshard_mt.model.transformer import EMBEDDING_SCHEMES
-from gshard_mt.moe import balance, gating, routers
+from gshard_mt.moe import balance, ffn, gating, routers
 from gshard_mt.tools import expert_usage
 from gshard_mt.training import checkpoint as checkpoint_lib
 from gshard_mt.training import validate
@@ -112,7 +112,7 @@ def extract_params(params: dict, kept: list[np.ndarray]) -> tuple[dict, dict]:
   layers = moe_layers(params)
   for layer, keep in zip(layers, kept):
     lead = keep.ndim - 1  # the scanned units' axis, or none
-    for name, axis in (("wg", lead + 1), ("wi", lead), ("wo", lead), (balance.NAME, lead)):
+    for name, axis in (("wg", lead + 1), (balance.NAME, lead), *((name, lead) for name in ffn.PARAMS)):
       if layer + (name,) in flat:
         value = np.asarray(flat[layer + (name,)])
         index = np.expand_dims(keep, tuple(range(lead + 1, value.ndim)) if axis == lead else lead)

@@ -1,11 +1,13 @@
 """A run's starting point taken from another run (`init_from`): sparse upcycling, or fine-tuning.
 
 Sparse upcycling (Komatsuzaki et al., ICLR 2023): from a dense run, every parameter is copied; each MoE layer's E
-experts start as copies of the dense FFN they replace (wi [M, F] -> [E, M, H], wo [F, M] -> [E, H, M], H = F),
+experts start as copies of the dense FFN they replace (wi [M, F] -> [E, M, H], wo [F, M] -> [E, H, M], H = F,
+and its biases bi [F] -> [E, H], bo [M] -> [E, M]: `moe.expert_bias` follows the dense `model.bias`),
 optionally with noise (`init_from_noise`: Gaussian of that share of the dense weight's standard deviation); the
-router (wg, a bias, shared experts) starts fresh. With top-2 gates that sum to 1 and a capacity that drops nothing,
-the upcycled model computes what the dense one does. From a run of the same architecture every parameter is copied
-(fine-tuning). The optimizer starts fresh either way, and training saves the starting point as step 0.
+router (wg, its balance bias, shared experts) starts fresh. With top-2 gates that sum to 1 and a capacity that
+drops nothing, the upcycled model computes what the dense one does. From a run of the same architecture every
+parameter is copied (fine-tuning), and from a dense run too with init_from_upcycle=False. The optimizer starts fresh
+either way, and training saves the starting point as step 0.
 
 Layers are matched by their index in each stack, whatever the units they are scanned in (a dense stack's units
 hold one layer, a MoE one's `moe_interval`): layer i of unit u, position j, is i = u * unit_size + j.
@@ -24,12 +26,13 @@ from gshard_mt import io
 from gshard_mt.data import prepare as prepare_lib
 from gshard_mt.data import tokenizer_files
 from gshard_mt.errors import ConfigError, WorkdirError, one_line
+from gshard_mt.moe import ffn
 from gshard_mt.training import checkpoint as checkpoint_lib
 from gshard_mt.training import validate
 from gshard_mt.training.setup import Setup, build
 
 STACKS = ("encoder", "decoder")
-EXPERT_WEIGHTS = {("moe", "wi"): ("ffn", "wi"), ("moe", "wo"): ("ffn", "wo")}  # each expert <- the dense FFN's
+EXPERT_WEIGHTS = {("moe", name): ("ffn", name) for name in ffn.PARAMS}  # each expert <- the dense FFN's (biases too)
 
 
 def layers_of(stack: dict) -> tuple[list[dict], dict]:
@@ -75,12 +78,17 @@ def copied_layer(source: dict, target: dict, where: str, noise: float, rng: np.r
         experts = experts + noise * weight.std() * rng.standard_normal(experts.shape)
       out[path] = np.asarray(experts, weight.dtype)
     elif path[0] == "moe":
-      out[path] = fresh  # the router, a bias, shared experts
+      out[path] = fresh  # the router, its balance bias, shared experts
     elif path in source:
       raise WorkdirError(f"init_from: {'/'.join(path)} of {where} is {list(np.shape(source[path]))}, this model's "
                          f"{list(np.shape(fresh))}: the architectures differ")
     else:
       raise WorkdirError(f"init_from: {where} has no {'/'.join(path)}: another architecture")
+  lost = [dense for experts, dense in EXPERT_WEIGHTS.items()
+          if dense in source and experts not in target and dense not in target and ("moe", "wi") in target]
+  if lost:
+    raise WorkdirError(f"init_from: the dense FFN of {where} has {', '.join('/'.join(d) for d in lost)}, this "
+                       "model's experts none: set moe.expert_bias=True, or the upcycled model drops them")
   return out
 
 
@@ -148,10 +156,10 @@ PARAMETER_KEYS = tuple(f"model.{k}" for k in (
 
 def resolved(config):
   """The config as it trains, before any data is read. With init_from: the source run's model and moe keys where
-  this config leaves their defaults (except upcycling, a MoE config from a dense run, which keeps its own moe keys
-  and moe_interval), a ConfigError naming the keys set otherwise that change the parameters; and, with no
-  data.tokenizer, the source run's tokenizer, so that it tokenizes as the source did. A given tokenizer sets
-  data.vocab_size (its vocabulary, which the model and the mesh's checks read)."""
+  this config leaves their defaults (except upcycling, `upcycles`, which keeps its own moe keys and moe_interval
+  and gives the experts biases where the dense FFN has them), a ConfigError naming the keys set otherwise that
+  change the parameters; and, with no data.tokenizer, the source run's tokenizer, so that it tokenizes as the
+  source did. A given tokenizer sets data.vocab_size (its vocabulary, which the model and the mesh's checks read)."""
   if config.init_from:
     config = validate.check(config_lib.replace(config, source_keys(config)))
   path = config.data.tokenizer or (str(source_tokenizer(config.init_from)) if config.init_from else "")
@@ -165,7 +173,7 @@ def source_keys(config) -> dict:
   has every key: load_saved gives a key added since the source ran its default)."""
   source = validate.load_saved(config.init_from)
   mine, theirs, default = (config_lib.flatten(config_lib.to_dict(c)) for c in (config, source, type(config)()))
-  upcycle = not source.model.moe_interval and config.model.moe_interval
+  upcycle = upcycles(config, source)
   keys = [k for k in mine if k.split(".")[0] in ("model", "moe")
           and not (upcycle and (k.startswith("moe.") or k == "model.moe_interval"))]
   clash = [k for k in keys if k in PARAMETER_KEYS and mine[k] != default[k] and mine[k] != theirs[k]]
@@ -173,7 +181,16 @@ def source_keys(config) -> dict:
     raise ConfigError(f"init_from={config.init_from}: " + ", ".join(
         f"{k}={mine[k]!r} here, {theirs[k]!r} there" for k in clash) + ": these change the "
         "parameters' shapes; leave them at their defaults to take the source run's")
-  return {k: theirs[k] for k in keys if mine[k] == default[k] != theirs[k]}
+  taken = {k: theirs[k] for k in keys if mine[k] == default[k] != theirs[k]}
+  if upcycle and source.model.bias and mine["moe.expert_bias"] == default["moe.expert_bias"]:
+    taken["moe.expert_bias"] = True  # each expert copies the dense FFN's biases too
+  return taken
+
+
+def upcycles(config, source) -> bool:
+  """Whether `config` upcycles the run whose config is `source`: a MoE config from a dense run, unless
+  init_from_upcycle=False (then it takes the dense architecture, as from any other run)."""
+  return bool(config.init_from_upcycle and config.model.moe_interval and not source.model.moe_interval)
 
 
 def source_params(config, workdir, setup: Setup) -> tuple[dict, str]:

@@ -57,3 +57,12 @@ def test_keys_that_change_the_parameters_are_refused(runs):
   with pytest.raises(ConfigError, match=r"model.emb_dim=32 here, 16 there, moe.num_experts=8 here, 4 there") as e:
     init_from.resolved(config)
   assert "\n" not in str(e.value)
+
+
+def test_a_dense_nllb_200_is_fine_tuned_as_it_is(tmp_path):
+  """configs/nllb.py from an imported M2M100 (dense): its architecture, not the default MoE upcycled from it."""
+  import_hf.main(["--from", str(FIXTURE.parent / "m2m100"), "--workdir", str(tmp_path / "nllb")])
+  config = init_from.resolved(cli.load("configs/nllb.py", DATA | {"init_from": str(tmp_path / "nllb"),
+                                                                  "data.path": str(tmp_path / "pairs.tsv")}))
+  source = validate.load_saved(tmp_path / "nllb")
+  assert config.model == source.model and config.model.moe_interval == 0

@@ -67,6 +67,23 @@ def random_run(workdir, tokenizer_dir, tweak=lambda params: params, **overrides)
   return workdir
 
 
+def test_every_per_expert_parameter_is_cut_to_the_kept_experts():
+  """wg [M, E], the experts' wi, wo and their biases bi [E, H], bo [E, M] (NLLB-MoE's), scanned units first."""
+  rng = np.random.default_rng(0)
+  U, E, M, H = 2, 4, 3, 5
+  moe = {"wg": rng.normal(size=(U, M, E)), "wi": rng.normal(size=(U, E, M, H)), "wo": rng.normal(size=(U, E, H, M)),
+         "bi": rng.normal(size=(U, E, H)), "bo": rng.normal(size=(U, E, M))}
+  params = {"encoder": {"units": {"layer_1": {"moe": moe, "norm": {"scale": np.ones((U, M))}}}}}
+  keep = np.array([[1, 3], [0, 2]])
+  cut, kept = extract.extract_params(params, [keep])
+  out = cut["encoder"]["units"]["layer_1"]["moe"]
+  for u in range(U):
+    np.testing.assert_array_equal(out["wg"][u], moe["wg"][u][:, keep[u]])
+    for name in ("wi", "wo", "bi", "bo"):
+      np.testing.assert_array_equal(out[name][u], moe[name][u][keep[u]], err_msg=name)
+  assert kept == {"encoder/units/layer_1/moe": keep.tolist()}
+
+
 def test_extracted_model_translates_its_languages_as_the_full_model(tmp_path, tokenizer_dir):
   run = random_run(tmp_path / "run", tokenizer_dir, **{"moe.router": "language", "moe.dispatch": "grouped",
                                                        "moe.num_selected": 1})

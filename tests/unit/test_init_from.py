@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from gshard_mt import config_files
 from gshard_mt.data import pipeline
 from gshard_mt.errors import WorkdirError
 from gshard_mt.evaluation import evaluate
@@ -115,3 +116,43 @@ def test_layers_are_matched_by_index_between_scanned_and_looped_stacks():
   ffn = dense["encoder"]["units"]["layer_0"]["ffn"]
   np.testing.assert_array_equal(up["encoder"]["unit_1"]["layer_0"]["ffn"]["wi"], ffn["wi"][2])
   np.testing.assert_array_equal(up["encoder"]["unit_1"]["layer_1"]["moe"]["wo"][3], ffn["wo"][3])
+
+
+def with_biases(tree, layer, path, F=5, M=3):
+  """`tree` with biases bi, bo beside the weights at `path` of encoder unit layer `layer` (zeros in a MoE)."""
+  holder = tree["encoder"]["units"][layer][path]
+  lead = holder["wi"].shape[:-2]
+  holder["bi"], holder["bo"] = (rng.normal(size=lead + (n,)) if path == "ffn" else np.zeros(lead + (n,))
+                                for n in (F, M))
+  return tree
+
+
+def test_each_expert_copies_the_dense_ffn_s_biases_too():
+  """With biases (NLLB-200's model.bias), the experts' bi [E, H] and bo [E, M] are the dense FFN's: without them
+  the upcycled model would not compute its dense parent."""
+  dense = with_biases(dense_tree(), "layer_0", "ffn")
+  up = init_from.initial_params(dense, with_biases(moe_tree(), "layer_1", "moe"), name="dense")
+  ffn, moe = dense["encoder"]["units"]["layer_0"]["ffn"], up["encoder"]["units"]["layer_1"]["moe"]
+  for u in range(2):
+    for e in range(4):
+      np.testing.assert_array_equal(moe["bi"][u, e], ffn["bi"][2 * u + 1])
+      np.testing.assert_array_equal(moe["bo"][u, e], ffn["bo"][2 * u + 1])
+  unbiased = init_from.initial_params(dense_tree(), with_biases(moe_tree(), "layer_1", "moe"), name="dense")
+  np.testing.assert_array_equal(unbiased["encoder"]["units"]["layer_1"]["moe"]["bi"], 0)  # none to copy: zeros
+  with pytest.raises(WorkdirError, match=r"the dense FFN of dense's encoder layer 1 has ffn/bi, ffn/bo, this "
+                                         r"model's experts none: set moe.expert_bias=True"):
+    init_from.initial_params(dense, moe_tree(), name="dense")
+
+
+@pytest.mark.parametrize("upcycle", [True, False])
+def test_a_moe_config_from_a_dense_run_upcycles_it_unless_told_not_to(tmp_path, upcycle):
+  """configs/nllb.py's init_from_upcycle=False: a dense NLLB-200 is fine-tuned as it is, not turned into the
+  default MoE; upcycling gives the experts the dense FFN's biases (moe.expert_bias)."""
+  config_files.save(small_config(**{"model.moe_interval": 0, "model.bias": True}), tmp_path, started=False)
+  config = small_config(init_from=str(tmp_path), init_from_upcycle=upcycle)
+  assert config.model.moe_interval and not config.moe.expert_bias
+  keys = init_from.source_keys(config)
+  if upcycle:
+    assert "model.moe_interval" not in keys and keys["moe.expert_bias"] is True and keys["model.bias"] is True
+  else:
+    assert keys["model.moe_interval"] == 0 and "moe.expert_bias" not in keys and keys["model.bias"] is True
