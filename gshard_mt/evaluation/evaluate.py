@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -36,6 +37,8 @@ from gshard_mt.parallel.shardings import batch_sharding
 from gshard_mt.training import checkpoint as checkpoint_lib
 from gshard_mt.training import scoring, validate
 from gshard_mt.training.setup import build
+
+log = logging.getLogger(__name__)
 
 BUCKETS = ("high", "medium", "low")
 
@@ -228,6 +231,30 @@ def averages(per_lang: dict, base: dict | None) -> tuple[dict, dict]:
   return overall, by_resource
 
 
+def evaluated_languages(run: Restored, split: str, languages: list[str] | None) -> list[str]:
+  """The languages to decode: `languages` (--languages), or every one with pairs in `split`; a WorkdirError for a
+  code the run lacks, an asked language without pairs there, or a split with none (data.min_eval_pairs=0 can give
+  a small language no dev or test pair)."""
+  tokens, workdir = run.data.tokens[split], run.workdir
+  unknown = sorted(set(languages or ()) - set(tokens.languages))
+  if unknown:
+    lister = hints.command({"--workdir": str(workdir), "--list_languages": True}, program="translate.py")
+    raise WorkdirError(f"unknown language code(s) {unknown} for --languages; {close_matches(unknown, tokens.languages)}"
+                       f"{workdir} has {listed(tokens.languages, 'languages', lister)}")
+  empty = sorted(lang for lang, pairs in run.data.text[split].items() if not len(pairs.tgt))
+  if languages and (asked := sorted(set(languages) & set(empty))):
+    raise WorkdirError(f"--languages {','.join(asked)}: no {split} pairs in {workdir} (data.min_eval_pairs="
+                       f"{run.config.data.min_eval_pairs} left them none)")
+  wanted = languages or [lang for lang in sorted(run.data.text[split]) if lang not in empty]
+  if not wanted:
+    raise WorkdirError(f"the {split} split of {workdir} has no pairs to translate (data.{split}_fraction="
+                       f"{getattr(run.config.data, split + '_fraction')}, data.min_eval_pairs="
+                       f"{run.config.data.min_eval_pairs})")
+  if empty and not languages:
+    log.warning("left out, with no %s pairs: %s", split, ", ".join(empty))
+  return wanted
+
+
 def evaluate(workdir, *, split="test", step=None, beam_size=flags.BEAM_SIZE, alpha=flags.ALPHA, max_decode_len=None,
              languages=None, baseline=None, batch_size=None, bootstrap_samples=0, average_last=None) -> dict | None:
   """Decodes `split` with the checkpoint of `step` (default: the newest), or with the mean parameters of the last
@@ -243,12 +270,7 @@ def evaluate(workdir, *, split="test", step=None, beam_size=flags.BEAM_SIZE, alp
       lambda: io.check_writable(io.path(workdir) / "eval", "eval output directory", create=False))
   run = restore(workdir, step=step, split=split, average_last=average_last)
   tokens = run.data.tokens[split]
-  wanted = languages or sorted(run.data.text[split])
-  unknown = sorted(set(wanted) - set(tokens.languages))
-  if unknown:
-    lister = hints.command({"--workdir": str(workdir), "--list_languages": True}, program="translate.py")
-    raise WorkdirError(f"unknown language code(s) {unknown} for --languages; {close_matches(unknown, tokens.languages)}"
-                       f"{workdir} has {listed(tokens.languages, 'languages', lister)}")
+  wanted = evaluated_languages(run, split, languages)
   if base:  # before decoding
     check_baseline(base, {lang: run.data.text[split][lang].tgt for lang in wanted}, split)
   max_len = max_decode_len or run.config.data.max_length

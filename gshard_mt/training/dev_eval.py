@@ -88,6 +88,10 @@ class DevEvaluator:
 
   def __init__(self, config, setup: Setup, data: pipeline.Data, params):
     self.config, self.setup, self.data = config, setup, data
+    if config.eval_every and not len(pipeline.eligible(data.tokens["dev"], row_lengths(config)).ids):
+      # else the loss of no pair: 0.0, logged as if measured
+      raise ConfigError("eval_every needs dev pairs that fit the training rows (data.max_length), and the dev split "
+                        "has none: eval_every=0 turns the dev loss off")
     if config.eval_bleu_every:
       self.sample = language_sample(data.tokens["dev"], list(data.text["dev"]), config.eval_bleu_per_language,
                                     config.eval_bleu_sentences, config.seed)

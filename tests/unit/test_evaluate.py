@@ -11,6 +11,7 @@ import pytest
 import sacrebleu
 from sacrebleu.metrics import BLEU, CHRF
 
+from gshard_mt.errors import WorkdirError
 from gshard_mt.evaluation import evaluate, outputs
 from gshard_mt.training import scoring
 
@@ -130,10 +131,10 @@ def test_each_setting_names_its_own_output_and_only_the_standard_one_is_plain(tm
 def test_steps_to_average_takes_the_last_count_up_to_the_step_and_refuses_what_it_cannot_take():
   assert evaluate.steps_to_average([2, 4, 6, 8], None, 2, "w") == (6, 8)
   assert evaluate.steps_to_average([2, 4, 6, 8], 6, 3, "w") == (2, 4, 6)
-  with pytest.raises(evaluate.WorkdirError, match="needs 4 checkpoints, but w/checkpoints has 3 up to step 6"):
+  with pytest.raises(WorkdirError, match="needs 4 checkpoints, but w/checkpoints has 3 up to step 6"):
     evaluate.steps_to_average([2, 4, 6, 8], 6, 4, "w")
   for count in (0, -1):  # restore() is called without flags.check too (tools, bench): upto[-0:] would take them all
-    with pytest.raises(evaluate.WorkdirError, match=f"--average_last must be at least 1, got {count}"):
+    with pytest.raises(WorkdirError, match=f"--average_last must be at least 1, got {count}"):
       evaluate.steps_to_average([2, 4, 6, 8], None, count, "w")
 
 
@@ -146,6 +147,28 @@ def test_a_baseline_over_other_references_is_refused():
                         "fra": {"sentences": 1}, "spa": {"sentences": 9}}}  # fra: an older scores.json
   evaluate.check_baseline(base, refs, "test")
   for changed in ({"deu": ["a b", "x y"]}, {"fra": ["e f", "g h"]}):
-    with pytest.raises(evaluate.WorkdirError, match=r"--baseline runs/dense/eval/test-600: its (deu|fra) scores are "
+    with pytest.raises(WorkdirError, match=r"--baseline runs/dense/eval/test-600: its (deu|fra) scores are "
                                                     r"over other test references than this run's \((2|1) sentences"):
       evaluate.check_baseline(base, refs | changed, "test")
+
+
+def run_with_test_pairs(sizes: dict[str, int]):
+  """A restored run's stand-in whose test split has `sizes[lang]` pairs per language (data.min_eval_pairs=0)."""
+  text = {lang: types.SimpleNamespace(tgt=["x"] * n) for lang, n in sizes.items()}
+  data = types.SimpleNamespace(tokens={"test": types.SimpleNamespace(languages=sorted(sizes))}, text={"test": text})
+  config = types.SimpleNamespace(data=types.SimpleNamespace(test_fraction=0.1, min_eval_pairs=0))
+  return types.SimpleNamespace(data=data, workdir="runs/x", config=config)
+
+
+def test_languages_without_pairs_are_left_out_or_refused_before_decoding():
+  """Every language with test pairs by default; one asked for without pairs, or a split with none, is one line
+  (sacrebleu and the bootstrap interval would fail on an empty language after the whole decode)."""
+  run = run_with_test_pairs({"fra": 3, "xho": 0, "deu": 2})
+  assert evaluate.evaluated_languages(run, "test", None) == ["deu", "fra"]
+  assert evaluate.evaluated_languages(run, "test", ["fra"]) == ["fra"]
+  with pytest.raises(WorkdirError, match=r"--languages xho: no test pairs in runs/x \(data.min_eval_pairs=0"):
+    evaluate.evaluated_languages(run, "test", ["fra", "xho"])
+  with pytest.raises(WorkdirError, match="unknown language code"):
+    evaluate.evaluated_languages(run, "test", ["zzz"])
+  with pytest.raises(WorkdirError, match=r"the test split of runs/x has no pairs to translate \(data.test_f"):
+    evaluate.evaluated_languages(run_with_test_pairs({"xho": 0}), "test", None)

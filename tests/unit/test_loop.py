@@ -1,5 +1,7 @@
 """BLEU during training: the per-language dev sample, and the scores of its translations (with stand-in translators)."""
 
+import types
+
 import numpy as np
 import pytest
 
@@ -131,3 +133,11 @@ def test_the_dev_loss_takes_every_dev_pair_that_fits_the_training_rows_whole(dat
           real = batch[f"{field}_segmentation"][row] > 0
           assert batch[field][row][real].tolist() == side(tokens, offsets, k)
   assert sorted(seen) == sorted(fits)
+
+
+def test_a_dev_loss_without_dev_pairs_is_refused_before_training():
+  """data.min_eval_pairs=0 can leave the dev split empty: its loss would be 0.0, logged as if measured."""
+  data = types.SimpleNamespace(tokens={"dev": fake_split({"fra": 0})}, text={"dev": {}})
+  with pytest.raises(ConfigError, match="eval_every needs dev pairs that fit the training rows"):
+    dev_eval.DevEvaluator(small_config(eval_every=5, eval_bleu_every=0), None, data, None)
+  assert not dev_eval.DevEvaluator(small_config(eval_every=0, eval_bleu_every=0), None, data, None).due(5, True)
