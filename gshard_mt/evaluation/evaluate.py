@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import time
@@ -29,8 +28,9 @@ from tqdm import tqdm
 from gshard_mt import hints, io, lock
 from gshard_mt.data import pipeline
 from gshard_mt.errors import UserError, WorkdirError, close_matches, listed, one_line
+from gshard_mt.evaluation import baseline as baseline_lib
 from gshard_mt.evaluation import flags, report
-from gshard_mt.evaluation.outputs import output_name, standard_evaluations
+from gshard_mt.evaluation.outputs import output_name
 from gshard_mt.model import decode
 from gshard_mt.parallel import distributed
 from gshard_mt.parallel.shardings import batch_sharding
@@ -61,32 +61,6 @@ def versus_baseline(bleu: float, base_bleu: float, hyps: list[str], base_hyps: l
                       n_samples=bootstrap_samples)
     out["bootstrap_p"] = float(test()[1]["BLEU"][1].p_value)
   return out
-
-
-def _baseline_scores(baseline: epath.Path, split: str) -> dict:
-  """The baseline's newest standard evaluation of `split`, else its newest of any settings."""
-  if not baseline.is_dir():
-    raise WorkdirError(f"--baseline {baseline}: no such directory")
-  runs = list(standard_evaluations(baseline, split).values()) or sorted(
-      (baseline / "eval").glob(f"{split}-*/scores.json"), key=lambda p: int(p.parent.name.split("-")[1]))
-  if not runs:
-    first = hints.command({"--workdir": str(baseline), "--split": split}, program="eval.py")
-    raise WorkdirError(f"baseline {baseline} has no scores for the {split} split (evaluate it first: {first})")
-  return json.loads(runs[-1].read_text()) | {"path": str(runs[-1].parent)}
-
-
-def references_digest(refs: list[str]) -> str:
-  return hashlib.sha256("\n".join(refs).encode()).hexdigest()[:16]
-
-
-def check_baseline(base: dict, refs: dict[str, list[str]], split: str):
-  """A WorkdirError unless the baseline scored each language it shares with `refs` on the same references (their
-  digest, or their number in older scores): ΔBLEU and its bootstrap over other sentences would mean nothing."""
-  for lang, lines in refs.items():
-    theirs, digest = base["languages"].get(lang), references_digest(lines)
-    if theirs and (theirs["sentences"], theirs.get("references", digest)) != (len(lines), digest):
-      raise WorkdirError(f"--baseline {base['path']}: its {lang} scores are over other {split} references than this "
-                         f"run's ({theirs['sentences']} sentences against {len(lines)}): the corpora or splits differ")
 
 
 def check_decoding_length(workdir, max_decode_len: int | None):
@@ -210,7 +184,7 @@ def score_languages(run: Restored, *, split: str, hyps: dict[str, list[str]], ba
   per_lang, signatures = scoring.by_language(hyps, refs)
   for lang, lines in hyps.items():
     per_lang[lang] |= {"train_pairs": train_pairs[lang], "resource": buckets[lang],
-                       "references": references_digest(refs[lang]),
+                       "references": baseline_lib.references_digest(refs[lang]),
                        "bleu_interval": list(scoring.bleu_interval(lines, refs[lang]))}
     if base and lang in base["languages"]:
       base_hyp_file = io.path(base["path"]) / f"hyp.{lang}.txt"
@@ -263,7 +237,8 @@ def evaluate(workdir, *, split="test", step=None, beam_size=flags.BEAM_SIZE, alp
               bootstrap=bootstrap_samples, alpha=alpha)
   if bootstrap_samples and not baseline:
     raise UserError(f"--bootstrap {bootstrap_samples} tests the difference to a baseline: it needs --baseline")
-  base = distributed.checked_on_process_0(lambda: _baseline_scores(io.path(baseline), split) if baseline else None)
+  base = distributed.checked_on_process_0(
+      lambda: baseline_lib.newest_scores(io.path(baseline), split) if baseline else None)
   check_decoding_length(workdir, max_decode_len)
   # A directory that cannot be written is refused before the data is read (and created once the checkpoint restores).
   distributed.checked_on_process_0(
@@ -272,7 +247,7 @@ def evaluate(workdir, *, split="test", step=None, beam_size=flags.BEAM_SIZE, alp
   tokens = run.data.tokens[split]
   wanted = evaluated_languages(run, split, languages)
   if base:  # before decoding
-    check_baseline(base, {lang: run.data.text[split][lang].tgt for lang in wanted}, split)
+    baseline_lib.check_references(base, {lang: run.data.text[split][lang].tgt for lang in wanted}, split)
   max_len = max_decode_len or run.config.data.max_length
   rows = batch_size or run.config.batch_size
   subset = sorted(set(wanted)) if set(wanted) != set(run.data.text[split]) else None

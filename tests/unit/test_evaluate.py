@@ -12,7 +12,7 @@ import sacrebleu
 from sacrebleu.metrics import BLEU, CHRF
 
 from gshard_mt.errors import WorkdirError
-from gshard_mt.evaluation import evaluate, outputs
+from gshard_mt.evaluation import baseline, evaluate, outputs
 from gshard_mt.training import scoring
 
 
@@ -143,13 +143,13 @@ def test_a_baseline_over_other_references_is_refused():
   language's references: ΔBLEU and the bootstrap's line-by-line pairing over other sentences mean nothing."""
   refs = {"deu": ["a b", "c d"], "fra": ["e f"]}
   base = {"path": "runs/dense/eval/test-600",
-          "languages": {"deu": {"sentences": 2, "references": evaluate.references_digest(["a b", "c d"])},
+          "languages": {"deu": {"sentences": 2, "references": baseline.references_digest(["a b", "c d"])},
                         "fra": {"sentences": 1}, "spa": {"sentences": 9}}}  # fra: an older scores.json
-  evaluate.check_baseline(base, refs, "test")
+  baseline.check_references(base, refs, "test")
   for changed in ({"deu": ["a b", "x y"]}, {"fra": ["e f", "g h"]}):
     with pytest.raises(WorkdirError, match=r"--baseline runs/dense/eval/test-600: its (deu|fra) scores are "
                                                     r"over other test references than this run's \((2|1) sentences"):
-      evaluate.check_baseline(base, refs | changed, "test")
+      baseline.check_references(base, refs | changed, "test")
 
 
 def run_with_test_pairs(sizes: dict[str, int]):
